@@ -1,0 +1,1 @@
+"""Orchestrator for continual, backward-compatible embedding-model updates."""
