@@ -1,0 +1,287 @@
+"""Retrieval accuracy M(Φ^Q, Φ^G): CMC@k and full-ranking mAP.
+
+This is the metric M inside every compatibility number of the specs (HBCT §11, d-Simplex §8.1,
+λ-orthogonality §4, prototype perturbation §9). Each query ranks the whole gallery by
+``orchestrator.geometry.spaces.pairwise_distance`` (ascending; the smaller the distance, the closer)
+and is scored against the gallery labels:
+
+- CMC@k (HBCT §11): 1 if at least one of the k highest-ranked gallery items has the query's label,
+  else 0; averaged over queries.
+- AP (HBCT §11, "mAP@1.0"): ``AP = (1/R) Σ_{j: item j relevant} Precision@j`` over the full ranking,
+  where ``R`` is the number of relevant (same-label) gallery items. mAP is the mean AP over queries.
+
+Decisions (the specs leave these open):
+
+- Leave-one-out: when ids are given, gallery items whose id equals the query's id are removed from
+  that query's ranking before anything is counted (they take no rank and are never relevant),
+  because with Q = G the query would otherwise retrieve itself (HBCT §11, λ-orthogonality §4).
+  The same rule applies to cross retrieval (new query vs. old gallery of the same images), as HBCT §11
+  recommends.
+- Queries with no relevant gallery item (after leave-one-out) count as misses for CMC (the
+  denominator of CMC is all queries, the literal definition) and are left out of the mAP average,
+  because their AP is 0/0. If no query has a relevant item, ``mean_ap`` is NaN.
+- Ties in distance are broken by gallery order: the ranking is a stable sort by distance, so among
+  equal distances the item with the smaller gallery index ranks first. This is deterministic, but
+  it differs from scikit-learn's ``average_precision_score``, which scores a block of tied items
+  together; with continuous embeddings exact ties do not occur.
+- Queries are processed in chunks so that the (chunk, N_g) working set stays within about
+  ``_WORKSPACE_BYTES``; a 10^6-item gallery therefore needs about 1 GiB, whatever N_q is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from orchestrator.geometry.spaces import Space, pairwise_distance
+
+__all__ = [
+    "RetrievalResult",
+    "cmc_at_k",
+    "default_chunk_size",
+    "mean_average_precision",
+    "retrieval_metrics",
+]
+
+# Memory budget of one chunk of queries: the distances, the sort values and indices, the gathered
+# masks and their cumulative sums take about _BYTES_PER_PAIR bytes per (query, gallery) pair.
+_WORKSPACE_BYTES = 1 << 30
+_BYTES_PER_PAIR = 48
+
+
+@dataclass(frozen=True)
+class RetrievalResult:
+    """Retrieval accuracy of one (query model, gallery model) pair.
+
+    Attributes:
+        cmc: ``{k: CMC@k}`` in [0, 1] for each requested k; the denominator is all queries.
+        mean_ap: mean full-ranking AP in [0, 1] over the queries that have at least one relevant
+            gallery item (NaN if none has).
+        num_queries: number of queries N_q.
+        num_queries_with_relevant: number of queries that entered the mAP average.
+    """
+
+    cmc: dict[int, float]
+    mean_ap: float
+    num_queries: int
+    num_queries_with_relevant: int
+
+
+def default_chunk_size(num_gallery: int) -> int:
+    """Number of queries per chunk so that one chunk's working set fits in about 1 GiB.
+
+    Each (query, gallery) pair costs about ``_BYTES_PER_PAIR`` bytes (distance, sort value and
+    index, relevance and validity masks and their cumulative sums), so the chunk holds
+    ``_WORKSPACE_BYTES // (_BYTES_PER_PAIR * num_gallery)`` queries, and at least one.
+    """
+    if num_gallery < 1:
+        raise ValueError(f"num_gallery must be >= 1, got {num_gallery}")
+    return max(1, _WORKSPACE_BYTES // (_BYTES_PER_PAIR * num_gallery))
+
+
+def retrieval_metrics(
+    queries: torch.Tensor | np.ndarray,
+    gallery: torch.Tensor | np.ndarray,
+    query_labels: torch.Tensor | np.ndarray | Sequence[int],
+    gallery_labels: torch.Tensor | np.ndarray | Sequence[int],
+    space: Space | str,
+    curv: float | torch.Tensor = 1.0,
+    ks: Sequence[int] = (1, 5),
+    query_ids: torch.Tensor | np.ndarray | Sequence[int] | None = None,
+    gallery_ids: torch.Tensor | np.ndarray | Sequence[int] | None = None,
+    chunk_size: int | None = None,
+) -> RetrievalResult:
+    """CMC@k and full-ranking mAP of ``queries`` against ``gallery`` (HBCT §11).
+
+    Args:
+        queries: (N_q, D) query embeddings; for Lorentz, D = d + 1 (time first).
+        gallery: (N_g, D) gallery embeddings in the same space.
+        query_labels: (N_q,) integer class labels.
+        gallery_labels: (N_g,) integer class labels.
+        space: the space both embeddings live in; sets the ranking distance.
+        curv: positive curvature magnitude (hyperbolic spaces only).
+        ks: the k values of CMC@k, each >= 1.
+        query_ids, gallery_ids: (N_q,), (N_g,) integer item ids, both or neither. A gallery item
+            with the query's id is removed from that query's ranking (leave-one-out).
+        chunk_size: queries per chunk; ``default_chunk_size(N_g)`` when None.
+
+    Returns:
+        ``RetrievalResult``; see the module docstring for ties and queries without relevant items.
+    """
+    space = Space.parse(space)
+    queries_t = _as_embeddings(queries, "queries")
+    gallery_t = _as_embeddings(gallery, "gallery").to(device=queries_t.device)
+    if gallery_t.shape[1] != queries_t.shape[1]:
+        raise ValueError(
+            f"gallery must have the same dimension as queries ({queries_t.shape[1]}), "
+            f"got shape {tuple(gallery_t.shape)}"
+        )
+    if gallery_t.dtype != queries_t.dtype:
+        common = torch.promote_types(queries_t.dtype, gallery_t.dtype)
+        queries_t, gallery_t = queries_t.to(common), gallery_t.to(common)
+    num_queries, num_gallery = queries_t.shape[0], gallery_t.shape[0]
+    device = queries_t.device
+    q_labels = _as_index_vector(query_labels, "query_labels", num_queries, device)
+    g_labels = _as_index_vector(gallery_labels, "gallery_labels", num_gallery, device)
+    if (query_ids is None) != (gallery_ids is None):
+        raise ValueError(
+            "query_ids and gallery_ids must be given together, got "
+            f"query_ids={'None' if query_ids is None else 'given'}, "
+            f"gallery_ids={'None' if gallery_ids is None else 'given'}"
+        )
+    q_ids = g_ids = None
+    if query_ids is not None:
+        q_ids = _as_index_vector(query_ids, "query_ids", num_queries, device)
+        g_ids = _as_index_vector(gallery_ids, "gallery_ids", num_gallery, device)
+    ks = _validate_ks(ks)
+    if chunk_size is None:
+        chunk_size = default_chunk_size(num_gallery)
+    elif isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+
+    hits = {k: 0 for k in ks}
+    ap_sum = 0.0
+    num_with_relevant = 0
+    with torch.no_grad():
+        for start in range(0, num_queries, chunk_size):
+            stop = min(start + chunk_size, num_queries)
+            chunk_hits, chunk_ap_sum, chunk_valid = _score_chunk(
+                queries_t[start:stop],
+                gallery_t,
+                q_labels[start:stop],
+                g_labels,
+                None if q_ids is None else q_ids[start:stop],
+                g_ids,
+                space,
+                curv,
+                ks,
+            )
+            for k in ks:
+                hits[k] += chunk_hits[k]
+            ap_sum += chunk_ap_sum
+            num_with_relevant += chunk_valid
+
+    return RetrievalResult(
+        cmc={k: hits[k] / num_queries for k in ks},
+        mean_ap=ap_sum / num_with_relevant if num_with_relevant else math.nan,
+        num_queries=num_queries,
+        num_queries_with_relevant=num_with_relevant,
+    )
+
+
+def cmc_at_k(
+    queries: torch.Tensor | np.ndarray,
+    gallery: torch.Tensor | np.ndarray,
+    query_labels: torch.Tensor | np.ndarray | Sequence[int],
+    gallery_labels: torch.Tensor | np.ndarray | Sequence[int],
+    space: Space | str,
+    k: int = 1,
+    **kwargs,
+) -> float:
+    """CMC@k alone; ``kwargs`` are those of ``retrieval_metrics`` (curv, ids, chunk_size)."""
+    result = retrieval_metrics(
+        queries, gallery, query_labels, gallery_labels, space, ks=(k,), **kwargs
+    )
+    return result.cmc[k]
+
+
+def mean_average_precision(
+    queries: torch.Tensor | np.ndarray,
+    gallery: torch.Tensor | np.ndarray,
+    query_labels: torch.Tensor | np.ndarray | Sequence[int],
+    gallery_labels: torch.Tensor | np.ndarray | Sequence[int],
+    space: Space | str,
+    **kwargs,
+) -> float:
+    """Full-ranking mAP alone; ``kwargs`` are those of ``retrieval_metrics`` (curv, ids, chunk_size)."""
+    result = retrieval_metrics(
+        queries, gallery, query_labels, gallery_labels, space, ks=(1,), **kwargs
+    )
+    return result.mean_ap
+
+
+def _score_chunk(
+    queries: torch.Tensor,
+    gallery: torch.Tensor,
+    query_labels: torch.Tensor,
+    gallery_labels: torch.Tensor,
+    query_ids: torch.Tensor | None,
+    gallery_ids: torch.Tensor | None,
+    space: Space,
+    curv: float | torch.Tensor,
+    ks: tuple[int, ...],
+) -> tuple[dict[int, int], float, int]:
+    """Scores one chunk of n queries against the full gallery.
+
+    Returns ``({k: number of CMC@k hits}, sum of AP over queries with a relevant item, number of
+    such queries)``.
+    """
+    distances = pairwise_distance(space, queries, gallery, curv)  # (n, N_g)
+    if torch.isnan(distances).any():
+        raise ValueError(
+            f"distances in space {space.value!r} contain NaN; check that queries and gallery "
+            "are valid points of the space"
+        )
+    order = torch.sort(distances, dim=1, stable=True).indices  # (n, N_g)
+    del distances
+    relevant = query_labels[:, None] == gallery_labels[None, :]  # (n, N_g)
+    if query_ids is not None:
+        kept = query_ids[:, None] != gallery_ids[None, :]
+        relevant &= kept
+        # rank[i, j]: 1-based position of the j-th sorted item among the kept items.
+        rank = torch.gather(kept, 1, order).cumsum(dim=1)
+    else:
+        rank = torch.arange(1, gallery.shape[0] + 1, device=order.device).expand_as(order)
+    sorted_relevant = torch.gather(relevant, 1, order)  # (n, N_g)
+    del relevant, order
+    num_relevant = sorted_relevant.sum(dim=1)  # (n,)
+
+    # Best (smallest) rank of a relevant item; N_g + 1 when there is none.
+    first_hit = torch.where(sorted_relevant, rank, gallery_labels.new_tensor(rank.shape[1] + 1))
+    first_hit = first_hit.min(dim=1).values
+    hits = {k: int((first_hit <= k).sum()) for k in ks}
+
+    # AP = (1/R) Σ_{relevant j} (number of relevant items up to j) / rank_j.
+    cumulative_relevant = sorted_relevant.cumsum(dim=1)
+    rows, cols = sorted_relevant.nonzero(as_tuple=True)
+    precision = cumulative_relevant[rows, cols].double() / rank[rows, cols].double()
+    precision_sum = torch.zeros(queries.shape[0], dtype=torch.float64, device=precision.device)
+    precision_sum.index_add_(0, rows, precision)
+    has_relevant = num_relevant > 0
+    ap = precision_sum[has_relevant] / num_relevant[has_relevant].double()
+    return hits, float(ap.sum()), int(has_relevant.sum())
+
+
+def _as_embeddings(x: torch.Tensor | np.ndarray, name: str) -> torch.Tensor:
+    """(N, D) floating tensor; numpy arrays keep their float precision."""
+    tensor = torch.as_tensor(x)
+    if tensor.ndim != 2 or tensor.shape[0] < 1 or tensor.shape[1] < 1:
+        raise ValueError(f"{name} must have shape (N, D) with N, D >= 1, got {tuple(tensor.shape)}")
+    if not tensor.is_floating_point():
+        tensor = tensor.to(torch.get_default_dtype())
+    if not torch.isfinite(tensor).all():
+        raise ValueError(f"{name} contains non-finite values")
+    return tensor.detach()
+
+
+def _as_index_vector(
+    x: torch.Tensor | np.ndarray | Sequence[int], name: str, length: int, device: torch.device
+) -> torch.Tensor:
+    """(length,) int64 tensor on ``device``."""
+    tensor = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+    if tensor.ndim != 1 or tensor.shape[0] != length:
+        raise ValueError(f"{name} must have shape ({length},), got {tuple(tensor.shape)}")
+    if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integers, got dtype {tensor.dtype}")
+    return tensor.to(device=device, dtype=torch.int64)
+
+
+def _validate_ks(ks: Sequence[int]) -> tuple[int, ...]:
+    ks = tuple(ks)
+    if not ks or any(isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1 for k in ks):
+        raise ValueError(f"ks must be a non-empty sequence of ints >= 1, got {ks!r}")
+    return tuple(sorted({int(k) for k in ks}))
