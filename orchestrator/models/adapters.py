@@ -1,0 +1,117 @@
+"""Feature-space adapters and the λ-orthogonality regulariser (lambda_orthogonality.md §2.3-§2.5, §2.8).
+
+- ``OrthogonalAdapter``: B_perp = expm(U - U^T), exactly orthogonal by construction (§2.3).
+- ``AffineAdapter``: B_lambda(x) = W x + b (§2.4) and the forward map F (§2.5).
+- ``gram_deviation`` / ``lambda_orthogonality_penalty``: D = ||W W^T - I||_F and L_λ = σ(α(D - λ))·D (eq. 6).
+- ``truncate_to_common``: prefix truncation to the smaller dimension (§2.8).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+#: Added to ||W W^T - I||_F^2 before the square root, so D and its gradient are finite at D = 0.
+GRAM_EPS = 1e-12
+
+
+def _check_dim(value: int, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
+
+
+class OrthogonalAdapter(nn.Module):
+    """Strictly orthogonal backward map B_perp(x) = expm(P) x with P = U - U^T (§2.3, eq. 2 setting).
+
+    The learnable parameters are the dim(dim-1)/2 entries of the strictly upper-triangular U
+    (Lezcano-Casado & Martínez-Rubio 2019). x (..., dim) -> (..., dim). No bias (§10 item 7).
+    Decision: U starts at 0, so B_perp starts as the identity (§10 item 8 leaves the init open;
+    identity starts from "new space as is" and keeps retrieval among new features unchanged anyway).
+    """
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.dim = _check_dim(dim, "dim")
+        rows, cols = torch.triu_indices(dim, dim, offset=1)
+        self.register_buffer("upper_rows", rows, persistent=False)
+        self.register_buffer("upper_cols", cols, persistent=False)
+        self.upper = nn.Parameter(torch.zeros(rows.numel()))
+
+    @property
+    def matrix(self) -> torch.Tensor:
+        """B_perp = matrix_exp(U - U^T), (dim, dim), orthogonal."""
+        u = self.upper.new_zeros(self.dim, self.dim)
+        u = u.index_put((self.upper_rows, self.upper_cols), self.upper)
+        return torch.linalg.matrix_exp(u - u.T)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.dim:
+            raise ValueError(f"x must have shape (..., {self.dim}), got {tuple(x.shape)}")
+        return x @ self.matrix.T
+
+
+class AffineAdapter(nn.Module):
+    """Affine map x -> W x + b, W (out_dim, in_dim): B_lambda (§2.4) or the forward map F (§2.5).
+
+    ``init="identity"`` (default): W = eye(out_dim, in_dim), b = 0. For a square map that is the
+    identity (D = 0); for a rectangular one it is the prefix embedding/truncation, the same
+    coordinate matching as ``truncate_to_common`` (§2.8). ``init="default"``: ``nn.Linear``'s init.
+    Decision: identity by default, because it starts B_lambda at an exact orthogonal map and F at
+    "old features as they are"; §10 item 8 leaves the init open (Fig. 2c uses a random init).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, bias: bool = True, init: str = "identity"):
+        super().__init__()
+        if init not in ("identity", "default"):
+            raise ValueError(f"init must be 'identity' or 'default', got {init!r}")
+        self.linear = nn.Linear(_check_dim(in_dim, "in_dim"), _check_dim(out_dim, "out_dim"), bias=bias)
+        if init == "identity":
+            with torch.no_grad():
+                self.linear.weight.copy_(torch.eye(out_dim, in_dim))
+                if bias:
+                    self.linear.bias.zero_()
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.linear.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x)
+
+
+def gram_deviation(weight: torch.Tensor) -> torch.Tensor:
+    """D = ||W W^T - I||_F (Frobenius, not squared; lambda_orthogonality eqs. 5-6), a 0-d tensor.
+
+    W (n, m) -> D. Computed as sqrt(sum (W W^T - I)^2 + 1e-12), so D = 1e-6 with a finite gradient
+    when W W^T = I. For square W, ||W W^T - I||_F = ||W^T W - I||_F (§2.4).
+    """
+    if weight.dim() != 2:
+        raise ValueError(f"weight must be a matrix (n, m), got shape {tuple(weight.shape)}")
+    eye = torch.eye(weight.shape[0], dtype=weight.dtype, device=weight.device)
+    residual = weight @ weight.T - eye
+    return torch.sqrt((residual * residual).sum() + GRAM_EPS)
+
+
+def lambda_orthogonality_penalty(weight: torch.Tensor, lam: float, alpha: float) -> torch.Tensor:
+    """L_λ = sigmoid(α (D - λ)) · D with D = ||W W^T - I||_F (lambda_orthogonality eq. 6), 0-d tensor.
+
+    Not a hinge: the gate multiplies the whole deviation, so L_λ ≈ D when D >> λ and ≈ 0 when
+    D << λ; dL/dD = σ + α D σ(1 - σ) > 0. Gradients flow through both the gate and D (§10 item 9).
+    ``lam`` >= 0 is the threshold on D (not a loss weight); ``alpha`` > 0 is the gate steepness.
+    """
+    if not 0.0 <= float(lam) < float("inf"):
+        raise ValueError(f"lam must be finite and >= 0, got {lam!r}")
+    if not 0.0 < float(alpha) < float("inf"):
+        raise ValueError(f"alpha must be finite and > 0, got {alpha!r}")
+    deviation = gram_deviation(weight)
+    return torch.sigmoid(alpha * (deviation - lam)) * deviation
+
+
+def truncate_to_common(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the first m = min(a.shape[-1], b.shape[-1]) coordinates of both (prefix truncation, §2.8)."""
+    m = min(a.shape[-1], b.shape[-1])
+    return a[..., :m], b[..., :m]
