@@ -1,0 +1,210 @@
+"""The one protocol every compatibility method implements.
+
+A method decides four things about a model generation:
+
+* the space its embeddings live in and the distance that searches it (``space``, ``curv``),
+* the space lift and the classification head it trains with (``build_lift``, ``build_head``),
+* its training objective, as a dict of named, already-weighted loss terms whose sum is minimised
+  (``loss``), so that logs show every term,
+* optional hooks: ``on_train_start`` / ``on_epoch_start`` (prototype computation for NDPP / ODPP,
+  the synthesised old classifier of BCT) and ``on_train_end`` (the adapter stage of λ-orthogonality).
+
+Hyperparameters are a pydantic model per method (``Params``) with the papers' defaults, so YAML,
+Tune and the CLI all validate the same typed fields and reject unknown ones.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Mapping
+
+import torch
+from pydantic import BaseModel, ConfigDict
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from orchestrator.geometry.spaces import Space
+from orchestrator.models.bundle import CompatibleModel
+from orchestrator.models.encoder import Encoder, EncoderConfig
+from orchestrator.models.outputs import ModelOutput
+
+
+class MethodParams(BaseModel):
+    """Base class of every method's typed hyperparameters: unknown fields are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass
+class TrainContext:
+    """What a method's loss and hooks can see about the generation being trained.
+
+    new_model:   the model being trained (unwrapped, even when training runs under DDP).
+    old_model:   the frozen parent generation, in eval mode, or None for a first generation.
+    train_data:  the full training set of this generation, *without* augmentation, yielding
+                 ``(image (3,H,W), label, id)``; hooks use it to compute class prototypes.
+    num_classes: size of the label space of this generation (labels are in [0, num_classes)).
+    device:      where the models live.
+    epoch:       0-based index of the current epoch (updated by the training loop).
+    batch_size:  batch size for the hooks' full passes over ``train_data``.
+    state:       per-method scratch space (prototypes, synthesised classifiers, ...).
+    """
+
+    new_model: CompatibleModel
+    old_model: CompatibleModel | None
+    train_data: Dataset
+    num_classes: int
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    epoch: int = 0
+    batch_size: int = 256
+    state: dict[str, Any] = field(default_factory=dict)
+
+    @torch.no_grad()
+    def embed_train_data(self, model: CompatibleModel) -> tuple[ModelOutput, torch.Tensor]:
+        """Embed every training item with ``model`` in eval mode.
+
+        Returns the concatenated ``ModelOutput`` (features (N, d), embedding (N, d or d+1),
+        logits (N, C)) and the labels (N,). The model's train/eval mode is restored afterwards.
+        """
+        return embed_dataset(model, self.train_data, self.batch_size, self.device)
+
+
+def embed_dataset(
+    model: CompatibleModel, data: Dataset, batch_size: int = 256, device: torch.device | str = "cpu"
+) -> tuple[ModelOutput, torch.Tensor]:
+    """Run ``model`` over ``data`` (items ``(image, label, id)``) in eval mode, without gradients.
+
+    Returns ``(ModelOutput with features (N, d), embedding (N, ·), logits (N, C)), labels (N,))``
+    on ``device``.
+    """
+    output, labels, _ids = embed_dataset_with_ids(model, data, batch_size, device)
+    return output, labels
+
+
+@torch.no_grad()
+def embed_dataset_with_ids(
+    model: CompatibleModel, data: Dataset, batch_size: int = 256, device: torch.device | str = "cpu"
+) -> tuple[ModelOutput, torch.Tensor, torch.Tensor]:
+    """As ``embed_dataset``, also returning the item ids (N,) int64. The model's train/eval mode is
+    restored afterwards."""
+    was_training = model.training
+    model.eval()
+    features, embeddings, logits, labels, ids = [], [], [], [], []
+    try:
+        for images, batch_labels, batch_ids in DataLoader(data, batch_size=batch_size, shuffle=False):
+            out = model(images.to(device))
+            features.append(out.features)
+            embeddings.append(out.embedding)
+            logits.append(out.logits)
+            labels.append(batch_labels.to(device))
+            ids.append(batch_ids)
+    finally:
+        model.train(was_training)
+    if not labels:
+        raise ValueError("embed_dataset: the dataset is empty")
+    output = ModelOutput(torch.cat(features), torch.cat(embeddings), torch.cat(logits))
+    return output, torch.cat(labels), torch.cat(ids)
+
+
+class CompatibilityMethod(ABC):
+    """A backward-compatible training method behind the shared protocol (see module docstring).
+
+    Subclasses set ``name``, ``Params``, ``summary`` and ``requires_parent`` and implement
+    ``space``, ``build_head`` and ``loss``. ``requires_parent`` is True for methods whose whole
+    objective is alignment to a parent (l2, bct, ...); methods with a parent-free base objective
+    (hbct, dsimplex, binary_hyperbolic, independent) train a first generation with it alone.
+    """
+
+    name: ClassVar[str]
+    Params: ClassVar[type[MethodParams]] = MethodParams
+    summary: ClassVar[str] = ""
+    requires_parent: ClassVar[bool] = True
+
+    def __init__(self, params: MethodParams | Mapping[str, Any] | None = None):
+        if isinstance(params, MethodParams):
+            if not isinstance(params, self.Params):
+                raise TypeError(
+                    f"method {self.name!r} expects {self.Params.__name__}, got {type(params).__name__}"
+                )
+            self.params = params
+        else:
+            self.params = self.Params.model_validate(dict(params or {}))
+
+    # --- geometry ---------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def space(self) -> Space:
+        """The space embeddings live in; retrieval uses its distance."""
+
+    @property
+    def curv(self) -> float:
+        """Curvature magnitude of a hyperbolic space (ignored by flat spaces)."""
+        return float(getattr(self.params, "curv", 1.0))
+
+    def build_lift(self) -> nn.Module:
+        """The space lift applied after the encoder's projection."""
+        from orchestrator.models.lifts import build_lift
+
+        return build_lift(self.space, curv=self.curv)
+
+    @abstractmethod
+    def build_head(self, embed_dim: int, num_classes: int) -> nn.Module:
+        """The classification head trained with the base loss, over ``num_classes`` labels."""
+
+    def build_model(
+        self, encoder_config: EncoderConfig, num_classes: int, seen_classes: torch.Tensor
+    ) -> CompatibleModel:
+        """A fresh model of this method: encoder (backbone, projection, lift) plus head."""
+        encoder = Encoder(encoder_config, self.build_lift())
+        head = self.build_head(encoder_config.embed_dim, num_classes)
+        return CompatibleModel(encoder, head, seen_classes=seen_classes)
+
+    # --- objective --------------------------------------------------------------------------
+    @abstractmethod
+    def loss(
+        self,
+        new: ModelOutput,
+        old: ModelOutput | None,
+        labels: torch.Tensor,
+        ctx: TrainContext,
+    ) -> dict[str, torch.Tensor]:
+        """Named, already-weighted loss terms for one batch; training minimises their sum.
+
+        new:    output of the model being trained, with logits (B, C).
+        old:    output of the frozen parent on the same (same-view) batch, or None.
+        labels: (B,) int64 class ids in [0, ctx.num_classes).
+        """
+
+    # --- hooks ------------------------------------------------------------------------------
+    def on_train_start(self, ctx: TrainContext) -> None:
+        """Called once before the first epoch (e.g. old prototypes, BCT's old classifier)."""
+
+    def on_epoch_start(self, ctx: TrainContext) -> None:
+        """Called before every epoch, ``ctx.epoch`` set (e.g. NDPP / ODPP prototype refresh)."""
+
+    def on_train_end(self, ctx: TrainContext) -> None:
+        """Called once after the last epoch (e.g. fit λ-orthogonality adapters on the model)."""
+
+    # --- the unaligned models of the same geometry ----------------------------------------------
+    def reference_method(self) -> "CompatibilityMethod":
+        """The unaligned model φ_* of this geometry that P_com / P_up normalise by (hbct.md §11).
+
+        A method with a parent-free base objective is its own reference (trained with no parent);
+        a parent-aligned method's reference is ``independent`` in the same space.
+        """
+        if not self.requires_parent:
+            return type(self)(self.params)
+        from orchestrator.methods.registry import create_method
+
+        return create_method("independent", {"space": self.space.value})
+
+    def parent_method(self) -> "CompatibilityMethod":
+        """A method that trains a first (old) generation this method can align to (φ_o).
+
+        Default: the reference method. HBCT overrides it to lower the clip (ζ_o = ζ_n − 0.2).
+        """
+        return self.reference_method()
+
+    def describe(self) -> dict[str, Any]:
+        """Name, space and parameter values, JSON-serialisable (for cards and the lineage)."""
+        return {"name": self.name, "space": self.space.value, "params": self.params.model_dump()}

@@ -1,0 +1,53 @@
+"""``hoc``: Higher-Order Compatibility, λ·CE + (1−λ)·InfoNCE(old anchor, new contrast set)."""
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from orchestrator.methods.common import SupervisedMethod, SupervisedParams, require_parent
+from orchestrator.methods.registry import register_method
+from orchestrator.models.outputs import ModelOutput
+
+
+class HOCParams(SupervisedParams):
+    """lam: weight λ of the cross-entropy (1 − λ goes to InfoNCE); tau: the factor that MULTIPLIES
+    the cosine (an inverse temperature: τ = 10 ≡ temperature 0.1), stationary_dsimplex.md eq. 5."""
+
+    space: Literal["cosine", "euclidean"] = "cosine"
+    lam: float = Field(0.1, ge=0, le=1)
+    tau: float = Field(10.0, gt=0)
+
+
+def hoc_infonce(old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor, tau: float) -> torch.Tensor:
+    """The HOC InfoNCE term as released (stationary_dsimplex.md §5.4), batch mean.
+
+    old, new: (B, d) embeddings of the same inputs; labels (B,).
+    s_ij = τ·cos(old_i, new_j); loss_i = −s_ii + logsumexp_j(s_ij · 1[y_j ≠ y_i]).
+    Decision: the code version, not eq. 4 — same-class logits (the positive included) are set to
+    0, not removed, so each adds exp(0) = 1 to the denominator; this reproduces released numbers.
+    """
+    sim = tau * F.normalize(old, dim=1) @ F.normalize(new, dim=1).T
+    same = labels.unsqueeze(0) == labels.unsqueeze(1)
+    negatives = sim.masked_fill(same, 0.0)
+    return (-sim.diagonal() + torch.logsumexp(negatives, dim=1)).mean()
+
+
+@register_method
+class HOC(SupervisedMethod):
+    """L = λ·CE + (1 − λ)·InfoNCE (stationary_dsimplex.md eq. 3) with a trainable classifier, as
+    HBCT uses HOC as a baseline (its fixed d-Simplex is the separate ``dsimplex`` method)."""
+
+    name = "hoc"
+    summary = "λ·CE + (1−λ)·InfoNCE, old embedding as anchor against the new batch"
+    Params = HOCParams
+
+    def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
+        old = require_parent(old, self.name)
+        lam = self.params.lam
+        return {
+            "base": lam * self.base_loss(new, labels),
+            "infonce": (1.0 - lam) * hoc_infonce(old.embedding, new.embedding, labels, self.params.tau),
+        }

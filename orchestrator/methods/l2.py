@@ -1,0 +1,42 @@
+"""``l2``: the ℓ2 feature-regression baseline (HBCT §13)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from orchestrator.geometry.spaces import Space
+from orchestrator.methods.common import SupervisedMethod, SupervisedParams, require_parent
+from orchestrator.methods.registry import register_method
+from orchestrator.models.outputs import ModelOutput
+
+
+class L2Params(SupervisedParams):
+    """lam: weight λ of the regression term (HBCT tunes it in [0, 1])."""
+
+    lam: float = Field(1.0, ge=0)
+
+
+@register_method
+class L2Regression(SupervisedMethod):
+    """L = CE + λ · mean_i ‖e_n(x_i) − e_o(x_i)‖², on the same input.
+
+    Decision (open in hbct.md §13): in the cosine space both embeddings are L2-normalised first,
+    as OpenCompatible's 'l2' does, so the term matches what cosine retrieval compares; in the
+    euclidean and lorentz spaces the raw feature vectors (before the lift) are regressed.
+    """
+
+    name = "l2"
+    summary = "CE + λ·‖new − old‖² feature regression"
+    Params = L2Params
+
+    def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
+        old = require_parent(old, self.name)
+        if self.space is Space.COSINE:
+            new_vec, old_vec = F.normalize(new.embedding, dim=1), F.normalize(old.embedding, dim=1)
+        else:
+            new_vec, old_vec = new.features, old.features
+        if new_vec.shape != old_vec.shape:
+            raise ValueError(f"l2: new and old embeddings differ in shape: {tuple(new_vec.shape)} vs {tuple(old_vec.shape)}")
+        regression = (new_vec - old_vec).pow(2).sum(dim=1).mean()
+        return {"base": self.base_loss(new, labels), "l2": self.params.lam * regression}
