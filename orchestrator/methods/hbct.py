@@ -1,0 +1,223 @@
+"""``hbct``: Hyperbolic Backward-Compatible Training (Bui et al., ICML; spec: hbct.md).
+
+L = L_base(h_n) + λ · (λ_entail · L_entail(h_n; h_o) + L_contrast(h_n; h_o))      (hbct.md §8)
+
+* L_base: cross-entropy of the new model's Lorentz MLR logits (eq. 9);
+* L_entail: the new embedding must lie in the entailment cone whose apex is the old one (§6);
+* L_contrast: RINCE over geodesic distances, robustness exponent q per pair = the hyperbolic
+  uncertainty of the old embedding (§7, eq. 12); ``contrastive="infonce"`` is Table 2's ablation.
+
+A first generation (no parent) trains with L_base alone, i.e. it is HBCT's old model φ_o^L.
+"""
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from torch import nn
+
+from orchestrator.geometry import lorentz
+from orchestrator.geometry.spaces import Space
+from orchestrator.methods.base import CompatibilityMethod, MethodParams, TrainContext
+from orchestrator.methods.registry import register_method
+from orchestrator.models.bundle import CompatibleModel
+from orchestrator.models.heads import LorentzMLR
+from orchestrator.models.lifts import build_lift
+from orchestrator.models.outputs import ModelOutput
+
+Distance = Literal["geodesic", "lorentz_inner", "squared"]
+
+
+class HBCTParams(MethodParams):
+    """HBCT hyperparameters with the paper's defaults (hbct.md §9).
+
+    curv:          curvature magnitude K of the Lorentz space (the space has curvature −K).
+    clip:          norm clip ζ of the lift after the √d rescale. Default 1.2 = the new-model ζ_n =
+                   ζ_o + 0.2; a first (old) generation should set 1.0 (ζ_o). Multi-generation
+                   pipelines may grow it (ζ_t = 1.0 + 0.2·t, hbct.md §14).
+    lam:           λ, weight of the whole alignment part.
+    entail_weight: λ_entail, relative weight of the entailment term inside λ (Fig. 7c).
+    entail:        False drops the entailment term (Table 2's "w/o entail" rows).
+    min_radius:    ε of the cone half-aperture (eq. 11).
+    beta:          β of RINCE (eq. 12).
+    tau:           temperature τ dividing the distances inside the contrastive exponentials.
+    contrastive:   "rince" (HBCT) or "infonce" (Table 2 ablation).
+    q_min:         floor on RINCE's q = Uncertainty(h_o). ``rince_loss`` is finite for every q ≥ 0
+                   (q = 0 is InfoNCE), so the floor is not needed for stability; it only keeps very
+                   certain old embeddings (possible for K ≠ 1 or large ζ_o) on the RINCE side of
+                   the InfoNCE limit. With K = 1, ζ_o = 1, q ≥ 0.238 and the floor never binds.
+    distance:      the (dis)similarity inside the contrastive term (Table 5): "geodesic" d_L,
+                   "squared" Lorentz distance ‖x−y‖²_L = −2/K − 2⟨x,y⟩_L, or "lorentz_inner"
+                   −⟨x,y⟩_L − 1/K (see ``contrastive_distances``).
+    """
+
+    curv: float = Field(1.0, gt=0)
+    clip: float = Field(1.2, gt=0)
+    lam: float = Field(0.3, ge=0)
+    entail_weight: float = Field(1.0, ge=0)
+    entail: bool = True
+    min_radius: float = Field(0.1, gt=0)
+    beta: float = Field(0.01, gt=0, le=1)
+    tau: float = Field(0.5, gt=0)
+    contrastive: Literal["rince", "infonce"] = "rince"
+    q_min: float = Field(1e-3, ge=0, le=1)
+    distance: Distance = "geodesic"
+
+
+def entailment_loss(old: torch.Tensor, new: torch.Tensor, curv: float, min_radius: float = 0.1) -> torch.Tensor:
+    """Entailment-cone loss (hbct.md §6), batch mean.
+
+    old, new: (B, d+1) Lorentz points of the same inputs; the old embedding h_o is the cone apex.
+    L = mean_i max(0, ext(h_o,i, h_n,i) − aper(h_o,i)), ext = π − ∠(O, h_o, h_n) (MERU ``oxy_angle``),
+    aper(h_o) = arcsin(2ε / (√K ‖h_o,s‖)) (eq. 11, ε = ``min_radius``). Zero iff every h_n lies
+    inside the cone of its h_o (e.g. further out along the same geodesic ray).
+    """
+    if old.shape != new.shape:
+        raise ValueError(f"entailment_loss: old and new must have the same shape, got {tuple(old.shape)} and {tuple(new.shape)}")
+    angle = lorentz.exterior_angle(old, new, curv)
+    aperture = lorentz.half_aperture(old, curv, min_radius=min_radius)
+    return F.relu(angle - aperture).mean()
+
+
+def rince_loss(distances: torch.Tensor, q: torch.Tensor, beta: float) -> torch.Tensor:
+    """Robust InfoNCE (RINCE, Chuang et al. 2022) as in HBCT eq. 12, batch mean.
+
+    distances: (B, B), D[i, j] = distance between anchor i (new) and candidate j (old), already
+               divided by the temperature; the positive of anchor i is D[i, i].
+    q:         (B,) robustness exponents in [0, 1] (HBCT: Uncertainty(h_o,i)); not detached here.
+    beta:      β > 0 of eq. 12.
+
+        L_i = −exp(−q_i D_ii) / q_i + (β Σ_j exp(−D_ij))^{q_i} / q_i
+
+    The sum runs over all B candidates, the positive included, with no same-class masking (as
+    printed). With a_i = D_ii and b_i = log β + logsumexp_j(−D_ij) this is
+    L_i = (expm1(q_i b_i) − expm1(−q_i a_i)) / q_i, which is how it is evaluated: no 1/q − 1/q
+    cancellation for small q, and at q_i = 0 the limit a_i + b_i = −log(pos_i) + log(β Σ_j neg_ij)
+    (InfoNCE plus the constant log β) is returned exactly. At q = 1: L_i = −pos_i + β Σ_j neg_ij.
+    """
+    if distances.dim() != 2 or distances.shape[0] != distances.shape[1]:
+        raise ValueError(f"rince_loss: distances must be (B, B), got {tuple(distances.shape)}")
+    if q.shape != distances.shape[:1]:
+        raise ValueError(f"rince_loss: q must be ({distances.shape[0]},), got {tuple(q.shape)}")
+    if not beta > 0:
+        raise ValueError(f"rince_loss: beta must be > 0, got {beta!r}")
+    positive = distances.diagonal()
+    log_negatives = math.log(beta) + torch.logsumexp(-distances, dim=1)
+    positive_q = q > 0
+    safe_q = torch.where(positive_q, q, torch.ones_like(q))
+    robust = (torch.expm1(safe_q * log_negatives) - torch.expm1(-safe_q * positive)) / safe_q
+    return torch.where(positive_q, robust, positive + log_negatives).mean()
+
+
+def infonce_loss(distances: torch.Tensor) -> torch.Tensor:
+    """Standard InfoNCE with −distances as logits (HBCT Table 2 ablation), batch mean.
+
+    distances: (B, B) as in ``rince_loss`` (already divided by τ); the positive of row i is column i.
+    L_i = D_ii + logsumexp_j(−D_ij).
+    """
+    if distances.dim() != 2 or distances.shape[0] != distances.shape[1]:
+        raise ValueError(f"infonce_loss: distances must be (B, B), got {tuple(distances.shape)}")
+    targets = torch.arange(distances.shape[0], device=distances.device)
+    return F.cross_entropy(-distances, targets)
+
+
+def contrastive_distances(new: torch.Tensor, old: torch.Tensor, curv: float, kind: Distance = "geodesic") -> torch.Tensor:
+    """All distances between new (B, d+1) and old (B, d+1) Lorentz points: (B, B) (hbct.md §7, Table 5).
+
+    geodesic:      d_L (eq. 3).
+    squared:       ‖x−y‖²_L = −2/K − 2⟨x,y⟩_L (Law et al. 2019) = (4/K) sinh²(√K d_L / 2).
+    lorentz_inner: −⟨x,y⟩_L − 1/K = ‖x−y‖²_L / 2. Decision: the paper does not say how the inner
+                   product is used (§12 Table 5); −⟨x,y⟩_L is shifted by its minimum 1/K so that it is
+                   0 for identical points like the other two, keeping β and τ on the same footing.
+    The last two are evaluated from d_L through the sinh identity, which avoids the cancellation of
+    −2/K − 2⟨x,y⟩_L for nearby points.
+    """
+    geodesic = lorentz.pairwise_distance(new, old, curv)
+    if kind == "geodesic":
+        return geodesic
+    squared = 4.0 / curv * torch.sinh(math.sqrt(curv) * geodesic / 2.0) ** 2
+    if kind == "squared":
+        return squared
+    if kind == "lorentz_inner":
+        return squared / 2.0
+    raise ValueError(f"distance must be one of 'geodesic', 'squared', 'lorentz_inner', got {kind!r}")
+
+
+@register_method
+class HBCT(CompatibilityMethod):
+    """HBCT (hbct.md §3-§8): Lorentz model, Lorentz MLR base loss, entailment cone + RINCE alignment.
+
+    Decisions:
+    * total loss L = L_base + λ(λ_entail·L_entail + L_contrast): the intended appendix eq. 16
+      (its printed form duplicates eq. 13, §15.12);
+    * τ enters as d_L/τ inside both RINCE exponentials, the RINCE reference-code reading (§15.1);
+      the loss is NOT multiplied by 2τ (MoCo-v3 convention of that code), because eq. 12 has no such
+      factor and λ already sets the scale;
+    * q_i = Uncertainty(h_o,i) = 1 − ‖h_o,s‖/h_o,t, computed from the old embedding without gradient
+      (it weights the pair; it is not a target), floored at ``q_min``;
+    * RINCE's sum runs over all old embeddings of the batch, positive included, no same-class
+      masking (as printed, §15.11); anchors are new embeddings, candidates old ones;
+    * old embeddings are detached in the loss (the parent is frozen; this also holds if a caller
+      forgot ``no_grad``);
+    * a parent must live in the Lorentz space with the same curvature K (distances across different
+      K are not comparable); its clip ζ may differ (ζ_n = ζ_o + 0.2 is the point).
+    """
+
+    name = "hbct"
+    summary = "Lorentz MLR + λ(entailment cone at the old embedding + uncertainty-weighted RINCE)"
+    Params = HBCTParams
+    requires_parent = False
+
+    @property
+    def space(self) -> Space:
+        return Space.LORENTZ
+
+    def build_lift(self) -> nn.Module:
+        return build_lift(Space.LORENTZ, curv=self.params.curv, clip=self.params.clip, rescale=True)
+
+    def build_head(self, embed_dim: int, num_classes: int) -> nn.Module:
+        return LorentzMLR(embed_dim, num_classes, curv=self.params.curv)
+
+    def check_parent(self, old_model: CompatibleModel) -> None:
+        """Raise ValueError unless the parent is a Lorentz model with this method's curvature K."""
+        if old_model.space is not Space.LORENTZ:
+            raise ValueError(
+                f"hbct: the parent generation must live in the {Space.LORENTZ.value} space "
+                f"(this generation: {Space.LORENTZ.value}), got {old_model.space.value}"
+            )
+        if not math.isclose(old_model.curv, self.params.curv, rel_tol=1e-6, abs_tol=0.0):
+            raise ValueError(
+                f"hbct: the parent's curvature must equal this generation's: parent curv={old_model.curv!r}, "
+                f"new curv={self.params.curv!r}"
+            )
+
+    def on_train_start(self, ctx: TrainContext) -> None:
+        if ctx.old_model is not None:
+            self.check_parent(ctx.old_model)
+
+    def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx: TrainContext) -> dict[str, torch.Tensor]:
+        """Terms ``base`` (CE of the Lorentz MLR logits), and with a parent ``entailment`` (unless
+        ``entail=False``) and ``contrastive``, each already multiplied by its weight."""
+        terms = {"base": F.cross_entropy(new.logits, labels)}
+        if old is None:
+            return terms
+        p = self.params
+        h_new = new.embedding
+        h_old = old.embedding.detach()
+        if h_new.shape != h_old.shape:
+            raise ValueError(
+                f"hbct: new and old embeddings must have the same shape, got {tuple(h_new.shape)} and {tuple(h_old.shape)}"
+            )
+        if p.entail:
+            terms["entailment"] = p.lam * p.entail_weight * entailment_loss(h_old, h_new, p.curv, p.min_radius)
+        distances = contrastive_distances(h_new, h_old, p.curv, p.distance) / p.tau
+        if p.contrastive == "rince":
+            q = lorentz.uncertainty(h_old, p.curv).clamp(min=p.q_min)
+            contrast = rince_loss(distances, q, p.beta)
+        else:
+            contrast = infonce_loss(distances)
+        terms["contrastive"] = p.lam * contrast
+        return terms
