@@ -1,0 +1,73 @@
+"""``ndpp``: Neighbour-Driven Prototype Perturbation (prototype_perturbation.md §5)."""
+from __future__ import annotations
+
+from pydantic import Field
+
+from orchestrator.methods.base import TrainContext
+from orchestrator.methods.prototypes import (
+    OLD_PROTOTYPES,
+    POSITIVES,
+    PRESENT,
+    PerturbedPrototypeMethod,
+    PrototypePerturbationParams,
+    neighbour_repulsion,
+)
+from orchestrator.methods.registry import register_method
+
+PSEUDO_OLD = "ndpp/pseudo_old"
+OLD_REPULSION = "ndpp/r_old"
+NEW_REPULSION = "ndpp/r_new"
+
+
+class NDPPParams(PrototypePerturbationParams):
+    """k: neighbours K for both the old (Eq. 4) and the new (Eq. 7) step (spec §13.5: one K),
+    clamped to the number of other classes with training images;
+    alpha_old / alpha_new: scales α1 (Eq. 5) and α2 (Eq. 8);
+    cumulative: Algorithm 1's in-place update p̂ ← p̂ + α2 r_t instead of Eq. 8 (spec §13.3);
+    new_perturbation: False gives the "NDPP-old" ablation (Eq. 5 positives for every epoch);
+    skip_first_epoch_new: skip r_t at epoch 0, where the new model is untrained (spec §13.6)."""
+
+    k: int = Field(100, ge=1)
+    alpha_old: float = Field(0.01, ge=0)
+    alpha_new: float = Field(0.01, ge=0)
+    cumulative: bool = False
+    new_perturbation: bool = True
+    skip_first_epoch_new: bool = False
+
+
+@register_method
+class NDPP(PerturbedPrototypeMethod):
+    """L = CE + λ·Eq. 6 with NDPP positives (Algorithm 1).
+
+    Before training: p̂_o = p_o + α1 r_o, r_o the repulsion of p_o from its K most similar old
+    prototypes of other classes (Eqs. 4-5). At the start of every epoch t: the new prototypes p_n,
+    r_t the repulsion of p̂_o from its K most similar new prototypes of other classes (Eq. 7), and
+    positive p̂_{o-t} = p_o + α1 r_o + α2 r_t (Eq. 8).
+    Decision (spec §13.3): Eq. 8 by default, i.e. r_t is recomputed from the fixed p̂_o each epoch;
+    ``cumulative=True`` follows Algorithm 1 line 13 (p̂ accumulates, and Eq. 7 uses the previous
+    epoch's p̂). Decision (spec §13.6): the literal algorithm (r_t at epoch 0 too) by default.
+    """
+
+    name = "ndpp"
+    summary = "CE + λ·prototype contrastive loss, positives pushed away from old and new neighbour prototypes"
+    Params = NDPPParams
+
+    def on_train_start(self, ctx: TrainContext) -> None:
+        super().on_train_start(ctx)
+        old_prototypes, present = ctx.state[OLD_PROTOTYPES], ctx.state[PRESENT]
+        r_old = neighbour_repulsion(old_prototypes, old_prototypes, self.params.k, exclude_self=True,
+                                    candidate_mask=present)
+        ctx.state[OLD_REPULSION] = r_old
+        ctx.state[PSEUDO_OLD] = old_prototypes + self.params.alpha_old * r_old
+        ctx.state[POSITIVES] = ctx.state[PSEUDO_OLD]
+
+    def on_epoch_start(self, ctx: TrainContext) -> None:
+        params = self.params
+        if not params.new_perturbation or (params.skip_first_epoch_new and ctx.epoch == 0):
+            ctx.state[POSITIVES] = ctx.state[PSEUDO_OLD]
+            return
+        anchors = ctx.state[POSITIVES] if params.cumulative else ctx.state[PSEUDO_OLD]
+        r_new = neighbour_repulsion(anchors, self.new_prototypes(ctx), params.k, exclude_self=True,
+                                    candidate_mask=ctx.state[PRESENT])
+        ctx.state[NEW_REPULSION] = r_new
+        ctx.state[POSITIVES] = anchors + params.alpha_new * r_new
