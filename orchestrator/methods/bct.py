@@ -1,22 +1,19 @@
 """``bct``: Backward-Compatible Training's influence loss through the frozen old classifier."""
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 
 from orchestrator.methods.base import TrainContext
-from orchestrator.methods.common import SupervisedMethod, SupervisedParams, class_means, require_parent
+from orchestrator.methods.common import FlatParams, SupervisedMethod, class_means, require_parent
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
 
-class BCTParams(SupervisedParams):
+class BCTParams(FlatParams):
     """lam: weight λ of the influence loss. BCT needs a linear old classifier, so flat spaces only."""
 
-    space: Literal["cosine", "euclidean"] = "cosine"
     lam: float = Field(1.0, ge=0)
 
 

@@ -15,13 +15,19 @@ from orchestrator.models.lifts import build_lift
 from orchestrator.models.outputs import ModelOutput
 
 
-class SupervisedParams(MethodParams):
-    """Space and base-loss settings of the cross-entropy-trained methods.
+class FlatParams(MethodParams):
+    """space: ``cosine`` (the Euclidean baselines of HBCT: linear softmax training, cosine
+    retrieval) or ``euclidean`` (L2 retrieval)."""
 
-    space: ``cosine`` (the Euclidean baselines of HBCT: linear softmax training, cosine retrieval),
-           ``euclidean`` (L2 retrieval) or ``lorentz`` (HBCT's φ_o / φ_* hyperbolic models:
-           √d rescale, clip ζ, exp map, Lorentz MLR head; hbct.md §3-§4).
-    curv:  curvature magnitude K of the Lorentz space.
+    space: Literal["cosine", "euclidean"] = "cosine"
+
+
+class SupervisedParams(FlatParams):
+    """Space settings of methods that also train in the Lorentz space.
+
+    space: as ``FlatParams``, or ``lorentz`` (HBCT's φ_o / φ_* hyperbolic models: √d rescale,
+           clip ζ, exp map, Lorentz MLR head; hbct.md §3-§4).
+    curv:  curvature magnitude K of the Lorentz space (ignored by flat spaces).
     clip:  the norm clip ζ of the Lorentz lift (old model ζ_o = 1.0; new models ζ_n = ζ_o + 0.2).
     """
 
@@ -37,15 +43,16 @@ class SupervisedMethod(CompatibilityMethod):
     Euclidean head open, decision: linear with bias), the Lorentz MLR for the Lorentz space.
     """
 
-    Params = SupervisedParams
+    Params = FlatParams
 
     @property
     def space(self) -> Space:
         return Space(self.params.space)
 
     def build_lift(self) -> nn.Module:
-        clip = self.params.clip if self.space is Space.LORENTZ else None
-        return build_lift(self.space, curv=self.params.curv, clip=clip)
+        if self.space is Space.LORENTZ:
+            return build_lift(self.space, curv=self.params.curv, clip=self.params.clip)
+        return build_lift(self.space)
 
     def build_head(self, embed_dim: int, num_classes: int) -> nn.Module:
         if self.space is Space.LORENTZ:

@@ -181,6 +181,11 @@ class HBCT(CompatibilityMethod):
     def build_head(self, embed_dim: int, num_classes: int) -> nn.Module:
         return LorentzMLR(embed_dim, num_classes, curv=self.params.curv)
 
+    def parent_method(self) -> "HBCT":
+        """The old generation of an HBCT update: the same Lorentz model trained with the base loss
+        alone and clip ζ_o = ζ_n − 0.2 (hbct.md §3: ζ_o = 1.0, ζ_n = 1.2), floored at 0.2."""
+        return HBCT(self.params.model_copy(update={"clip": max(0.2, self.params.clip - 0.2)}))
+
     def check_parent(self, old_model: CompatibleModel) -> None:
         """Raise ValueError unless the parent is a Lorentz model with this method's curvature K."""
         if old_model.space is not Space.LORENTZ:

@@ -1,22 +1,19 @@
 """``hoc``: Higher-Order Compatibility, λ·CE + (1−λ)·InfoNCE(old anchor, new contrast set)."""
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from orchestrator.methods.common import SupervisedMethod, SupervisedParams, require_parent
+from orchestrator.methods.common import FlatParams, SupervisedMethod, require_parent
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
 
-class HOCParams(SupervisedParams):
+class HOCParams(FlatParams):
     """lam: weight λ of the cross-entropy (1 − λ goes to InfoNCE); tau: the factor that MULTIPLIES
     the cosine (an inverse temperature: τ = 10 ≡ temperature 0.1), stationary_dsimplex.md eq. 5."""
 
-    space: Literal["cosine", "euclidean"] = "cosine"
     lam: float = Field(0.1, ge=0, le=1)
     tau: float = Field(10.0, gt=0)
 

@@ -1,21 +1,18 @@
 """``hot_refresh``: the regression-alleviating contrastive loss (RACT) of Hot-Refresh."""
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from orchestrator.methods.common import SupervisedMethod, SupervisedParams, require_parent
+from orchestrator.methods.common import FlatParams, SupervisedMethod, require_parent
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
 
-class HotRefreshParams(SupervisedParams):
+class HotRefreshParams(FlatParams):
     """lam: weight of the contrastive term; tau: temperature (HBCT's grid τ ∈ {0.5, 1.0})."""
 
-    space: Literal["cosine", "euclidean"] = "cosine"
     lam: float = Field(1.0, ge=0)
     tau: float = Field(0.5, gt=0)
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from orchestrator.methods.common import SupervisedMethod
+from orchestrator.methods.common import SupervisedMethod, SupervisedParams
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
@@ -16,6 +16,7 @@ class Independent(SupervisedMethod):
 
     name = "independent"
     summary = "base cross-entropy only (old models, and the unaligned reference φ*)"
+    Params = SupervisedParams
     requires_parent = False
 
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:

@@ -17,15 +17,13 @@ neighbours, never in a sampled pair and never negatives.
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from pydantic import Field
 
 from orchestrator.geometry.spaces import Space
 from orchestrator.methods.base import TrainContext
-from orchestrator.methods.common import SupervisedMethod, SupervisedParams, normalized_class_means, require_parent
+from orchestrator.methods.common import FlatParams, SupervisedMethod, normalized_class_means, require_parent
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.outputs import ModelOutput
 
@@ -226,11 +224,10 @@ def optimise_odpp_perturbations(
 
 
 # --- the shared method skeleton ---------------------------------------------------------------
-class PrototypePerturbationParams(SupervisedParams):
+class PrototypePerturbationParams(FlatParams):
     """Settings shared by NDPP and ODPP (spec §7): flat spaces only (prototypes are compared by
     cosine); lam: weight λ of the compatibility loss (Eq. 3); tau: temperature τ of Eq. 6."""
 
-    space: Literal["cosine", "euclidean"] = "cosine"
     lam: float = Field(1.0, ge=0)
     tau: float = Field(0.07, gt=0)
 

@@ -28,15 +28,6 @@ from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import train_generation
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """The tiny models here are dominated by thread overhead; one intra-op thread is much faster,
-    and steady when the machine is busy. Restored afterwards."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def _cos(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
