@@ -190,13 +190,18 @@ class CompatibilityMethod(ABC):
         """The unaligned model φ_* of this geometry that P_com / P_up normalise by (hbct.md §11).
 
         A method with a parent-free base objective is its own reference (trained with no parent);
-        a parent-aligned method's reference is ``independent`` in the same space.
+        a parent-aligned method's reference is ``independent`` in the same space (in the Lorentz
+        space with the same ``curv`` and ``clip``).
         """
         if not self.requires_parent:
             return type(self)(self.params)
         from orchestrator.methods.registry import create_method
 
-        return create_method("independent", {"space": self.space.value})
+        geometry: dict[str, Any] = {"space": self.space.value}
+        if self.space is Space.LORENTZ:
+            # the same hyperbolic geometry: curvature K (else no common distance) and clip ζ
+            geometry.update({k: getattr(self.params, k) for k in ("curv", "clip") if hasattr(self.params, k)})
+        return create_method("independent", geometry)
 
     def parent_method(self) -> "CompatibilityMethod":
         """A method that trains a first (old) generation this method can align to (φ_o).

@@ -1,0 +1,290 @@
+"""The shared method protocol (methods/base.py, registry.py): every registered method is created,
+built, trained against a frozen parent and described the same way."""
+from __future__ import annotations
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+from pydantic import ValidationError
+from torch.utils.data import Dataset
+
+from orchestrator.geometry.spaces import Space
+from orchestrator.methods import registry
+from orchestrator.methods.base import CompatibilityMethod
+from orchestrator.methods.bct import BCT
+from orchestrator.methods.dsimplex import DSimplex
+from orchestrator.methods.hbct import HBCT
+from orchestrator.methods.independent import Independent
+from orchestrator.methods.registry import available_methods, create_method, method_class, register_method
+from orchestrator.models.encoder import EncoderConfig
+from orchestrator.training.config import TrainConfig
+from orchestrator.training.loop import train_generation
+
+FIRST_TIER = {
+    "independent", "l2", "bct", "hot_refresh", "hoc", "hbct", "ndpp", "odpp", "dsimplex", "lambda_orth",
+    "binary_hyperbolic",
+}
+NUM_CLASSES = 4
+EMBED_DIM = 8  # dsimplex: K = embed_dim + 1 = 9 >= 4 classes; binary_hyperbolic: 8 >= 4 - 1
+
+# Methods with a parent-free base objective that still align to a parent when given one.
+ALIGNS_OPTIONALLY = {"hbct", "dsimplex", "binary_hyperbolic"}
+# Non-default parameters: binary_hyperbolic's alignment term is off by default (lam = 0).
+PARAMS = {"binary_hyperbolic": {"lam": 0.1}}
+# The named loss terms each method logs when trained against a parent (independent: no parent).
+TERMS = {
+    "independent": {"base"},
+    "l2": {"base", "l2"},
+    "bct": {"base", "influence"},
+    "hot_refresh": {"base", "contrastive"},
+    "hoc": {"base", "infonce"},
+    "hbct": {"base", "entailment", "contrastive"},
+    "ndpp": {"base", "compatibility"},
+    "odpp": {"base", "compatibility"},
+    "dsimplex": {"base", "infonce"},
+    "lambda_orth": {"base"},
+    "binary_hyperbolic": {"base", "alignment"},
+}
+
+
+class _Images(Dataset):
+    """32 random 16x16 images of 4 classes (shifted by the label so classes are separable)."""
+
+    def __init__(self, seed: int = 0, n: int = 32):
+        g = torch.Generator().manual_seed(seed)
+        self.labels = torch.arange(n) % NUM_CLASSES
+        self.images = torch.randn(n, 3, 16, 16, generator=g) + 0.5 * self.labels.view(-1, 1, 1, 1).float()
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return self.images[i], self.labels[i], torch.tensor(i, dtype=torch.long)
+
+
+def _encoder() -> EncoderConfig:
+    return EncoderConfig(arch="test_resnet", embed_dim=EMBED_DIM, small_input=False)
+
+
+def _build(method: CompatibilityMethod, seed: int):
+    torch.manual_seed(seed)
+    return method.build_model(_encoder(), NUM_CLASSES, seen_classes=torch.arange(NUM_CLASSES))
+
+
+# --- registry ---------------------------------------------------------------------------------
+def test_available_methods_are_exactly_the_first_tier():
+    methods = available_methods()
+    assert set(methods) == FIRST_TIER
+    assert list(methods) == sorted(FIRST_TIER)
+    for name, cls in methods.items():
+        assert cls.name == name and issubclass(cls, CompatibilityMethod)
+        assert method_class(name) is cls
+
+
+@pytest.mark.parametrize("name", sorted(FIRST_TIER))
+def test_create_method_defaults_equal_params_defaults(name):
+    method = create_method(name)
+    cls = method_class(name)
+    assert type(method) is cls
+    assert type(method.params) is cls.Params
+    assert method.params == cls.Params()
+    assert method.params.model_dump() == cls.Params().model_dump()
+    # an explicit empty mapping and None mean the same
+    assert create_method(name, {}).params == cls.Params()
+
+
+def test_unknown_method_lists_the_known_names():
+    with pytest.raises(ValueError, match="unknown method 'no_such_method'") as info:
+        create_method("no_such_method")
+    message = str(info.value)
+    for name in FIRST_TIER:
+        assert name in message
+
+
+def test_unknown_parameter_is_a_validation_error_naming_it():
+    with pytest.raises(ValidationError) as info:
+        create_method("l2", {"lamm": 0.5})
+    assert "lamm" in str(info.value)
+    assert info.value.errors()[0]["loc"] == ("lamm",)
+    # a valid field still validates its value
+    with pytest.raises(ValidationError) as info:
+        create_method("hoc", {"lam": 1.5})
+    assert info.value.errors()[0]["loc"] == ("lam",)
+    assert create_method("l2", {"lam": 0.25}).params.lam == 0.25
+
+
+def test_params_of_the_wrong_class_are_rejected():
+    with pytest.raises(TypeError, match="L2Params"):
+        method_class("l2")(Independent.Params())
+
+
+def test_registering_a_second_class_under_an_existing_name_fails():
+    before = dict(registry._METHODS)
+
+    class Impostor(Independent):
+        name = "bct"
+
+    with pytest.raises(ValueError, match="'bct' is already registered"):
+        register_method(Impostor)
+    assert registry._METHODS == before
+    assert method_class("bct") is BCT
+    # re-registering the same class is a no-op
+    assert register_method(BCT) is BCT
+    assert registry._METHODS == before
+
+    class Nameless(Independent):
+        name = ""
+
+    with pytest.raises(ValueError, match="must set a string class attribute 'name'"):
+        register_method(Nameless)
+    assert registry._METHODS == before
+
+
+# --- every method through the same protocol ---------------------------------------------------
+@pytest.mark.parametrize("name", sorted(FIRST_TIER))
+def test_method_protocol_end_to_end(name):
+    method = create_method(name, PARAMS.get(name))
+    data = _Images()
+    config = TrainConfig(epochs=2, batch_size=8, lr=0.05, augment=False)
+
+    wants_parent = method.requires_parent or name in ALIGNS_OPTIONALLY
+    parent = None
+    if wants_parent:
+        parent_method = method.parent_method()
+        parent = _build(parent_method, seed=1)
+        parent_history = train_generation(parent_method, parent, data, data, config.model_copy(update={"epochs": 1}))
+        assert len(parent_history) == 1 and math.isfinite(parent_history[0]["loss"])
+        # the parent lives where this method's embeddings live (cross-model retrieval is possible)
+        assert parent.space is method.space
+    parent_state = copy.deepcopy(parent.state_dict()) if parent is not None else None
+
+    model = _build(method, seed=2)
+    assert model.space is method.space
+    if name == "lambda_orth":
+        assert len(model.adapters) == 0
+    initial = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
+    assert initial, "the model has no trainable parameter"
+
+    history = train_generation(method, model, data, data, config, old_model=parent)
+
+    # one stats dict per epoch, every logged term finite, the total their sum
+    assert len(history) == 2
+    for epoch, stats in enumerate(history):
+        assert stats["epoch"] == epoch and stats["samples"] == len(data)
+        terms = {k[len("loss/"):]: v for k, v in stats.items() if k.startswith("loss/")}
+        assert set(terms) == TERMS[name]
+        assert all(math.isfinite(v) for v in terms.values()), stats
+        assert math.isfinite(stats["loss"])
+        assert stats["loss"] == pytest.approx(sum(terms.values()), rel=1e-6, abs=1e-7)
+
+    # the parent is frozen: bit-identical weights and buffers (BatchNorm statistics included)
+    if parent is not None:
+        after = parent.state_dict()
+        assert set(after) == set(parent_state)
+        for key, value in parent_state.items():
+            assert torch.equal(after[key], value), f"parent {key} changed"
+        assert not any(p.requires_grad for p in parent.parameters())
+
+    # the new model learned: its projection moved, and so did every trainable parameter
+    changed = {k for k, v in model.named_parameters() if k in initial and not torch.equal(v.detach(), initial[k])}
+    assert "encoder.projection.weight" in changed
+    assert changed == set(initial), f"unchanged: {sorted(set(initial) - changed)}"
+
+    if name == "lambda_orth":
+        assert set(model.adapters) == {"backward", "forward_map"}
+        with torch.no_grad():
+            b = model.adapters["backward"].map.matrix
+            torch.testing.assert_close(b @ b.T, torch.eye(EMBED_DIM), atol=1e-5, rtol=0)  # B_⊥ is a rotation
+            mapped = model.adapters["forward_map"](torch.randn(5, EMBED_DIM))
+        assert mapped.shape == (5, EMBED_DIM) and torch.isfinite(mapped).all()
+
+    description = method.describe()
+    restored = json.loads(json.dumps(description))
+    assert restored == description
+    assert restored["name"] == name
+    assert restored["space"] == method.space.value == model.space.value
+    assert restored["params"] == method.params.model_dump()
+    # the description rebuilds the same method
+    assert create_method(restored["name"], restored["params"]).params == method.params
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in available_methods().items() if c.requires_parent))
+def test_parent_required_methods_refuse_to_train_without_one(name):
+    method = create_method(name)
+    model = _build(method, seed=0)
+    before = copy.deepcopy(model.state_dict())
+    config = TrainConfig(epochs=1, batch_size=8)
+    with pytest.raises(ValueError, match=f"method '{name}' aligns to a parent generation, but no parent was given"):
+        train_generation(method, model, _Images(), _Images(), config)
+    after = model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in before.items())
+
+
+def test_parent_free_methods_are_exactly_the_expected_ones():
+    parent_free = {n for n, c in available_methods().items() if not c.requires_parent}
+    assert parent_free == ALIGNS_OPTIONALLY | {"independent"}
+
+
+# --- reference and parent methods -------------------------------------------------------------
+@pytest.mark.parametrize("space", ["cosine", "euclidean"])
+def test_bct_reference_and_parent_are_independent_in_the_same_space(space):
+    method = BCT({"space": space, "lam": 0.5})
+    for other in (method.reference_method(), method.parent_method()):
+        assert type(other) is Independent
+        assert other.space is method.space is Space(space)
+        assert other.params == Independent.Params(space=space)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in available_methods().items() if c.requires_parent))
+def test_every_parent_aligned_method_references_independent(name):
+    method = create_method(name)
+    reference = method.reference_method()
+    assert type(reference) is Independent and reference.space is method.space
+    assert type(method.parent_method()) is Independent
+
+
+def test_l2_lorentz_reference_keeps_the_geometry():
+    """The reference (and parent) of a Lorentz ℓ2 model must share its curvature, or the old and new
+    generations have no common distance; the reference is the same model without the ℓ2 term."""
+    method = create_method("l2", {"space": "lorentz", "curv": 2.0, "clip": 1.4, "lam": 0.5})
+    for other in (method.reference_method(), method.parent_method()):
+        assert type(other) is Independent
+        assert other.space is Space.LORENTZ
+        assert other.params == Independent.Params(space="lorentz", curv=2.0, clip=1.4)
+        model = _build(other, seed=0)
+        assert model.curv == 2.0 and model.encoder.lift.clip == 1.4
+
+
+def test_hbct_parent_lowers_the_clip_and_reference_is_itself():
+    method = HBCT({"lam": 0.5, "tau": 0.7})
+    parent = method.parent_method()
+    assert type(parent) is HBCT
+    assert parent.params.clip == pytest.approx(method.params.clip - 0.2) == pytest.approx(1.0)
+    assert parent.params.model_dump(exclude={"clip"}) == method.params.model_dump(exclude={"clip"})
+    assert HBCT({"clip": 1.6}).parent_method().params.clip == pytest.approx(1.4)
+    assert HBCT({"clip": 0.3}).parent_method().params.clip == pytest.approx(0.2)  # floored at 0.2
+
+    reference = method.reference_method()
+    assert type(reference) is HBCT and reference is not method
+    assert reference.params == method.params
+
+
+def test_dsimplex_reference_and_parent_are_itself():
+    method = DSimplex({"lam": 0.3, "num_prototypes": 9})
+    for other in (method.reference_method(), method.parent_method()):
+        assert type(other) is DSimplex and other is not method
+        assert other.params == method.params
+    # and they build the identical fixed classifier (stationarity)
+    a = _build(method, seed=0).head.weight
+    b = _build(method.parent_method(), seed=1).head.weight
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in available_methods().items() if not c.requires_parent))
+def test_parent_free_methods_reference_themselves(name):
+    method = create_method(name)
+    reference = method.reference_method()
+    assert type(reference) is type(method) and reference.params == method.params
