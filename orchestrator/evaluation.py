@@ -1,0 +1,141 @@
+"""Compatibility evaluation of trained generations on one query/gallery set.
+
+Protocol (hbct.md §11): query set = gallery set = the evaluation split; every generation embeds
+it once; for each pair (query generation t, gallery generation k ≤ t) retrieval ranks the gallery
+by the gallery generation's distance, with the query's own item left out (leave-one-out by id).
+A generation with a ``backward`` adapter (λ-orthogonality) maps its queries into its parent's
+space before searching the parent's gallery (lambda_orthogonality.md §2.10, row B(φ_new)/φ_old).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from orchestrator.methods.base import embed_dataset_with_ids
+from orchestrator.metrics import p_com, p_up, retrieval_metrics
+from orchestrator.models.adapters import truncate_to_common
+from orchestrator.models.bundle import CompatibleModel
+
+METRICS = ("cmc@1", "cmc@5", "map")
+
+
+@dataclass
+class CompatibilityReport:
+    """Retrieval quality of every (query generation, gallery generation) pair.
+
+    names:    generation names, oldest first.
+    matrices: metric name ("cmc@1", "cmc@5", "map") → (T, T) array, row = query generation,
+              column = gallery generation; NaN above the diagonal and for pairs with no common
+              distance (different spaces or curvatures, no adapter).
+    """
+
+    names: list[str]
+    matrices: dict[str, np.ndarray]
+    notes: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def value(self, query: str, gallery: str, metric: str = "cmc@1") -> float:
+        return float(self.matrices[metric][self.names.index(query), self.names.index(gallery)])
+
+    def compatibility(self, old: str, new: str, reference: str | None = None, metric: str = "cmc@1") -> dict[str, float | bool]:
+        """Self/cross values of an update old → new, the empirical criterion (cross > old self),
+        and, given the unaligned ``reference`` φ_*, P_com (HBCT eq. 14) and P_up (table form)."""
+        summary: dict[str, float | bool] = {
+            "self": self.value(new, new, metric),
+            "cross": self.value(new, old, metric),
+            "old_self": self.value(old, old, metric),
+        }
+        summary["compatible"] = bool(summary["cross"] > summary["old_self"])
+        if reference is not None:
+            ref_self = self.value(reference, reference, metric)
+            summary["reference_self"] = ref_self
+            summary["p_com"] = p_com(summary["cross"], summary["old_self"], ref_self)
+            summary["p_up"] = p_up(summary["self"], ref_self)
+        return summary
+
+    def rows(self) -> list[dict[str, float | str]]:
+        """One dict per evaluated pair (query, gallery, every metric), oldest query first."""
+        out = []
+        for t, query in enumerate(self.names):
+            for k in range(t + 1):
+                values = {metric: float(self.matrices[metric][t, k]) for metric in self.matrices}
+                if all(math.isnan(v) for v in values.values()):
+                    continue
+                out.append({"query": query, "gallery": self.names[k], **values})
+        return out
+
+    def format_table(self) -> str:
+        """A fixed-width text table of ``rows()``."""
+        rows = self.rows()
+        width = max([len("query → gallery")] + [len(f"{r['query']} → {r['gallery']}") for r in rows])
+        metrics = list(self.matrices)
+        header = f"{'query → gallery':<{width}}  " + "  ".join(f"{m:>7}" for m in metrics)
+        lines = [header, "-" * len(header)]
+        for r in rows:
+            pair = f"{r['query']} → {r['gallery']}"
+            lines.append(f"{pair:<{width}}  " + "  ".join(f"{r[m]:7.4f}" for m in metrics))
+        return "\n".join(lines)
+
+
+def evaluate_generations(
+    models: Mapping[str, CompatibleModel],
+    data: Dataset,
+    parents: Mapping[str, str] | None = None,
+    ks: Sequence[int] = (1, 5),
+    batch_size: int = 256,
+    device: torch.device | str = "cpu",
+) -> CompatibilityReport:
+    """Fill the compatibility matrices of ``models`` (oldest first) on ``data``.
+
+    data:    items ``(image, label, id)``; serves as both query and gallery set (leave-one-out).
+    parents: generation name → parent name; used for the adapter path of λ-orthogonality.
+    """
+    names = list(models)
+    if not names:
+        raise ValueError("evaluate_generations: no models given")
+    parents = dict(parents or {})
+    embedded = {}
+    labels = ids = None
+    for name, model in models.items():
+        model.to(device)
+        out, labels, ids = embed_dataset_with_ids(model, data, batch_size, device)
+        embedded[name] = out.embedding.cpu()
+    labels = labels.cpu()
+    metric_names = [f"cmc@{k}" for k in ks] + ["map"]
+    matrices = {metric: np.full((len(names), len(names)), np.nan) for metric in metric_names}
+    notes: dict[tuple[str, str], str] = {}
+    for t, query_name in enumerate(names):
+        query_model = models[query_name]
+        for k in range(t + 1):
+            gallery_name = names[k]
+            gallery_model = models[gallery_name]
+            queries = embedded[query_name]
+            if parents.get(query_name) == gallery_name and "backward" in query_model.adapters:
+                with torch.no_grad():
+                    mapped = query_model.adapters["backward"](queries.to(device)).cpu()
+                queries, gallery = truncate_to_common(mapped, embedded[gallery_name])
+                notes[(query_name, gallery_name)] = "queries mapped by the backward adapter"
+            elif (query_model.space != gallery_model.space
+                  or (query_model.space.value in ("lorentz", "poincare")
+                      and not math.isclose(query_model.curv, gallery_model.curv))):
+                notes[(query_name, gallery_name)] = (
+                    f"no common distance: {query_model.space.value}(K={query_model.curv:g}) vs "
+                    f"{gallery_model.space.value}(K={gallery_model.curv:g})")
+                continue
+            else:
+                gallery = embedded[gallery_name]
+                if queries.shape[1] != gallery.shape[1]:
+                    notes[(query_name, gallery_name)] = (
+                        f"no common distance: dimensions {queries.shape[1]} vs {gallery.shape[1]}")
+                    continue
+            result = retrieval_metrics(queries, gallery, labels, labels, gallery_model.space,
+                                       curv=gallery_model.curv, ks=ks, query_ids=ids, gallery_ids=ids)
+            for cmc_k, value in result.cmc.items():
+                matrices[f"cmc@{cmc_k}"][t, k] = value
+            matrices["map"][t, k] = result.mean_ap
+    return CompatibilityReport(names, matrices, notes)
+

@@ -1,0 +1,172 @@
+"""A single compatible-update experiment (extended-class by default) on an in-memory dataset.
+
+For every method: its family's old model φ_o is trained on the first classes, its unaligned
+reference φ_* and the method's new model φ_n on all classes (φ_n aligned to φ_o); then all
+generations are evaluated on the held-out split (query = gallery, leave-one-out) and each update
+is summarised by self / cross retrieval, the empirical criterion, P_com and P_up (hbct.md §11).
+Old and reference models are shared between methods of the same geometry.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import zlib
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+
+from orchestrator.data import ImageTensorDataset, LabeledImages, channel_statistics, load_digits
+from orchestrator.data.scenarios import extended_class
+from orchestrator.evaluation import CompatibilityReport, evaluate_generations
+from orchestrator.methods import CompatibilityMethod, create_method
+from orchestrator.models.bundle import CompatibleModel
+from orchestrator.models.encoder import EncoderConfig
+from orchestrator.training.config import TrainConfig
+from orchestrator.training.loop import train_generation
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TRAINING = TrainConfig(epochs=12, batch_size=64, lr=0.05, augment=False)
+
+
+class ExperimentSettings(BaseModel):
+    """Sizes and training settings of an update experiment; defaults fit 2 CPU cores."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    arch: str = "test_resnet"
+    new_arch: str | None = None
+    embed_dim: int = Field(32, ge=2)
+    image_size: int = Field(32, ge=8)
+    small_input: bool = False
+    old_class_fraction: float = Field(0.5, gt=0, lt=1)
+    training: TrainConfig = DEFAULT_TRAINING
+
+
+@dataclass
+class UpdateResult:
+    """The evaluated generations and one summary per method (keys of ``CompatibilityReport.compatibility``
+    per metric, e.g. ``summaries["bct"]["cmc@1"]["p_com"]``)."""
+
+    report: CompatibilityReport
+    summaries: dict[str, dict[str, dict[str, float | bool]]]
+    generations: dict[str, tuple[str, str]]  # new generation → (its old generation, its reference φ_*)
+
+    def format_summary(self, metrics: Sequence[str] = ("cmc@1", "map")) -> str:
+        header = f"{'method':<18}" + "".join(
+            f"{m + ' ' + col:>14}" for m in metrics for col in ("self", "cross", "P_com", "P_up")
+        ) + f"{'compatible':>12}"
+        lines = [header, "-" * len(header)]
+        for method, per_metric in self.summaries.items():
+            cells = "".join(
+                f"{per_metric[m][col]:>14.3f}" for m in metrics for col in ("self", "cross", "p_com", "p_up")
+            )
+            verdict = "yes" if per_metric[metrics[0]]["compatible"] else "no"
+            lines.append(f"{method:<18}{cells}{verdict:>12}")
+        return "\n".join(lines)
+
+
+class UpdateExperiment:
+    """Trains and evaluates generations on a train / evaluation split (digits by default)."""
+
+    def __init__(
+        self,
+        settings: ExperimentSettings | None = None,
+        train_images: LabeledImages | None = None,
+        eval_images: LabeledImages | None = None,
+        device: torch.device | str = "cpu",
+    ):
+        self.settings = settings or ExperimentSettings()
+        self.train_images = train_images if train_images is not None else load_digits("train")
+        self.eval_images = eval_images if eval_images is not None else load_digits("test")
+        self.device = torch.device(device)
+        self.mean, self.std = channel_statistics(self.train_images)
+
+    def dataset(self, images: LabeledImages, augment: bool = False) -> ImageTensorDataset:
+        return ImageTensorDataset(images, self.settings.image_size, self.mean, self.std, augment=augment)
+
+    def old_classes(self) -> np.ndarray:
+        """Class ids of the old generation: the first ``old_class_fraction`` of the classes."""
+        old_idx, _ = extended_class(self.train_images.labels, self.settings.old_class_fraction)
+        return np.unique(self.train_images.labels[old_idx])
+
+    def train(
+        self,
+        method: CompatibilityMethod,
+        classes: Sequence[int] | np.ndarray | None = None,
+        parent: CompatibleModel | None = None,
+        arch: str | None = None,
+    ) -> CompatibleModel:
+        """Train a generation with ``method`` on the training items of ``classes`` (all when None)."""
+        images = self.train_images
+        if classes is not None:
+            images = images.subset(np.flatnonzero(np.isin(images.labels, np.asarray(classes))))
+        encoder = EncoderConfig(arch=arch or self.settings.arch, embed_dim=self.settings.embed_dim,
+                                small_input=self.settings.small_input)
+        seen = torch.as_tensor(np.unique(images.labels))
+        torch.manual_seed(generation_seed(self.settings.training.seed, method, seen))
+        model = method.build_model(encoder, self.train_images.num_classes, seen)
+        train_generation(
+            method, model,
+            train_data=self.dataset(images, augment=self.settings.training.augment),
+            plain_data=self.dataset(images),
+            config=self.settings.training,
+            old_model=parent,
+            device=self.device,
+        )
+        return model
+
+    def evaluate(self, models: dict[str, CompatibleModel], parents: dict[str, str] | None = None) -> CompatibilityReport:
+        return evaluate_generations(models, self.dataset(self.eval_images), parents=parents, device=self.device)
+
+
+def generation_seed(base_seed: int, method: CompatibilityMethod, classes: torch.Tensor) -> int:
+    """Seed of a generation's initial weights: reproducible, independent of the order generations
+    are trained in, and different for different methods or class sets (two generations that
+    started from the same weights would share more than their training makes them share)."""
+    key = json.dumps([method.name, method.params.model_dump(mode="json"), classes.tolist()], sort_keys=True)
+    return (base_seed * 1_000_003 + zlib.crc32(key.encode())) % 2**31
+
+
+def run_update_experiment(
+    methods: Sequence[str | tuple[str, dict]],
+    settings: ExperimentSettings | None = None,
+    experiment: UpdateExperiment | None = None,
+) -> UpdateResult:
+    """Train φ_o, φ_* and φ_n for every method (see module docstring) and evaluate them together."""
+    experiment = experiment or UpdateExperiment(settings)
+    new_arch = experiment.settings.new_arch
+    models: dict[str, CompatibleModel] = {}
+    parents: dict[str, str] = {}
+    trained_by_key: dict[str, str] = {}
+    generations: dict[str, tuple[str, str]] = {}
+
+    def train_once(role: str, method: CompatibilityMethod, **kwargs) -> str:
+        key = json.dumps([role, method.name, method.params.model_dump(mode="json")], sort_keys=True)
+        if key not in trained_by_key:
+            name = f"{role}/{method.name}" if method.name == "independent" else f"{role}/{method.name}#{len(models)}"
+            log.info("training %s", name)
+            models[name] = experiment.train(method, **kwargs)
+            trained_by_key[key] = name
+        return trained_by_key[key]
+
+    for entry in methods:
+        name, params = (entry, {}) if isinstance(entry, str) else entry
+        method = create_method(name, params)
+        old = train_once("old", method.parent_method(), classes=experiment.old_classes())
+        reference = train_once("ref", method.reference_method(), arch=new_arch)
+        label = name if name not in generations else f"{name}#{len(generations)}"
+        log.info("training %s aligned to %s", label, old)
+        models[label] = experiment.train(method, parent=models[old], arch=new_arch)
+        parents[label] = old
+        generations[label] = (old, reference)
+
+    report = experiment.evaluate(models, parents)
+    summaries = {
+        label: {metric: report.compatibility(old, label, reference, metric) for metric in ("cmc@1", "cmc@5", "map")}
+        for label, (old, reference) in generations.items()
+    }
+    return UpdateResult(report, summaries, generations)

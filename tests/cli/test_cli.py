@@ -1,0 +1,49 @@
+"""The command line: method listing, the embedded demo, the quickstart example, errors."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.methods import available_methods
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_methods_lists_every_method_with_its_parameters_and_defaults(capsys):
+    assert main(["methods"]) == 0
+    out = capsys.readouterr().out
+    for name, cls in available_methods().items():
+        assert re.search(rf"^{name}: ", out, re.MULTILINE), name
+        for field_name, field in cls.Params.model_fields.items():
+            assert re.search(rf"^\s+{field_name}\s+\S+\s+default {re.escape(repr(field.default))}$", out, re.MULTILINE), (name, field_name)
+    assert "cosine|euclidean|lorentz" in out  # Literal choices are spelled out
+
+
+def test_demo_prints_the_pair_table_and_one_summary_row_per_method(capsys):
+    assert main(["demo", "--epochs", "1", "--methods", "independent,l2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^old/independent → old/independent\s+[01]\.\d{4}\s+[01]\.\d{4}\s+[01]\.\d{4}$", out, re.MULTILINE)
+    assert re.search(r"^l2 → old/independent\s+", out, re.MULTILINE)
+    summary_rows = re.findall(r"^(independent|l2)\s+(-?\d+\.\d{3}\s+){8}(yes|no)$", out, re.MULTILINE)
+    assert [row[0] for row in summary_rows] == ["independent", "l2"]
+
+
+def test_unknown_method_is_a_clear_error(capsys):
+    assert main(["demo", "--epochs", "1", "--methods", "bct,nosuch"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown method 'nosuch'" in err and "hbct" in err
+
+
+def test_quickstart_example_runs_and_reports_the_update():
+    result = subprocess.run([sys.executable, str(REPO / "examples" / "quickstart.py"), "--epochs", "2"],
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert re.search(r"^new → old\s+[01]\.\d{4}", result.stdout, re.MULTILINE)
+    for metric in ("cmc@1", "map"):
+        line = next(l for l in result.stdout.splitlines() if l.startswith(metric + " {"))
+        assert "'p_com':" in line and "'compatible':" in line
