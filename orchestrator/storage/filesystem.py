@@ -1,0 +1,286 @@
+"""URIs → fsspec file systems, and the few file operations the project needs, with atomic writes.
+
+A URI is one of:
+
+- a local path (``/data/run1``, ``relative/dir``) or a ``file://`` URI (``file:///data/run1``);
+- ``s3://bucket/prefix`` (through s3fs);
+- any other fsspec protocol (``memory://``, ``gcs://`` ...), handled like an object store.
+
+S3 credentials come from the usual AWS sources (``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` /
+``AWS_SESSION_TOKEN``, ``AWS_PROFILE``, instance roles ...), read by botocore itself; this module
+never reads or logs them. An S3-compatible server (MinIO, Ceph, moto) is reached through
+``storage_options={"endpoint_url": ...}`` or the environment variable ``AWS_ENDPOINT_URL_S3`` /
+``AWS_ENDPOINT_URL``. Anything logged here goes through ``redact_uri`` / ``redact_options``.
+
+Atomicity (``write_bytes_atomic``):
+
+- local file systems: the bytes go to a temporary file in the SAME directory
+  (``.<name>.tmp-<random>``), are flushed and ``fsync``-ed, then ``os.replace`` renames the
+  temporary file over the target (atomic on POSIX within one file system) and the directory is
+  fsync-ed. Readers see the old file or the new one, never a partial file; a failure removes the
+  temporary file and leaves the old content untouched.
+- object stores: one upload of the whole object (s3fs: a single PUT, or for very large objects a
+  multipart upload that becomes visible only on its final "complete" call). S3 makes an object
+  visible atomically, so readers see the old object or the new one. There is no atomicity across
+  several objects: ``checkpoints`` orders its writes (data first, the card that describes it last)
+  and verifies checksums instead.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import uuid
+from typing import Any, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+import fsspec
+from fsspec.core import split_protocol
+
+log = logging.getLogger(__name__)
+
+LOCAL_PROTOCOLS = (None, "file", "local")
+
+#: Option names whose values are secrets (matched case-insensitively as substrings).
+_SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "credential", "auth", "signature")
+REDACTED = "***"
+
+
+# --- redaction --------------------------------------------------------------------------------
+def redact_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A copy of ``options`` safe to log: values of secret-looking keys (key, secret, token,
+    password, credential ...) replaced by ``"***"``, nested mappings redacted too; endpoint URLs
+    lose any user:password part."""
+    safe: dict[str, Any] = {}
+    for name, value in dict(options or {}).items():
+        lowered = str(name).lower()
+        if isinstance(value, Mapping):
+            safe[name] = redact_options(value)
+        elif any(word in lowered for word in _SECRET_WORDS) and value is not None:
+            safe[name] = REDACTED
+        elif isinstance(value, str) and "://" in value:
+            safe[name] = redact_uri(value)
+        else:
+            safe[name] = value
+    return safe
+
+
+def redact_uri(uri: str) -> str:
+    """``uri`` without credentials: a ``user:password@`` part becomes ``***@`` and query parameters
+    that look secret (``X-Amz-Signature``, ``token`` ...) are masked."""
+    if "://" not in uri:
+        return uri
+    parts = urlsplit(uri)
+    netloc = parts.netloc
+    if "@" in netloc:
+        netloc = f"{REDACTED}@{netloc.rsplit('@', 1)[1]}"
+    query = parts.query
+    if query:
+        query = re.sub(
+            r"([^&=]*(?:" + "|".join(_SECRET_WORDS) + r")[^&=]*)=[^&]*",
+            lambda m: f"{m.group(1)}={REDACTED}",
+            query,
+            flags=re.IGNORECASE,
+        )
+    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+
+
+# --- URIs -------------------------------------------------------------------------------------
+def _protocol(uri: str) -> str | None:
+    protocol, _ = split_protocol(str(uri))
+    return protocol
+
+
+def is_local(uri: str) -> bool:
+    """True for plain paths and ``file://`` URIs."""
+    return _protocol(uri) in LOCAL_PROTOCOLS
+
+
+def _local_path(uri: str) -> str:
+    """The absolute OS path of a local URI: ``file:///a/b`` → ``/a/b``; ``~`` is expanded; a
+    relative path (or ``file://rel/x``, as fsspec reads it) is taken from the working directory."""
+    _, path = split_protocol(str(uri))
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def join_uri(base: str, *parts: str) -> str:
+    """``base`` with ``parts`` appended as path components, keeping the scheme.
+
+    ``join_uri("s3://b/p", "gen0", "model.safetensors")`` → ``"s3://b/p/gen0/model.safetensors"``;
+    ``join_uri("/data", "gen0")`` → ``"/data/gen0"``. Slashes around parts are collapsed; empty
+    parts are skipped.
+    """
+    result = str(base)
+    for part in parts:
+        part = str(part).strip("/")
+        if not part:
+            continue
+        result = result if result.endswith("/") else result + "/"
+        result += part
+    return result
+
+
+def _s3_options(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    options = dict(storage_options or {})
+    endpoint = options.pop("endpoint_url", None)
+    client_kwargs = dict(options.pop("client_kwargs", None) or {})
+    endpoint = endpoint or client_kwargs.pop("endpoint_url", None)
+    endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        options["endpoint_url"] = endpoint
+    if client_kwargs:
+        options["client_kwargs"] = client_kwargs
+    # Decision: no directory-listing cache. Pipeline steps check existence to resume, and other
+    # processes (Ray workers) write the same prefixes; a stale listing would skip or redo work.
+    options.setdefault("use_listings_cache", False)
+    return options
+
+
+def open_filesystem(uri: str, storage_options: Mapping[str, Any] | None = None) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The fsspec file system serving ``uri`` and the path of ``uri`` inside it.
+
+    Local URIs give a ``LocalFileSystem`` and an absolute OS path. ``s3://`` gives an
+    ``s3fs.S3FileSystem`` configured from the AWS environment plus ``storage_options``
+    (``endpoint_url`` or env ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``; any other s3fs
+    option, e.g. ``key``/``secret``, passes through) and the path ``bucket/prefix``.
+    """
+    uri = str(uri)
+    protocol = _protocol(uri)
+    if protocol in LOCAL_PROTOCOLS:
+        return fsspec.filesystem("file"), _local_path(uri)
+    options = _s3_options(storage_options) if protocol in ("s3", "s3a") else dict(storage_options or {})
+    if protocol == "s3a":
+        protocol = "s3"
+    log.debug("opening %s filesystem for %s with options %s", protocol, redact_uri(uri), redact_options(options))
+    fs = fsspec.filesystem(protocol, **options)
+    return fs, fs._strip_protocol(uri)
+
+
+# --- operations -------------------------------------------------------------------------------
+def exists(uri: str, storage_options: Mapping[str, Any] | None = None) -> bool:
+    """Whether a file or directory (object store: object or non-empty prefix) exists at ``uri``."""
+    fs, path = open_filesystem(uri, storage_options)
+    return bool(fs.exists(path))
+
+
+def read_bytes(uri: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
+    """The whole content of the file at ``uri``; FileNotFoundError naming ``uri`` if absent."""
+    fs, path = open_filesystem(uri, storage_options)
+    try:
+        return fs.cat_file(path)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"no such file: {redact_uri(uri)}") from exc
+
+
+def write_bytes_atomic(uri: str, data: bytes, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Write ``data`` to ``uri`` so that readers see the old content or the new, never a part.
+
+    Local: temporary file in the same directory, fsync, ``os.replace``, directory fsync (parent
+    directories are created). Object stores: one upload of the whole object. See the module
+    docstring.
+    """
+    data = bytes(data) if not isinstance(data, bytes) else data
+    if is_local(uri):
+        _write_local_atomic(_local_path(uri), data)
+        return
+    fs, path = open_filesystem(uri, storage_options)
+    fs.pipe_file(path, data)
+
+
+def _write_local_atomic(path: str, data: bytes) -> None:
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
+    # O_EXCL: never clobber another writer's temporary file; mode 0o666 & ~umask like open().
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            _write_all(handle, data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_directory(directory)
+
+
+def _write_all(handle, data: bytes) -> None:
+    """Write in chunks (a separate function so tests can make a write fail midway)."""
+    view = memoryview(data)
+    chunk = 1 << 20
+    for start in range(0, len(view), chunk):
+        handle.write(view[start : start + chunk])
+
+
+def _fsync_directory(directory: str) -> None:
+    """Persist a rename: fsync the directory entry (best effort; not supported everywhere)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(
+    uri: str, obj: Any, storage_options: Mapping[str, Any] | None = None, sort_keys: bool = True
+) -> None:
+    """``obj`` as strict JSON (indented, no NaN/Infinity; keys sorted unless ``sort_keys=False``,
+    for documents whose key order matters) written with ``write_bytes_atomic``."""
+    text = json.dumps(obj, indent=2, sort_keys=sort_keys, allow_nan=False, ensure_ascii=False) + "\n"
+    write_bytes_atomic(uri, text.encode("utf-8"), storage_options)
+
+
+def read_json(uri: str, storage_options: Mapping[str, Any] | None = None) -> Any:
+    """The JSON document at ``uri``; FileNotFoundError naming ``uri`` if absent, ValueError if invalid."""
+    raw = read_bytes(uri, storage_options)
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{redact_uri(uri)} is not valid JSON: {exc}") from exc
+
+
+def remove(uri: str, recursive: bool = False, missing_ok: bool = False,
+           storage_options: Mapping[str, Any] | None = None) -> None:
+    """Delete the file at ``uri`` (a directory / prefix with ``recursive=True``).
+
+    FileNotFoundError naming ``uri`` when nothing is there, unless ``missing_ok``.
+    """
+    fs, path = open_filesystem(uri, storage_options)
+    if not fs.exists(path):
+        if missing_ok:
+            return
+        raise FileNotFoundError(f"nothing to remove at {redact_uri(uri)}")
+    if not recursive and fs.isdir(path):
+        raise IsADirectoryError(f"{redact_uri(uri)} is a directory (or prefix); pass recursive=True")
+    fs.rm(path, recursive=recursive)
+
+
+def list_dir(uri: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """Sorted names (not full URIs) of the entries directly under ``uri``; join them with
+    ``join_uri(uri, name)``. FileNotFoundError naming ``uri`` if it is not a directory / prefix."""
+    fs, path = open_filesystem(uri, storage_options)
+    try:
+        entries = fs.ls(path, detail=False)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"no such directory: {redact_uri(uri)}") from exc
+    base = path.rstrip("/")
+    names = set()
+    for entry in entries:
+        entry = str(entry).rstrip("/")
+        if entry == base:
+            # some file systems list a file (or the prefix marker itself) as its own entry
+            if not fs.isdir(path):
+                raise NotADirectoryError(f"not a directory: {redact_uri(uri)}")
+            continue
+        names.add(entry.rsplit("/", 1)[-1])
+    return sorted(names)
