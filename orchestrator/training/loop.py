@@ -12,7 +12,7 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from orchestrator.methods.base import CompatibilityMethod, TrainContext
 from orchestrator.models.bundle import CompatibleModel
@@ -83,16 +83,23 @@ def train_one_epoch(
     return stats
 
 
-def make_train_loader(data: Dataset, config: TrainConfig, epoch_seed: int) -> DataLoader:
-    """Shuffled loader; the last incomplete batch is dropped when at least one full batch exists."""
-    generator = torch.Generator().manual_seed(config.seed * 10_007 + epoch_seed)
-    return DataLoader(
-        data,
-        batch_size=config.batch_size,
-        shuffle=True,
-        drop_last=len(data) >= config.batch_size,
-        generator=generator,
-    )
+def make_train_loader(
+    data: Dataset, config: TrainConfig, epoch: int, rank: int = 0, world_size: int = 1
+) -> DataLoader:
+    """Shuffled loader of one epoch, reproducible from ``config.seed`` and ``epoch``.
+
+    With ``world_size`` > 1 each rank reads its own shard through a ``DistributedSampler``
+    (same seed on every rank, re-shuffled per epoch). The last incomplete batch is dropped when
+    at least one full batch exists.
+    """
+    drop_last = len(data) // world_size >= config.batch_size
+    if world_size > 1:
+        sampler = DistributedSampler(data, num_replicas=world_size, rank=rank, shuffle=True,
+                                     seed=config.seed, drop_last=True)
+        sampler.set_epoch(epoch)
+        return DataLoader(data, batch_size=config.batch_size, sampler=sampler, drop_last=drop_last)
+    generator = torch.Generator().manual_seed(config.seed * 10_007 + epoch)
+    return DataLoader(data, batch_size=config.batch_size, shuffle=True, drop_last=drop_last, generator=generator)
 
 
 def train_generation(

@@ -139,7 +139,7 @@ def test_build_optimizer_takes_only_trainable_parameters():
 def test_make_train_loader_drops_the_last_partial_batch_only_with_a_full_one(n, batch, sizes):
     data = _Images(n=n)
     config = TrainConfig(batch_size=batch)
-    batches = list(make_train_loader(data, config, epoch_seed=0))
+    batches = list(make_train_loader(data, config, epoch=0))
     assert [len(b[2]) for b in batches] == sizes
     ids = torch.cat([b[2] for b in batches]).tolist()
     assert len(set(ids)) == len(ids) and set(ids) <= set(range(n))
@@ -149,7 +149,7 @@ def test_make_train_loader_is_a_seeded_shuffle():
     data = _Images(n=24)
 
     def order(seed: int, epoch: int) -> list[int]:
-        loader = make_train_loader(data, TrainConfig(batch_size=8, seed=seed), epoch_seed=epoch)
+        loader = make_train_loader(data, TrainConfig(batch_size=8, seed=seed), epoch=epoch)
         return torch.cat([b[2] for b in loader]).tolist()
 
     assert sorted(order(0, 0)) == list(range(24))
@@ -192,7 +192,7 @@ def test_epoch_loss_is_the_sample_weighted_mean_of_batch_losses():
     assert history[0]["samples"] == 16  # 20 items, batches of 8: 4 dropped
     total, count = 0.0, 0
     with torch.no_grad():
-        for images, labels, _ids in make_train_loader(data, config, epoch_seed=0):
+        for images, labels, _ids in make_train_loader(data, config, epoch=0):
             logits = reference(images).logits.double()
             total += F.cross_entropy(logits, labels, reduction="sum").item()
             count += len(labels)
