@@ -80,6 +80,10 @@ class ChecksumMismatch(ValueError):
         self.uri, self.expected, self.actual = uri, expected, actual
         super().__init__(f"checksum mismatch for {redact_uri(uri)}: expected sha256 {expected}, got {actual}")
 
+    def __reduce__(self):
+        # keeps the error intact when it crosses a process boundary (a Ray worker → the driver)
+        return (type(self), (self.uri, self.expected, self.actual))
+
 
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()

@@ -230,3 +230,13 @@ def test_training_state_tamper_and_missing(tmp_path):
         load_training_state(str(tmp_path / "elsewhere"))
     with pytest.raises(TypeError, match="extra"):
         save_training_state(str(tmp_path / "t2"), optimizer.state_dict(), epoch=1, extra={"bad": {1, 2}})
+
+
+def test_checksum_mismatch_survives_pickling():
+    import pickle
+
+    from orchestrator.storage import ChecksumMismatch
+
+    error = pickle.loads(pickle.dumps(ChecksumMismatch("/x/g0", "a" * 64, "b" * 64)))
+    assert (error.uri, error.expected, error.actual) == ("/x/g0", "a" * 64, "b" * 64)
+    assert "expected sha256 " + "a" * 64 in str(error)
