@@ -1,0 +1,1 @@
+"""Thin Ray adapters (Train, Data, Tune, index building). No science here."""

@@ -1,0 +1,106 @@
+"""Generations trained through Ray Train: DDP workers, parent loaded from its checkpoint,
+finished generation written as safetensors + card, and resumption after a killed worker."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+import ray
+import torch
+
+from orchestrator.data import channel_statistics, load_digits
+from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
+from orchestrator.storage import load_card, load_generation
+
+ENCODER = {"arch": "test_resnet", "embed_dim": 16}
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def digits_stats():
+    return channel_statistics(load_digits("train"))
+
+
+def job(name, method, out, stats, epochs=2, **kwargs):
+    mean, std = stats
+    return GenerationJob(name=name, method=method, method_params={}, encoder=ENCODER,
+                         training={"epochs": epochs, "batch_size": 64, "lr": 0.05, "augment": False},
+                         num_classes=10, data_source="digits", output_uri=str(out / name),
+                         mean=mean, std=std, **kwargs)
+
+
+def test_parent_and_ddp_child_through_ray_train(local_ray, digits_stats, tmp_path):
+    train = load_digits("train")
+    old_ids = train.ids[train.labels < 5].tolist()
+    metrics = train_generation_with_ray(job("g0", "independent", tmp_path, digits_stats, train_ids=old_ids),
+                                        ScalingSettings(num_workers=1), storage_path=str(tmp_path / "ray"))
+    assert metrics["epoch"] == 1 and metrics["lr"] == pytest.approx(0.025)  # cosine step of epoch 1 of 2
+    assert metrics["samples"] == 576  # 633 old-class items, 9 full batches of 64
+    g0_card = load_card(str(tmp_path / "g0"))
+    assert g0_card.seen_classes == [0, 1, 2, 3, 4] and g0_card.parent is None
+
+    child = job("g1", "bct", tmp_path, digits_stats, epochs=1, parent_name="g0",
+                parent_uri=str(tmp_path / "g0"), parent_sha256=g0_card.sha256)
+    metrics = train_generation_with_ray(child, ScalingSettings(num_workers=2), storage_path=str(tmp_path / "ray"))
+    assert {"loss/base", "loss/influence"} <= set(metrics)
+    assert metrics["loss"] == pytest.approx(metrics["loss/base"] + metrics["loss/influence"])
+    # two DDP workers each see half of the 1,258 training items (DistributedSampler, 9 full batches)
+    assert metrics["samples"] == 576
+    g1, card = load_generation(str(tmp_path / "g1"))
+    g0, _ = load_generation(str(tmp_path / "g0"))
+    assert card.parent == "g0" and card.method.name == "bct" and card.seen_classes == list(range(10))
+    changed = [not torch.equal(a, b) for (name, a), (_, b) in zip(g0.state_dict().items(), g1.state_dict().items())
+               if name.startswith("encoder.") and a.is_floating_point()]
+    assert all(changed)
+
+
+def test_a_wrong_parent_hash_fails_the_run(local_ray, digits_stats, tmp_path):
+    train = load_digits("train")
+    train_generation_with_ray(job("g0", "independent", tmp_path, digits_stats, epochs=1,
+                                  train_ids=train.ids[:128].tolist()),
+                              ScalingSettings(num_workers=1, max_failures=0), storage_path=str(tmp_path / "ray"))
+    bad = job("g1", "l2", tmp_path, digits_stats, epochs=1, parent_name="g0",
+              parent_uri=str(tmp_path / "g0"), parent_sha256="0" * 64)
+    with pytest.raises(RuntimeError, match="g1"):
+        train_generation_with_ray(bad, ScalingSettings(num_workers=1, max_failures=0),
+                                  storage_path=str(tmp_path / "ray"))
+    assert not (tmp_path / "g1").exists()
+
+
+def _kill_a_worker_after_two_checkpoints(run_dir: Path, killed: list[int], deadline: float) -> None:
+    # A checkpoint folder appears on disk before Ray Train registers it; once a second one exists
+    # the first is certainly registered, so the restarted worker must resume from a saved epoch.
+    while time.time() < deadline and not killed:
+        if len(list(run_dir.glob("checkpoint_*"))) >= 2:
+            for proc in psutil.process_iter(["cmdline"]):
+                if any("RayTrainWorker" in part for part in (proc.info["cmdline"] or [])):
+                    proc.kill()
+                    killed.append(proc.pid)
+                    return
+        time.sleep(0.2)
+
+
+def test_killed_worker_resumes_from_the_last_epoch_checkpoint(local_ray, digits_stats, tmp_path):
+    storage = tmp_path / "ray"
+    killed: list[int] = []
+    watcher = threading.Thread(target=_kill_a_worker_after_two_checkpoints,
+                               args=(storage / "train-g0", killed, time.time() + 240), daemon=True)
+    watcher.start()
+    metrics = train_generation_with_ray(job("g0", "independent", tmp_path, digits_stats, epochs=6),
+                                        ScalingSettings(num_workers=1, max_failures=2), storage_path=str(storage))
+    watcher.join(timeout=1)
+    assert killed, "no Ray Train worker was found to kill"
+    assert metrics["epoch"] == 5
+    assert metrics["start_epoch"] > 0  # the second attempt continued from a saved epoch
+    model, card = load_generation(str(tmp_path / "g0"))
+    assert card.name == "g0" and np.isfinite(metrics["loss"])
