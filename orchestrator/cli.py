@@ -1,4 +1,4 @@
-"""Command line: ``orchestrator methods`` and ``orchestrator demo``."""
+"""Command line: ``orchestrator run``, ``lineage``, ``methods`` and ``demo``."""
 from __future__ import annotations
 
 import argparse
@@ -56,10 +56,73 @@ def _demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_overrides(pairs: Sequence[str]) -> dict[str, object]:
+    """``--set a.b=value`` pairs → {"a.b": value}; values are read as YAML scalars (1 → int)."""
+    import yaml
+
+    overrides: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--set expects FIELD.PATH=VALUE, got {pair!r}")
+        overrides[key.strip()] = yaml.safe_load(value)
+    return overrides
+
+
+def _run_command(args: argparse.Namespace) -> int:
+    from orchestrator.config import load_pipeline
+    from orchestrator.pipeline.runner import run_pipeline
+
+    overrides = _parse_overrides(args.set or [])
+    if args.storage:
+        overrides["storage"] = args.storage
+    if args.ray_address:
+        overrides["ray.address"] = args.ray_address
+    config = load_pipeline(args.file, overrides)
+    result = run_pipeline(config)
+    print()
+    print(result.format())
+    return 0
+
+
+def _lineage_command(args: argparse.Namespace) -> int:
+    import json
+
+    from orchestrator.lineage import LineageStore, lineage_json, lineage_tree_text
+
+    if args.lineage:
+        url = args.lineage
+    else:
+        from orchestrator.config import load_pipeline
+
+        overrides = {"storage": args.storage} if args.storage else None
+        url = load_pipeline(args.file, overrides).lineage
+    store = LineageStore(url)
+    print(json.dumps(lineage_json(store), indent=2) if args.json else lineage_tree_text(store))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestrator", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log every training step")
     commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="run a pipeline file: train, evaluate and deploy every generation "
+                                           "(resumes where a previous run stopped)")
+    run.add_argument("file", help="pipeline YAML, e.g. pipelines/lifelong.yaml")
+    run.add_argument("--storage", help="storage root (local path or s3://bucket/prefix), overrides the file")
+    run.add_argument("--ray-address", help="Ray cluster address (auto, host:port, ray://...), overrides the file")
+    run.add_argument("--set", action="append", metavar="FIELD.PATH=VALUE",
+                     help="override any field, e.g. --set generations.0.training.epochs=2 (repeatable)")
+    run.set_defaults(handler=_run_command)
+
+    lineage = commands.add_parser("lineage", help="show the generation tree, metrics and gallery shards")
+    source = lineage.add_mutually_exclusive_group(required=True)
+    source.add_argument("file", nargs="?", help="pipeline YAML whose lineage store to read")
+    source.add_argument("--lineage", help="a lineage URL (sqlite:///path/lineage.db, postgresql://...)")
+    lineage.add_argument("--storage", help="storage root override, as for run")
+    lineage.add_argument("--json", action="store_true", help="machine-readable JSON")
+    lineage.set_defaults(handler=_lineage_command)
 
     methods = commands.add_parser("methods", help="list compatibility methods with their parameters and defaults")
     methods.set_defaults(handler=_methods_command)
@@ -83,9 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(name)s: %(message)s")
     try:
         return args.handler(args)
-    except ValueError as error:
+    except ValueError as error:  # bad input: the message names the file, field and value
         print(f"orchestrator: error: {error}", file=sys.stderr)
         return 2
+    except RuntimeError as error:  # a failed step; the lineage records it and a re-run resumes
+        print(f"orchestrator: failed: {error}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

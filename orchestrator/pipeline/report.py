@@ -1,0 +1,96 @@
+"""Compatibility report files of a pipeline run: JSON, CSV and one PNG heatmap per metric."""
+from __future__ import annotations
+
+import csv
+import io
+import math
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from orchestrator.storage import join_uri, write_bytes_atomic, write_json_atomic
+
+METRICS = ("cmc@1", "cmc@5", "map")
+
+
+def compatibility_matrix(values: Iterable[Any], names: Sequence[str], metric: str) -> np.ndarray:
+    """(T, T) matrix of ``metric`` from lineage compatibility records (query row, gallery column);
+    NaN where nothing was recorded."""
+    index = {name: i for i, name in enumerate(names)}
+    matrix = np.full((len(names), len(names)), np.nan)
+    for value in values:
+        if value.metric == metric and value.query in index and value.gallery in index and value.value is not None:
+            matrix[index[value.query], index[value.gallery]] = value.value
+    return matrix
+
+
+def format_matrix(matrix: np.ndarray, names: Sequence[str], metric: str) -> str:
+    """Fixed-width text of a compatibility matrix (rows: query generation, columns: gallery)."""
+    width = max(len(metric), *(len(n) for n in names)) + 2
+    lines = [f"{metric:<{width}}" + "".join(f"{n:>{width}}" for n in names)]
+    for name, row in zip(names, matrix):
+        cells = "".join(f"{'·' if math.isnan(v) else f'{v:.4f}':>{width}}" for v in row)
+        lines.append(f"{name:<{width}}{cells}")
+    return "\n".join(lines)
+
+
+def write_report(uri: str, names: Sequence[str], values: Iterable[Any], summaries: dict[str, dict[str, Any]],
+                 storage_options: dict | None = None) -> list[str]:
+    """Write ``compatibility.json``, ``compatibility.csv`` and ``compatibility_<metric>.png`` under
+    ``uri``; returns the written URIs."""
+    values = list(values)
+    matrices = {metric: compatibility_matrix(values, names, metric) for metric in METRICS}
+    written = []
+    document = {
+        "generations": list(names),
+        "matrices": {m: [[None if math.isnan(v) else v for v in row] for row in mat.tolist()] for m, mat in matrices.items()},
+        "updates": summaries,
+    }
+    target = join_uri(uri, "compatibility.json")
+    write_json_atomic(target, document, storage_options=storage_options)
+    written.append(target)
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(["query_generation", "gallery_generation", *METRICS])
+    for t, query in enumerate(names):
+        for k, gallery in enumerate(names):
+            row = [matrices[m][t, k] for m in METRICS]
+            if not all(math.isnan(v) for v in row):
+                writer.writerow([query, gallery, *("" if math.isnan(v) else f"{v:.6f}" for v in row)])
+    target = join_uri(uri, "compatibility.csv")
+    write_bytes_atomic(target, buffer.getvalue().encode(), storage_options=storage_options)
+    written.append(target)
+
+    for metric, matrix in matrices.items():
+        target = join_uri(uri, f"compatibility_{metric.replace('@', '')}.png")
+        write_bytes_atomic(target, heatmap_png(matrix, names, metric), storage_options=storage_options)
+        written.append(target)
+    return written
+
+
+def heatmap_png(matrix: np.ndarray, names: Sequence[str], metric: str) -> bytes:
+    """PNG bytes of the matrix as an annotated heatmap (empty cells left blank)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    size = 1.2 + 0.9 * len(names)
+    figure, axes = plt.subplots(figsize=(size + 1.5, size))
+    image = axes.imshow(np.ma.masked_invalid(matrix), vmin=0.0, vmax=1.0, cmap="viridis")
+    axes.set_xticks(range(len(names)), labels=names, rotation=45, ha="right")
+    axes.set_yticks(range(len(names)), labels=names)
+    axes.set_xlabel("gallery generation")
+    axes.set_ylabel("query generation")
+    axes.set_title(f"compatibility ({metric})")
+    for (row, column), value in np.ndenumerate(matrix):
+        if not math.isnan(value):
+            axes.text(column, row, f"{value:.3f}", ha="center", va="center",
+                      color="black" if value > 0.6 else "white", fontsize=9)
+    figure.colorbar(image, ax=axes)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=110)
+    plt.close(figure)
+    return buffer.getvalue()

@@ -1,0 +1,230 @@
+"""The lifelong pipeline: for each generation train → evaluate, then deploy; every step recorded.
+
+Each step has a key in the lineage (``train:<gen>``, ``evaluate:<gen>``, ``deploy:<gen>``). A step
+already committed is skipped; otherwise it is started (attempts counted), its files are written
+first (checkpoint folder: weights, then card) and its result rows commit in one transaction
+together with the step. Killing the driver at any point and running the same command again
+finishes the pipeline without redoing committed steps and without duplicate rows or files.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from orchestrator.config import PipelineConfig, config_sha256, training_indices
+from orchestrator.data import ImageTensorDataset, channel_statistics, load_source
+from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
+from orchestrator.evaluation import evaluate_generations
+from orchestrator.lineage import LineageStore
+from orchestrator.metrics import p_com, p_up
+from orchestrator.pipeline.report import METRICS, compatibility_matrix, format_matrix, write_report
+from orchestrator.storage import join_uri, load_card, load_generation
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+
+
+@dataclass
+class PipelineResult:
+    """What a run produced: generation names in order, the matrices, per-update summaries, files."""
+
+    names: list[str]
+    matrices: dict[str, np.ndarray]
+    summaries: dict[str, dict[str, Any]]
+    report_files: list[str] = field(default_factory=list)
+    skipped_steps: list[str] = field(default_factory=list)
+
+    def format(self) -> str:
+        parts = [format_matrix(self.matrices[m], self.names, m) for m in ("cmc@1", "map")]
+        if self.summaries:
+            lines = [f"{'update':<24}{'metric':>8}{'self':>9}{'cross':>9}{'old self':>10}{'P_com':>9}{'P_up':>9}  compatible"]
+            for update, per_metric in self.summaries.items():
+                for metric in ("cmc@1", "map"):
+                    s = per_metric[metric]
+                    p_com_text = "n/a" if s.get("p_com") is None else f"{s['p_com']:.3f}"
+                    p_up_text = "n/a" if s.get("p_up") is None else f"{s['p_up']:.3f}"
+                    lines.append(f"{update:<24}{metric:>8}{s['self']:>9.4f}{s['cross']:>9.4f}{s['old_self']:>10.4f}"
+                                 f"{p_com_text:>9}{p_up_text:>9}  {'yes' if s['compatible'] else 'no'}")
+            parts.append("\n".join(lines))
+        return "\n\n".join(parts)
+
+
+class PipelineRunner:
+    """Runs a ``PipelineConfig`` against its storage, lineage and Ray cluster."""
+
+    def __init__(self, config: PipelineConfig, progress: Progress | None = None):
+        self.config = config
+        self.progress = progress or (lambda line: print(line, flush=True))
+        self.storage = _absolute(config.storage)
+        self.store = LineageStore(config.lineage)
+        self.config_sha = config_sha256(config, exclude=("ray",))
+        self._started = time.perf_counter()
+        self._train_images = None
+        self._eval_images = None
+
+    # --- data --------------------------------------------------------------------------------
+    @property
+    def train_images(self):
+        if self._train_images is None:
+            self._train_images = load_source(self.config.data.source, **self.config.data.loader_kwargs(self.config.data.train_split))
+        return self._train_images
+
+    @property
+    def eval_images(self):
+        if self._eval_images is None:
+            self._eval_images = load_source(self.config.data.source, **self.config.data.loader_kwargs(self.config.data.eval_split))
+        return self._eval_images
+
+    def _normalisation(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        return channel_statistics(self.train_images)
+
+    def generation_uri(self, name: str) -> str:
+        return join_uri(self.storage, "generations", name)
+
+    # --- steps -------------------------------------------------------------------------------
+    def run(self) -> PipelineResult:
+        self.store.register_run(self.config.name, self.config_sha)
+        skipped: list[str] = []
+        for generation in self.config.generations:
+            for key, action in ((f"train:{generation.name}", self._train),
+                                (f"evaluate:{generation.name}", self._evaluate)):
+                if self.store.step_status(key) == "committed":
+                    skipped.append(key)
+                    self._say(f"{key}: already committed, skipped")
+                    continue
+                self.store.start_step(key)
+                step_started = time.perf_counter()
+                try:
+                    action(generation, key)
+                except BaseException as error:
+                    self.store.fail_step(key, error)
+                    raise
+                self._say(f"{key}: done in {time.perf_counter() - step_started:.1f} s")
+        served = self.config.served_generations
+        if served:
+            key = f"deploy:{served[-1].name}"
+            if self.store.step_status(key) == "committed":
+                skipped.append(key)
+            else:
+                self.store.start_step(key)
+                self.store.deploy(served[-1].name, step=key)
+                self._say(f"{key}: {served[-1].name} serves queries")
+        return self._finish(skipped)
+
+    def _train(self, generation, key: str) -> None:
+        config = self.config
+        self.store.upsert_generation(generation.name, parent=generation.parent, method=generation.method.name,
+                                     params=generation.method.params, arch=generation.model.arch,
+                                     status="training")
+        images = self.train_images
+        indices = training_indices(generation, images.labels, config.data.task_splits)
+        mean, std = self._normalisation()
+        parent_uri = parent_sha = None
+        if generation.parent is not None:
+            parent = self.store.get_generation(generation.parent)
+            parent_uri, parent_sha = parent.checkpoint_uri, parent.sha256
+        output = self.generation_uri(generation.name)
+        job = GenerationJob(
+            name=generation.name, method=generation.method.name, method_params=dict(generation.method.params),
+            encoder=generation.model.model_dump(mode="json"), training=generation.training.model_dump(mode="json"),
+            num_classes=images.num_classes, data_source=config.data.source,
+            data_options=config.data.loader_kwargs(config.data.train_split),
+            image_size=config.data.image_size or int(images.images.shape[1]), mean=tuple(mean), std=tuple(std),
+            train_ids=images.ids[indices].tolist(), parent_name=generation.parent, parent_uri=parent_uri,
+            parent_sha256=parent_sha, seed=generation.training.seed, output_uri=output,
+            init_from_parent=generation.init_from_parent, replaces=generation.replaces,
+        )
+        ray_settings = config.ray
+        scaling = ScalingSettings(num_workers=ray_settings.num_workers, cpus_per_worker=ray_settings.cpus_per_worker,
+                                  gpus_per_worker=ray_settings.gpus_per_worker, use_gpu=ray_settings.use_gpu,
+                                  max_failures=ray_settings.max_failures)
+        self._say(f"{key}: {generation.method.name} on {len(indices)} items, {generation.training.epochs} epochs, "
+                  f"{scaling.num_workers} worker(s)")
+        metrics = train_generation_with_ray(job, scaling, storage_path=join_uri(self.storage, "ray"),
+                                            run_name=f"train-{generation.name}-{self.config_sha[:8]}")
+        card = load_card(output)
+        self.store.upsert_generation(generation.name, space=card.space, curv=card.curv)
+        self.store.mark_generation_trained(
+            generation.name, output, card.sha256,
+            metrics={k: v for k, v in metrics.items() if k.startswith("loss") or k in ("epoch", "lr")},
+            step=key, step_outputs={"checkpoint_uri": output, "sha256": card.sha256},
+        )
+
+    def _evaluate(self, generation, key: str) -> None:
+        """Compatibility of this generation's queries against every earlier generation's gallery."""
+        names = [g.name for g in self.config.generations[: self.config.generations.index(generation) + 1]]
+        models = {}
+        for name in names:
+            record = self.store.get_generation(name)
+            models[name], _card = load_generation(record.checkpoint_uri, expected_sha256=record.sha256)
+        mean, std = self._normalisation()
+        size = self.config.data.image_size or int(self.eval_images.images.shape[1])
+        data = ImageTensorDataset(self.eval_images, size, mean, std)
+        parents = {g.name: g.parent for g in self.config.generations if g.parent}
+        report = evaluate_generations(models, data, parents=parents)
+        rows = []
+        for gallery in names:
+            for metric in METRICS:
+                value = report.value(generation.name, gallery, metric)
+                if not np.isnan(value) or (generation.name, gallery) in report.notes:
+                    rows.append((generation.name, gallery, metric, value, self.config.data.eval_split))
+        self.store.record_compatibility(rows, step=key, step_outputs={"pairs": len(rows) // len(METRICS)})
+
+    # --- results -----------------------------------------------------------------------------
+    def _finish(self, skipped: list[str]) -> PipelineResult:
+        names = [g.name for g in self.config.generations]
+        values = self.store.compatibility_values(dataset=self.config.data.eval_split)
+        matrices = {metric: compatibility_matrix(values, names, metric) for metric in METRICS}
+        summaries = self._update_summaries(matrices, names)
+        files = write_report(join_uri(self.storage, "reports"), names, values, summaries)
+        self._say(f"report written to {join_uri(self.storage, 'reports')}")
+        return PipelineResult(names, matrices, summaries, files, skipped)
+
+    def _update_summaries(self, matrices: dict[str, np.ndarray], names: list[str]) -> dict[str, dict[str, Any]]:
+        index = {name: i for i, name in enumerate(names)}
+        reference = self.config.evaluation.reference
+        summaries: dict[str, dict[str, Any]] = {}
+        for generation in self.config.generations:
+            if generation.parent is None:
+                continue
+            new, old = index[generation.name], index[generation.parent]
+            per_metric = {}
+            for metric, matrix in matrices.items():
+                summary: dict[str, Any] = {"self": matrix[new, new], "cross": matrix[new, old], "old_self": matrix[old, old]}
+                summary["compatible"] = bool(summary["cross"] > summary["old_self"])
+                summary["p_com"] = summary["p_up"] = None
+                if reference is not None and not np.isnan(matrix[index[reference], index[reference]]):
+                    ref_self = matrix[index[reference], index[reference]]
+                    summary["p_com"] = p_com(summary["cross"], summary["old_self"], ref_self)
+                    summary["p_up"] = p_up(summary["self"], ref_self)
+                per_metric[metric] = {k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in summary.items()}
+            summaries[f"{generation.parent} → {generation.name}"] = per_metric
+        return summaries
+
+    def _say(self, message: str) -> None:
+        self.progress(f"[{time.perf_counter() - self._started:7.1f}s] {message}")
+
+
+def run_pipeline(config: PipelineConfig, progress: Progress | None = None) -> PipelineResult:
+    """Connect to (or start) Ray as the file says and run the pipeline; see ``PipelineRunner``."""
+    import ray
+
+    if not ray.is_initialized():
+        address = config.ray.address
+        if address in (None, "local") and not os.environ.get("RAY_ADDRESS"):
+            ray.init(include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=None if address in (None, "local") else address, log_to_driver=False)
+    return PipelineRunner(config, progress).run()
+
+
+def _absolute(storage: str) -> str:
+    """Local storage as an absolute path (Ray Train needs one); URIs unchanged."""
+    if "://" in storage and not storage.startswith("file://"):
+        return storage
+    return os.path.abspath(storage.removeprefix("file://"))
