@@ -146,7 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(name)s: %(message)s")
     try:
         return args.handler(args)
-    except ValueError as error:  # bad input: the message names the file, field and value
+    except (ValueError, ImportError) as error:  # bad input: the message names the file, field and value
         print(f"orchestrator: error: {error}", file=sys.stderr)
         return 2
     except RuntimeError as error:  # a failed step; the lineage records it and a re-run resumes

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import logging
-import zlib
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -26,6 +25,7 @@ from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import train_generation
+from orchestrator.training.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,8 @@ class UpdateExperiment:
         encoder = EncoderConfig(arch=arch or self.settings.arch, embed_dim=self.settings.embed_dim,
                                 small_input=self.settings.small_input)
         seen = torch.as_tensor(np.unique(images.labels))
-        torch.manual_seed(generation_seed(self.settings.training.seed, method, seen))
+        torch.manual_seed(derive_seed(self.settings.training.seed, method.name,
+                                      method.params.model_dump(mode="json"), seen.tolist()))
         model = method.build_model(encoder, self.train_images.num_classes, seen)
         train_generation(
             method, model,
@@ -121,14 +122,6 @@ class UpdateExperiment:
 
     def evaluate(self, models: dict[str, CompatibleModel], parents: dict[str, str] | None = None) -> CompatibilityReport:
         return evaluate_generations(models, self.dataset(self.eval_images), parents=parents, device=self.device)
-
-
-def generation_seed(base_seed: int, method: CompatibilityMethod, classes: torch.Tensor) -> int:
-    """Seed of a generation's initial weights: reproducible, independent of the order generations
-    are trained in, and different for different methods or class sets (two generations that
-    started from the same weights would share more than their training makes them share)."""
-    key = json.dumps([method.name, method.params.model_dump(mode="json"), classes.tolist()], sort_keys=True)
-    return (base_seed * 1_000_003 + zlib.crc32(key.encode())) % 2**31
 
 
 def run_update_experiment(

@@ -13,9 +13,10 @@ from __future__ import annotations
 import copy
 import logging
 import tempfile
+import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -31,6 +32,7 @@ from orchestrator.training.optim import build_optimizer, set_learning_rate
 log = logging.getLogger(__name__)
 
 _WEIGHTS = "model.safetensors"
+_STATE = "training_state"
 
 
 @dataclass(frozen=True)
@@ -80,13 +82,14 @@ class ScalingSettings:
 
 
 def train_generation_with_ray(job: GenerationJob, scaling: ScalingSettings, storage_path: str,
-                              run_name: str | None = None) -> dict[str, Any]:
+                              run_name: str | None = None,
+                              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Run ``job`` as a ``TorchTrainer`` and return the last reported metrics.
 
     storage_path: Ray Train's persistent storage (absolute local path or URI) for its per-epoch
                   checkpoints; the finished generation goes to ``job.output_uri``.
-    Re-running with the same ``run_name`` and storage after a driver crash starts a new run;
-    worker failures inside a run resume from the last epoch checkpoint.
+    Worker failures inside a run resume from the last epoch checkpoint. ``progress`` receives
+    one line per finished epoch (local storage only; see ``EpochProgress``).
     """
     from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchTrainer
@@ -94,18 +97,26 @@ def train_generation_with_ray(job: GenerationJob, scaling: ScalingSettings, stor
     resources = {"CPU": scaling.cpus_per_worker}
     if scaling.use_gpu:
         resources["GPU"] = max(scaling.gpus_per_worker, 1.0)
+    run_name = run_name or f"train-{job.name}"
     trainer = TorchTrainer(
         _train_worker,
         train_loop_config={"job": asdict(job)},
         scaling_config=ScalingConfig(num_workers=scaling.num_workers, use_gpu=scaling.use_gpu,
                                      resources_per_worker=resources),
-        run_config=RunConfig(name=run_name or f"train-{job.name}", storage_path=storage_path,
+        run_config=RunConfig(name=run_name, storage_path=storage_path,
                              failure_config=FailureConfig(max_failures=scaling.max_failures)),
     )
+    watcher = None
+    if progress is not None and "://" not in storage_path:
+        watcher = EpochProgress(Path(storage_path) / run_name, TrainConfig(**job.training).epochs, progress)
+        watcher.start()
     try:
         result = trainer.fit()
     except TrainingFailedError as error:
         raise RuntimeError(f"training generation {job.name!r} failed: {error}") from error
+    finally:
+        if watcher is not None:
+            watcher.stop()
     return dict(result.metrics or {})
 
 
@@ -156,7 +167,7 @@ def _train_worker(config: dict[str, Any]) -> None:
         with tempfile.TemporaryDirectory() as folder:
             checkpoint = None
             if rank == 0:
-                _save_epoch_state(Path(folder), model, optimizer, epoch)
+                _save_epoch_state(Path(folder), model, optimizer, epoch, metrics)
                 checkpoint = ray.train.Checkpoint.from_directory(folder)
             ray.train.report(metrics, checkpoint=checkpoint)
     method.on_train_end(ctx)
@@ -166,12 +177,48 @@ def _train_worker(config: dict[str, Any]) -> None:
         log.info("generation %s written to %s (sha256 %s)", job.name, job.output_uri, card.sha256)
 
 
-def _save_epoch_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int) -> None:
-    """Weights (safetensors) and optimizer state (pickle-free) of a finished epoch."""
+def _save_epoch_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
+                      metrics: dict[str, float]) -> None:
+    """Weights (safetensors), optimizer state (pickle-free) and metrics of a finished epoch."""
     from safetensors.torch import save_file
 
     save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}, str(folder / _WEIGHTS))
-    save_training_state(str(folder / "optimizer"), optimizer.state_dict(), epoch)
+    save_training_state(str(folder / _STATE), optimizer.state_dict(), epoch, extra={"metrics": metrics})
+
+
+class EpochProgress(threading.Thread):
+    """Driver-side progress: reports each new epoch checkpoint of a run stored on the local file
+    system as one line (epoch, loss terms, learning rate). Ray's own worker logs stay in Ray's log
+    files; object-store runs report nothing here."""
+
+    def __init__(self, run_dir: Path, epochs: int, progress: Callable[[str], None], interval: float = 1.0):
+        super().__init__(daemon=True)
+        self.run_dir, self.epochs, self.progress, self.interval = run_dir, epochs, progress, interval
+        self._stop_event = threading.Event()
+        self._seen: set[str] = set()
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            self.poll()
+
+    def poll(self) -> None:
+        for folder in sorted(self.run_dir.glob("checkpoint_*")):
+            if folder.name in self._seen:
+                continue
+            try:
+                state = load_training_state(str(folder / _STATE))
+            except (OSError, ValueError):
+                continue  # still being written, or already removed
+            self._seen.add(folder.name)
+            metrics = state.extra.get("metrics", {})
+            terms = " ".join(f"{k.removeprefix('loss/')} {v:.4f}" for k, v in metrics.items() if k.startswith("loss/"))
+            self.progress(f"epoch {state.epoch + 1}/{self.epochs}  loss {metrics.get('loss', float('nan')):.4f}"
+                          f" ({terms})  lr {metrics.get('lr', float('nan')):.4g}")
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=5)
+        self.poll()
 
 
 def _restore(checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -182,7 +229,7 @@ def _restore(checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimize
 
     with checkpoint.as_directory() as folder:
         model.load_state_dict(load_file(str(Path(folder) / _WEIGHTS)))
-        state = load_training_state(str(Path(folder) / "optimizer"))
+        state = load_training_state(str(Path(folder) / _STATE))
     optimizer.load_state_dict(state.optimizer_state)
     log.info("resuming after epoch %d", state.epoch)
     return state.epoch + 1

@@ -18,12 +18,14 @@ import numpy as np
 
 from orchestrator.config import PipelineConfig, config_sha256, training_indices
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_source
+from orchestrator.distributed.runtime import connect
 from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
 from orchestrator.evaluation import evaluate_generations
 from orchestrator.lineage import LineageStore
 from orchestrator.metrics import p_com, p_up
 from orchestrator.pipeline.report import METRICS, compatibility_matrix, format_matrix, write_report
 from orchestrator.storage import join_uri, load_card, load_generation
+from orchestrator.training.seeds import derive_seed
 
 log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
@@ -136,7 +138,7 @@ class PipelineRunner:
             data_options=config.data.loader_kwargs(config.data.train_split),
             image_size=config.data.image_size or int(images.images.shape[1]), mean=tuple(mean), std=tuple(std),
             train_ids=images.ids[indices].tolist(), parent_name=generation.parent, parent_uri=parent_uri,
-            parent_sha256=parent_sha, seed=generation.training.seed, output_uri=output,
+            parent_sha256=parent_sha, seed=derive_seed(generation.training.seed, generation.name), output_uri=output,
             init_from_parent=generation.init_from_parent, replaces=generation.replaces,
         )
         ray_settings = config.ray
@@ -146,7 +148,8 @@ class PipelineRunner:
         self._say(f"{key}: {generation.method.name} on {len(indices)} items, {generation.training.epochs} epochs, "
                   f"{scaling.num_workers} worker(s)")
         metrics = train_generation_with_ray(job, scaling, storage_path=join_uri(self.storage, "ray"),
-                                            run_name=f"train-{generation.name}-{self.config_sha[:8]}")
+                                            run_name=f"train-{generation.name}-{self.config_sha[:8]}",
+                                            progress=lambda line: self._say(f"{key}: {line}"))
         card = load_card(output)
         self.store.upsert_generation(generation.name, space=card.space, curv=card.curv)
         self.store.mark_generation_trained(
@@ -212,14 +215,7 @@ class PipelineRunner:
 
 def run_pipeline(config: PipelineConfig, progress: Progress | None = None) -> PipelineResult:
     """Connect to (or start) Ray as the file says and run the pipeline; see ``PipelineRunner``."""
-    import ray
-
-    if not ray.is_initialized():
-        address = config.ray.address
-        if address in (None, "local") and not os.environ.get("RAY_ADDRESS"):
-            ray.init(include_dashboard=False, log_to_driver=False)
-        else:
-            ray.init(address=None if address in (None, "local") else address, log_to_driver=False)
+    connect(config.ray.address)
     return PipelineRunner(config, progress).run()
 
 
