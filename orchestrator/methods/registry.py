@@ -1,6 +1,17 @@
-"""Name → method class, so YAML, Tune and the CLI all say ``method: {name: ..., ...}``."""
+"""Name → method class, so YAML, Tune and the CLI all say ``method: {name: ..., ...}``.
+
+Methods outside this package (plug-ins) register themselves with ``@register_method`` when their
+module is imported. A process that only *looks a method up by name* (a Ray Train worker, a CLI
+run) must import that module first: every lookup also imports the modules named in the
+``ORCHESTRATOR_PLUGINS`` environment variable (comma-separated importable module names, e.g.
+``ORCHESTRATOR_PLUGINS=cosine_anchor``). Give Ray workers the variable and the code through the
+runtime environment, e.g. ``ray.init(runtime_env={"py_modules": [module],
+"env_vars": {"ORCHESTRATOR_PLUGINS": "cosine_anchor"}})``; see ``examples/custom_method``.
+"""
 from __future__ import annotations
 
+import importlib
+import os
 from typing import Any, Mapping
 
 from orchestrator.methods.base import CompatibilityMethod
@@ -42,6 +53,20 @@ def available_methods() -> dict[str, type[CompatibilityMethod]]:
     return dict(sorted(_METHODS.items()))
 
 
+PLUGINS_ENV = "ORCHESTRATOR_PLUGINS"
+
+
 def _load_builtin_methods() -> None:
-    # Importing the package registers every built-in method (each module decorates its class).
+    # Importing the package registers every built-in method (each module decorates its class);
+    # importing the plug-in modules named in ORCHESTRATOR_PLUGINS registers theirs (once: imports
+    # are cached in sys.modules, so a repeated lookup costs a dict access per module).
     import orchestrator.methods  # noqa: F401
+
+    for module in os.environ.get(PLUGINS_ENV, "").split(","):
+        module = module.strip()
+        if module:
+            try:
+                importlib.import_module(module)
+            except ImportError as error:
+                raise ImportError(f"{PLUGINS_ENV} names the module {module!r}, which cannot be imported "
+                                  f"(is it on the Python path of this process?): {error}") from error

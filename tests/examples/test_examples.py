@@ -1,0 +1,67 @@
+"""The runnable examples: the plug-in method pipeline (examples/custom_method) and the cluster
+walkthrough (examples/cluster_walkthrough.sh). The quickstart is tested in tests/cli/test_cli.py."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator.lineage import LineageStore
+
+REPO = Path(__file__).resolve().parents[2]
+NUMBER = r"(?:[01]\.\d{4}|·)"
+
+
+@pytest.mark.slow
+def test_custom_method_example_trains_the_plug_in_through_ray_train(tmp_path):
+    storage = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "ORCHESTRATOR_PLUGINS")}
+    result = subprocess.run([sys.executable, str(REPO / "examples" / "custom_method" / "run.py"),
+                             "--epochs", "1", "--storage", str(storage)],
+                            capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    out = result.stdout
+    # both matrices, one row per generation, every cell a value
+    for metric in ("cmc@1", "map"):
+        assert re.search(rf"^{re.escape(metric)}\s+old\s+anchored\s+phi-star$", out, re.MULTILINE), out[-3000:]
+    assert re.search(rf"^anchored(\s+{NUMBER}){{3}}$", out, re.MULTILINE), out[-3000:]
+    # the update summary of the cosine_anchor generation, with P_com / P_up against phi-star
+    update = re.findall(r"^old → anchored\s+(cmc@1|map)\s+(?:-?\d+\.\d{3,4}\s+){3}(?:-?\d+\.\d{3}|n/a)\s+"
+                        r"(?:-?\d+\.\d{3}|n/a)\s+(yes|no)$", out, re.MULTILINE)
+    assert [metric for metric, _ in update] == ["cmc@1", "map"], out[-3000:]
+    assert "train:anchored: cosine_anchor on" in out
+
+    store = LineageStore(f"sqlite:///{storage / 'lineage.db'}")
+    try:
+        generations = {g.name: g for g in store.list_generations()}
+        assert set(generations) == {"old", "anchored", "phi-star"}
+        assert generations["anchored"].method == "cosine_anchor" and generations["anchored"].parent == "old"
+        assert all(g.status == "trained" for g in generations.values())
+        assert store.current_deployment().generation == "anchored"
+    finally:
+        store.close()
+    assert (storage / "generations" / "anchored" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+def test_cluster_walkthrough_submits_the_pipeline_and_prints_the_lineage(tmp_path):
+    if shutil.which("ray") is None or shutil.which("orchestrator") is None:
+        pytest.skip("needs the `ray` and `orchestrator` commands (pip install -e .)")
+    run_dir = tmp_path / "run"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")}
+    env.update(EPOCHS="1", RUN_DIR=str(run_dir))
+    result = subprocess.run(["bash", str(REPO / "examples" / "cluster_walkthrough.sh")], capture_output=True,
+                            text=True, timeout=900, cwd=tmp_path, env=env)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "deploy:g2: g2 serves queries" in result.stdout
+    lineage = result.stdout.split("--- lineage", 1)[1]
+    assert re.search(r"^\s*(?:[│├└─ ]*)g2\s+hbct\s+trained\b.*\[serving\]$", lineage, re.MULTILINE), lineage
+    assert re.search(r"^g0-old\s+hbct\s+trained\b", lineage, re.MULTILINE), lineage
+    assert (run_dir / "lineage.db").is_file()
+    assert not any(run_dir.glob("ray_token*")), "the token must not be left in the run folder"
