@@ -6,7 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from orchestrator.cli import main
 from orchestrator.methods import available_methods

@@ -15,6 +15,7 @@ import torch
 from orchestrator.data import channel_statistics, load_digits
 from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
 from orchestrator.storage import load_card, load_generation
+from orchestrator.training.seeds import derive_seed
 
 ENCODER = {"arch": "test_resnet", "embed_dim": 16}
 
@@ -104,3 +105,45 @@ def test_killed_worker_resumes_from_the_last_epoch_checkpoint(local_ray, digits_
     assert metrics["start_epoch"] > 0  # the second attempt continued from a saved epoch
     model, card = load_generation(str(tmp_path / "g0"))
     assert card.name == "g0" and np.isfinite(metrics["loss"])
+
+
+def test_init_from_parent_and_replacement_start_points(local_ray, digits_stats, tmp_path):
+    """init_from_parent starts from the parent's weights; a replacement (replaces) starts from its
+    pretrained checkpoint, and that checkpoint, not the parent, is the frozen model it aligns to.
+
+    test_convnext uses LayerNorm, so a model and a frozen copy give identical outputs in train and
+    eval mode (BatchNorm would not): a learning rate of 1e-9 keeps the l2 term at ~0 exactly when
+    the frozen model is the starting point."""
+    from safetensors.torch import save_file
+
+    convnext = {"arch": "test_convnext", "embed_dim": 16}
+    quiet = {"epochs": 1, "batch_size": 64, "lr": 1e-9, "momentum": 0.0, "weight_decay": 0.0, "augment": False}
+    train = load_digits("train")
+    ids = train.ids[:256].tolist()
+
+    def run(name, method, **fields):
+        base = job(name, method, tmp_path, digits_stats, train_ids=ids)
+        spec = GenerationJob(**{**base.__dict__, "encoder": convnext, "seed": derive_seed(0, name), **fields})
+        return train_generation_with_ray(spec, ScalingSettings(num_workers=1), storage_path=str(tmp_path / "ray"))
+
+    run("g0", "independent", training={**quiet, "lr": 0.05})
+    parent, parent_card = load_generation(str(tmp_path / "g0"))
+    lineage = {"parent_name": "g0", "parent_uri": str(tmp_path / "g0"), "parent_sha256": parent_card.sha256}
+
+    assert run("g1", "l2", training=quiet, init_from_parent=True, **lineage)["loss/l2"] < 1e-6
+    child, _ = load_generation(str(tmp_path / "g1"))
+    for (name, a), (_, b) in zip(parent.state_dict().items(), child.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+    backbone = {k.removeprefix("encoder.backbone."): v.contiguous() for k, v in parent.state_dict().items()
+                if k.startswith("encoder.backbone.")}
+    save_file(backbone, str(tmp_path / "third_party.safetensors"))
+    pretrained = {**convnext, "pretrained": str(tmp_path / "third_party.safetensors")}
+    replaced = run("g2", "l2", training=quiet, replaces=True, encoder=pretrained, **lineage)
+    aligned_to_parent = run("g3", "l2", training=quiet, encoder=pretrained, **lineage)
+    assert replaced["loss/l2"] < 1e-6  # aligned to its own starting checkpoint
+    assert aligned_to_parent["loss/l2"] > 1e-3  # same start, aligned to g0 (whose projection differs)
+    model, card = load_generation(str(tmp_path / "g2"))
+    assert card.parent == "g0"
+    for name, value in backbone.items():
+        assert torch.allclose(model.state_dict()["encoder.backbone." + name], value, atol=1e-6), name
