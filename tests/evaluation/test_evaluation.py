@@ -7,26 +7,16 @@ import numpy as np
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import Dataset
 
 from orchestrator.evaluation import evaluate_generations
 from orchestrator.methods import create_method, embed_dataset
 from orchestrator.metrics import retrieval_metrics
 from orchestrator.models.encoder import EncoderConfig
+from image_data import LabelShiftedImages
 
 
-class RandomImages(Dataset):
-    def __init__(self, n: int = 40, classes: int = 4, seed: int = 0):
-        g = torch.Generator().manual_seed(seed)
-        self.images = torch.randn(n, 3, 16, 16, generator=g)
-        self.labels = torch.arange(n) % classes
-        self.ids = torch.arange(100, 100 + n)
-
-    def __len__(self):
-        return len(self.labels)
-
-    def __getitem__(self, i):
-        return self.images[i], self.labels[i], self.ids[i]
+def random_images(n: int = 40, classes: int = 4, seed: int = 0) -> LabelShiftedImages:
+    return LabelShiftedImages(n=n, num_classes=classes, seed=seed, shift=0.0, id_offset=100)
 
 
 def tiny_model(method_name: str, params=None, seed: int = 0):
@@ -37,7 +27,7 @@ def tiny_model(method_name: str, params=None, seed: int = 0):
 
 
 def test_every_pair_equals_a_direct_retrieval_computation():
-    data = RandomImages()
+    data = random_images()
     models = {"old": tiny_model("independent", seed=1), "new": tiny_model("independent", seed=2)}
     report = evaluate_generations(models, data)
     embeddings = {name: embed_dataset(model, data)[0].embedding for name, model in models.items()}
@@ -53,7 +43,7 @@ def test_every_pair_equals_a_direct_retrieval_computation():
 
 def test_leave_one_out_uses_item_ids():
     # Two identical models: without leave-one-out every query would find itself at rank 1.
-    data = RandomImages(n=24, classes=12)  # 2 items per class
+    data = random_images(n=24, classes=12)  # 2 items per class
     model = tiny_model("independent", seed=3)
     report = evaluate_generations({"a": model}, data)
     out = embed_dataset(model, data)[0].embedding
@@ -63,7 +53,7 @@ def test_leave_one_out_uses_item_ids():
 
 
 def test_pairs_without_a_common_distance_are_left_empty_with_a_note():
-    data = RandomImages()
+    data = random_images()
     models = {"cos": tiny_model("independent", seed=1), "hyp": tiny_model("hbct", seed=2)}
     report = evaluate_generations(models, data)
     assert math.isnan(report.value("hyp", "cos"))
@@ -72,7 +62,7 @@ def test_pairs_without_a_common_distance_are_left_empty_with_a_note():
 
 
 def test_backward_adapter_maps_queries_into_the_parent_space():
-    data = RandomImages()
+    data = random_images()
     old, new = tiny_model("independent", seed=1), tiny_model("independent", seed=2)
     permutation = torch.randperm(8, generator=torch.Generator().manual_seed(0))
     mapping = nn.Linear(8, 8, bias=False)
@@ -89,7 +79,7 @@ def test_backward_adapter_maps_queries_into_the_parent_space():
 
 
 def test_compatibility_summary_uses_the_reference_and_the_table_form_of_p_up():
-    data = RandomImages()
+    data = random_images()
     models = {"old": tiny_model("independent", seed=1), "ref": tiny_model("independent", seed=2),
               "new": tiny_model("independent", seed=3)}
     report = evaluate_generations(models, data)
@@ -104,4 +94,4 @@ def test_compatibility_summary_uses_the_reference_and_the_table_form_of_p_up():
 
 def test_no_models_is_an_error():
     with pytest.raises(ValueError, match="no models"):
-        evaluate_generations({}, RandomImages())
+        evaluate_generations({}, random_images())

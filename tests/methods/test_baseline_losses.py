@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from torch.utils.data import Dataset, Subset
+from torch.utils.data import Subset
 
 from orchestrator.methods.base import TrainContext, embed_dataset
 from orchestrator.methods.bct import BCT
@@ -18,6 +18,7 @@ from orchestrator.models.encoder import EncoderConfig
 from orchestrator.models.outputs import ModelOutput
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import freeze, train_generation
+from image_data import LabelShiftedImages
 
 LABEL_SETS = {
     "mixed": [0, 1, 0, 2, 1, 3, 0, 2],
@@ -211,19 +212,9 @@ NUM_CLASSES = 6  # the new generation's label space; class 5 has no training ima
 OLD_CLASSES = [0, 1, 2]
 
 
-class _Images(Dataset):
+def _images(seed: int = 0) -> LabelShiftedImages:
     """40 random 16x16 images of classes 0..4 (i % 5)."""
-
-    def __init__(self, seed: int = 0):
-        g = torch.Generator().manual_seed(seed)
-        self.labels = torch.arange(40) % 5
-        self.images = torch.randn(40, 3, 16, 16, generator=g) + 0.5 * self.labels.view(-1, 1, 1, 1).float()
-
-    def __len__(self) -> int:
-        return 40
-
-    def __getitem__(self, i):
-        return self.images[i], self.labels[i], torch.tensor(i, dtype=torch.long)
+    return LabelShiftedImages(n=40, num_classes=5, seed=seed)
 
 
 def _encoder() -> EncoderConfig:
@@ -231,7 +222,7 @@ def _encoder() -> EncoderConfig:
 
 
 def _bct_setup(parent_head_classes: int, lam: float = 0.7):
-    data = _Images()
+    data = _images()
     old_items = [i for i in range(len(data)) if int(data.labels[i]) in OLD_CLASSES]
     old_data = Subset(data, old_items)
     parent_method = Independent()
@@ -317,6 +308,6 @@ def test_bct_needs_a_parent():
     method = BCT()
     torch.manual_seed(0)
     model = method.build_model(_encoder(), NUM_CLASSES, seen_classes=range(5))
-    ctx = TrainContext(new_model=model, old_model=None, train_data=_Images(), num_classes=NUM_CLASSES)
+    ctx = TrainContext(new_model=model, old_model=None, train_data=_images(), num_classes=NUM_CLASSES)
     with pytest.raises(ValueError, match="bct needs a parent"):
         method.on_train_start(ctx)

@@ -9,7 +9,6 @@ import math
 import pytest
 import torch
 from pydantic import ValidationError
-from torch.utils.data import Dataset
 
 from orchestrator.geometry.spaces import Space
 from orchestrator.methods import registry
@@ -22,6 +21,7 @@ from orchestrator.methods.registry import available_methods, create_method, meth
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import train_generation
+from image_data import LabelShiftedImages
 
 FIRST_TIER = {
     "independent", "l2", "bct", "hot_refresh", "hoc", "hbct", "ndpp", "odpp", "dsimplex", "lambda_orth",
@@ -50,19 +50,9 @@ TERMS = {
 }
 
 
-class _Images(Dataset):
-    """32 random 16x16 images of 4 classes (shifted by the label so classes are separable)."""
-
-    def __init__(self, seed: int = 0, n: int = 32):
-        g = torch.Generator().manual_seed(seed)
-        self.labels = torch.arange(n) % NUM_CLASSES
-        self.images = torch.randn(n, 3, 16, 16, generator=g) + 0.5 * self.labels.view(-1, 1, 1, 1).float()
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i):
-        return self.images[i], self.labels[i], torch.tensor(i, dtype=torch.long)
+def _images(seed: int = 0, n: int = 32) -> LabelShiftedImages:
+    """n random 16x16 images of 4 classes (shifted by the label so classes are separable)."""
+    return LabelShiftedImages(n=n, num_classes=NUM_CLASSES, seed=seed)
 
 
 def _encoder() -> EncoderConfig:
@@ -147,7 +137,7 @@ def test_registering_a_second_class_under_an_existing_name_fails():
 @pytest.mark.parametrize("name", sorted(FIRST_TIER))
 def test_method_protocol_end_to_end(name):
     method = create_method(name, PARAMS.get(name))
-    data = _Images()
+    data = _images()
     config = TrainConfig(epochs=2, batch_size=8, lr=0.05, augment=False)
 
     wants_parent = method.requires_parent or name in ALIGNS_OPTIONALLY
@@ -218,7 +208,7 @@ def test_parent_required_methods_refuse_to_train_without_one(name):
     before = copy.deepcopy(model.state_dict())
     config = TrainConfig(epochs=1, batch_size=8)
     with pytest.raises(ValueError, match=f"method '{name}' aligns to a parent generation, but no parent was given"):
-        train_generation(method, model, _Images(), _Images(), config)
+        train_generation(method, model, _images(), _images(), config)
     after = model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in before.items())
 

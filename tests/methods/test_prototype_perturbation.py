@@ -8,7 +8,6 @@ import math
 import numpy as np
 import pytest
 import torch
-from torch.utils.data import Dataset
 
 from orchestrator.methods.base import TrainContext, embed_dataset
 from orchestrator.methods.ndpp import NDPP, NEW_REPULSION, OLD_REPULSION, PSEUDO_OLD
@@ -26,6 +25,7 @@ from orchestrator.methods.prototypes import (
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import train_generation
+from image_data import LabelShiftedImages
 
 
 
@@ -195,17 +195,8 @@ NUM_CLASSES = 5  # class 4 has no images: exercises the present mask
 EMBED_DIM = 8
 
 
-class _TinyImages(Dataset):
-    def __init__(self, seed: int = 0):
-        g = torch.Generator().manual_seed(seed)
-        self.labels = torch.arange(24) % 4
-        self.images = torch.randn(24, 3, 16, 16, generator=g) + self.labels.view(-1, 1, 1, 1).float()
-
-    def __len__(self) -> int:
-        return 24
-
-    def __getitem__(self, i):
-        return self.images[i], self.labels[i], torch.tensor(i)
+def _tiny_images(seed: int = 0) -> LabelShiftedImages:
+    return LabelShiftedImages(n=24, num_classes=4, seed=seed, shift=1.0)
 
 
 def _tiny_model(method, seed: int):
@@ -226,7 +217,7 @@ def _prototypes_float64(model, data):
 
 
 def _run(method, epochs=2):
-    data = _TinyImages()
+    data = _tiny_images()
     parent = _tiny_model(method, seed=1)
     model = _tiny_model(method, seed=2)
     snapshots = [copy.deepcopy(model)]  # the model at the start of each epoch, then the final one
@@ -315,7 +306,7 @@ def test_methods_need_a_parent():
     for method in (NDPP(), ODPP()):
         assert method.requires_parent
         with pytest.raises(ValueError, match="parent"):
-            train_generation(method, _tiny_model(method, 0), _TinyImages(), _TinyImages(),
+            train_generation(method, _tiny_model(method, 0), _tiny_images(), _tiny_images(),
                              TrainConfig(epochs=1, batch_size=8))
 
 

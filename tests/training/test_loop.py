@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils.data import Dataset
 
 from orchestrator.methods import registry
 from orchestrator.methods.hoc import HOC
@@ -18,23 +17,14 @@ from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import freeze, make_train_loader, train_generation
 from orchestrator.training.optim import build_optimizer, learning_rate_factor, set_learning_rate
+from image_data import LabelShiftedImages
 
 NUM_CLASSES = 3
 
 
-class _Images(Dataset):
+def _images(n: int = 24, seed: int = 0) -> LabelShiftedImages:
     """n random 16x16 images of 3 classes (i % 3)."""
-
-    def __init__(self, n: int = 24, seed: int = 0):
-        g = torch.Generator().manual_seed(seed)
-        self.labels = torch.arange(n) % NUM_CLASSES
-        self.images = torch.randn(n, 3, 16, 16, generator=g) + 0.5 * self.labels.view(-1, 1, 1, 1).float()
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i):
-        return self.images[i], self.labels[i], torch.tensor(i, dtype=torch.long)
+    return LabelShiftedImages(n=n, num_classes=NUM_CLASSES, seed=seed)
 
 
 def _model(method, seed: int, **encoder):
@@ -137,7 +127,7 @@ def test_build_optimizer_takes_only_trainable_parameters():
     (3, 2, [2]),
 ])
 def test_make_train_loader_drops_the_last_partial_batch_only_with_a_full_one(n, batch, sizes):
-    data = _Images(n=n)
+    data = _images(n=n)
     config = TrainConfig(batch_size=batch)
     batches = list(make_train_loader(data, config, epoch=0))
     assert [len(b[2]) for b in batches] == sizes
@@ -146,7 +136,7 @@ def test_make_train_loader_drops_the_last_partial_batch_only_with_a_full_one(n, 
 
 
 def test_make_train_loader_is_a_seeded_shuffle():
-    data = _Images(n=24)
+    data = _images(n=24)
 
     def order(seed: int, epoch: int) -> list[int]:
         loader = make_train_loader(data, TrainConfig(batch_size=8, seed=seed), epoch=epoch)
@@ -161,7 +151,7 @@ def test_make_train_loader_is_a_seeded_shuffle():
 
 # --- train_generation -------------------------------------------------------------------------
 def test_history_has_one_entry_per_epoch_with_the_total_the_sum_of_terms():
-    data = _Images(n=24)
+    data = _images(n=24)
     config = TrainConfig(epochs=3, batch_size=8, lr=0.05, augment=False)
     parent = _model(Independent(), seed=1)
     train_generation(Independent(), parent, data, data, config.model_copy(update={"epochs": 1}))
@@ -183,7 +173,7 @@ def test_history_has_one_entry_per_epoch_with_the_total_the_sum_of_terms():
 def test_epoch_loss_is_the_sample_weighted_mean_of_batch_losses():
     """With a negligible learning rate the model does not move, so the epoch statistics can be
     recomputed independently from the loader's batches (last partial batch dropped)."""
-    data = _Images(n=20)
+    data = _images(n=20)
     config = TrainConfig(epochs=1, batch_size=8, lr=1e-12, momentum=0.0, weight_decay=0.0, augment=False)
     method = Independent()
     model = _model(method, seed=3)
@@ -224,7 +214,7 @@ class _Recording(Independent):
 def test_hooks_are_called_in_order_and_model_ends_in_eval_mode():
     method = _Recording()
     model = _model(method, seed=0)
-    train_generation(method, model, _Images(), _Images(), TrainConfig(epochs=3, batch_size=8))
+    train_generation(method, model, _images(), _images(), TrainConfig(epochs=3, batch_size=8))
     assert method.calls == [("start", 0), ("epoch", 0), ("epoch", 1), ("epoch", 2), ("end", 2)]
     assert not model.training
 
@@ -260,7 +250,7 @@ def test_non_finite_loss_raises_naming_the_method(nan_method):
         original.update({k: v.clone() for k, v in model.state_dict().items()})
 
     with pytest.raises(FloatingPointError, match=r"method '_test_nan_loss': non-finite loss at epoch 1: .*broken=nan"):
-        train_generation(nan_method, model, _Images(), _Images(), config, on_epoch_end=snapshot)
+        train_generation(nan_method, model, _images(), _images(), config, on_epoch_end=snapshot)
     assert ended == [0]
     # the NaN batch made no optimisation step
     after = model.state_dict()
@@ -277,7 +267,7 @@ def _strip(history):
 
 
 def test_same_seed_same_history():
-    data = _Images(n=24)
+    data = _images(n=24)
     config = TrainConfig(epochs=2, batch_size=8, lr=0.05, seed=5)
     runs = []
     for _ in range(2):
