@@ -95,6 +95,26 @@ def channel_statistics(data: LabeledImages) -> tuple[tuple[float, float, float],
     return tuple(float(m) for m in mean), tuple(float(s) for s in std)  # type: ignore[return-value]
 
 
+def to_unit_range(images: torch.Tensor | np.ndarray, image_size: int) -> torch.Tensor:
+    """uint8 (B, H, W, 3) → float32 (B, 3, S, S) in [0, 1]: ÷255, then a bilinear (antialiased)
+    resize to S × S when the stored size differs."""
+    batch = torch.as_tensor(images).permute(0, 3, 1, 2).to(torch.float32).div_(255.0)
+    if batch.shape[2:] != (image_size, image_size):
+        batch = F.interpolate(batch, size=(image_size, image_size), mode="bilinear", align_corners=False,
+                              antialias=True)
+    return batch
+
+
+def to_model_input(images: torch.Tensor | np.ndarray, image_size: int, mean: Sequence[float],
+                   std: Sequence[float]) -> torch.Tensor:
+    """uint8 (B, H, W, 3) → the normalised float32 (B, 3, S, S) a model takes (no augmentation);
+    item for item what ``ImageTensorDataset`` yields without augmentation."""
+    batch = to_unit_range(images, image_size)
+    mean_t = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
+    std_t = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
+    return (batch - mean_t) / std_t
+
+
 class ImageTensorDataset(Dataset):
     """Items `(image float32 (3, S, S), label int64, id int64)` from a `LabeledImages`.
 
@@ -143,15 +163,7 @@ class ImageTensorDataset(Dataset):
         return len(self.data)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        image = self._images[index].permute(2, 0, 1).to(torch.float32).div_(255.0)  # (3, H, W)
-        if image.shape[1:] != (self.image_size, self.image_size):
-            image = F.interpolate(
-                image.unsqueeze(0),
-                size=(self.image_size, self.image_size),
-                mode="bilinear",
-                align_corners=False,
-                antialias=True,
-            ).squeeze(0)
+        image = to_unit_range(self._images[index : index + 1], self.image_size)[0]  # (3, S, S)
         if self.augment:
             image = self._random_crop_flip(image)
         image = (image - self._mean) / self._std

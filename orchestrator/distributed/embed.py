@@ -1,0 +1,85 @@
+"""Ray Data adapter: embed a gallery with one generation through an actor pool.
+
+Each actor loads the generation once (sha256-checked checkpoint) and embeds batches of uint8
+images; rows come out with the item id, its label, the embedding in the generation's space, the
+hyperbolic uncertainty (NaN for flat spaces) and the generation name. No science here: the model
+and the preprocessing are the same functions a local run uses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from orchestrator.data.images import LabeledImages, to_model_input
+from orchestrator.geometry import lorentz
+from orchestrator.geometry.spaces import Space
+from orchestrator.storage import load_generation
+
+
+@dataclass(frozen=True)
+class EmbeddingSettings:
+    """How a gallery is embedded: batch size, actor-pool size, resources per actor."""
+
+    batch_size: int = 256
+    concurrency: int = 1
+    num_cpus: float = 1.0
+    num_gpus: float = 0.0
+
+
+class GenerationEmbedder:
+    """Ray Data callable class: ``batch {"image" (B,H,W,3) uint8, "id" (B,), "label" (B,)}`` →
+    ``{"id", "label", "embedding" (B, D) float32, "uncertainty" (B,), "generation"}``."""
+
+    def __init__(self, checkpoint_uri: str, sha256: str, name: str, image_size: int,
+                 mean: tuple[float, ...], std: tuple[float, ...], storage_options: dict | None = None):
+        torch.set_num_threads(1)
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model, self.card = load_generation(checkpoint_uri, expected_sha256=sha256, map_location=self.device,
+                                                storage_options=storage_options)
+        self.name, self.image_size, self.mean, self.std = name, image_size, mean, std
+
+    @torch.no_grad()
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+        images = to_model_input(np.stack(batch["image"]), self.image_size, self.mean, self.std).to(self.device)
+        out = self.model.encoder(images)
+        embedding = out.embedding.float()
+        if self.model.space is Space.LORENTZ:
+            uncertainty = lorentz.uncertainty(embedding, self.model.curv).cpu().numpy()
+        else:
+            uncertainty = np.full(len(embedding), np.nan, dtype=np.float32)
+        return {
+            "id": np.asarray(batch["id"], dtype=np.int64),
+            "label": np.asarray(batch["label"], dtype=np.int64),
+            "embedding": embedding.cpu().numpy(),
+            "uncertainty": uncertainty.astype(np.float32),
+            "generation": np.full(len(embedding), self.name),
+        }
+
+
+def embed_with_ray_data(images: LabeledImages, checkpoint_uri: str, sha256: str, name: str, image_size: int,
+                        mean: tuple[float, ...], std: tuple[float, ...],
+                        settings: EmbeddingSettings = EmbeddingSettings(),
+                        storage_options: dict | None = None):
+    """A lazy ``ray.data.Dataset`` of the gallery's embeddings by generation ``name`` (Ray must be
+    initialised). Consume it with ``.to_pandas()``, ``.iter_batches()`` or ``.write_parquet()``."""
+    import ray.data
+    from ray.data import ActorPoolStrategy
+
+    source = ray.data.from_items(
+        [{"image": image, "id": int(item_id), "label": int(label)}
+         for image, item_id, label in zip(images.images, images.ids, images.labels)]
+    )
+    return source.map_batches(
+        GenerationEmbedder,
+        fn_constructor_kwargs={"checkpoint_uri": checkpoint_uri, "sha256": sha256, "name": name,
+                               "image_size": image_size, "mean": tuple(mean), "std": tuple(std),
+                               "storage_options": storage_options},
+        batch_size=settings.batch_size,
+        compute=ActorPoolStrategy(size=settings.concurrency),
+        num_cpus=settings.num_cpus,
+        num_gpus=settings.num_gpus or None,
+        batch_format="numpy",
+    )

@@ -1,0 +1,52 @@
+"""Gallery embedding through a Ray Data actor pool equals the local embedding path."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import ray
+import torch
+
+from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
+from orchestrator.distributed.embed import EmbeddingSettings, embed_with_ray_data
+from orchestrator.geometry import lorentz
+from orchestrator.methods import create_method, embed_dataset
+from orchestrator.models.encoder import EncoderConfig
+from orchestrator.storage import save_generation
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+def test_actor_pool_embeddings_equal_the_local_ones(local_ray, tmp_path):
+    train, gallery = load_digits("train"), load_digits("test")
+    mean, std = channel_statistics(train)
+    torch.manual_seed(0)
+    method = create_method("hbct")
+    model = method.build_model(EncoderConfig(arch="test_resnet", embed_dim=16), 10, range(10)).eval()
+    card = save_generation(model, method, None, str(tmp_path / "g0"), name="g0")
+
+    rows = embed_with_ray_data(gallery, str(tmp_path / "g0"), card.sha256, "g0", 32, mean, std,
+                               EmbeddingSettings(batch_size=128, concurrency=2)).to_pandas()
+    rows = rows.sort_values("id")
+    assert rows["id"].tolist() == sorted(gallery.ids.tolist())  # every item once
+    expected, labels = embed_dataset(model, ImageTensorDataset(gallery, 32, mean, std))
+    order = np.argsort(gallery.ids)
+    embeddings = np.stack(rows["embedding"].to_numpy())
+    np.testing.assert_allclose(embeddings, expected.embedding.numpy()[order], atol=1e-5)
+    np.testing.assert_array_equal(rows["label"].to_numpy(), labels.numpy()[order])
+    np.testing.assert_allclose(rows["uncertainty"].to_numpy(),
+                               lorentz.uncertainty(torch.from_numpy(embeddings), 1.0).numpy(), atol=1e-6)
+    assert set(rows["generation"]) == {"g0"}
+
+
+def test_a_wrong_checkpoint_hash_fails(local_ray, tmp_path):
+    gallery = load_digits("test").subset(np.arange(16))
+    method = create_method("independent")
+    model = method.build_model(EncoderConfig(arch="test_resnet", embed_dim=8), 10, range(10)).eval()
+    save_generation(model, method, None, str(tmp_path / "g0"), name="g0")
+    with pytest.raises(Exception, match="checksum mismatch"):
+        embed_with_ray_data(gallery, str(tmp_path / "g0"), "0" * 64, "g0", 32, (0.5,) * 3, (0.25,) * 3).to_pandas()
