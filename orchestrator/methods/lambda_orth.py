@@ -358,15 +358,16 @@ def forward_transform(model: CompatibleModel, old_embeddings: torch.Tensor) -> t
     return model.adapters[FORWARD_ADAPTER](old_embeddings)
 
 
-def backfill_order(
+def class_mean_distances(
     forward_old_embeddings: torch.Tensor, labels: torch.Tensor, distance: Literal["l2", "cosine"] = "l2"
 ) -> torch.Tensor:
-    """Partial-backfilling order (§2.11): gallery indices (N,) by DESCENDING distance to the class mean.
+    """Per-item distance (N,) of F(h_i^k) to its class mean μ_{y_i} (§2.11): the backfill priority.
 
     forward_old_embeddings: (N, n) the forward-adapted gallery F(h_k); labels: (N,) class ids.
-    μ_c = mean of F(h_i^k) over the items of class c; d_i = ‖F(h_i^k) − μ_{y_i}‖₂ (``l2``, the
-    paper's default "MSE") or 1 − cos(F(h_i^k), μ_{y_i}) (``cosine``, App. G). The items least
-    representative of their class are backfilled first; ties keep gallery order (stable sort).
+    μ_c = mean of F(h_i^k) over the items of class c (over the whole given gallery); d_i =
+    ‖F(h_i^k) − μ_{y_i}‖₂ (``l2``, the paper's default "MSE") or 1 − cos(F(h_i^k), μ_{y_i})
+    (``cosine``, App. G). The single implementation behind ``backfill_order`` and
+    ``orchestrator.backfill.class_mean_distance_priority``.
     """
     if forward_old_embeddings.dim() != 2 or labels.shape != (forward_old_embeddings.shape[0],):
         raise ValueError(
@@ -382,6 +383,19 @@ def backfill_order(
         gap = (forward_old_embeddings - item_means).norm(dim=1)
     else:
         gap = 1.0 - F.cosine_similarity(forward_old_embeddings, item_means, dim=1)
+    return gap
+
+
+def backfill_order(
+    forward_old_embeddings: torch.Tensor, labels: torch.Tensor, distance: Literal["l2", "cosine"] = "l2"
+) -> torch.Tensor:
+    """Partial-backfilling order (§2.11): gallery indices (N,) by DESCENDING distance to the class mean.
+
+    forward_old_embeddings: (N, n) the forward-adapted gallery F(h_k); labels: (N,) class ids.
+    The distances are ``class_mean_distances``; the items least representative of their class
+    are backfilled first; ties keep gallery order (stable sort).
+    """
+    gap = class_mean_distances(forward_old_embeddings, labels, distance)
     return torch.sort(gap, descending=True, stable=True).indices
 
 
