@@ -1,0 +1,180 @@
+"""Static checks of the cluster files under clusters/: they parse, have the shape their tools need,
+turn Ray token authentication on for every node, and carry no secrets. Nothing is launched."""
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTERS = ROOT / "clusters"
+AWS = CLUSTERS / "aws.yaml"
+RAYCLUSTER = CLUSTERS / "kuberay" / "raycluster.yaml"
+RAYJOB = CLUSTERS / "kuberay" / "rayjob.yaml"
+LOCAL = CLUSTERS / "local_multinode.sh"
+
+
+def load(path):
+    docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    assert len(docs) == 1, f"{path.name}: expected one YAML document"
+    return docs[0]
+
+
+# ---------------------------------------------------------------- AWS cluster launcher
+
+def test_aws_launcher_config_shape():
+    cfg = load(AWS)
+    for key in ("cluster_name", "provider", "available_node_types", "head_node_type",
+                "setup_commands", "head_start_ray_commands", "worker_start_ray_commands"):
+        assert key in cfg, key
+    assert cfg["provider"]["type"] == "aws" and cfg["provider"]["region"]
+    types = cfg["available_node_types"]
+    assert cfg["head_node_type"] in types
+    for name, node in types.items():
+        assert node["node_config"]["InstanceType"], name
+        assert "resources" in node, name
+        # S3 access through an instance profile, never keys
+        assert "IamInstanceProfile" in node["node_config"], name
+    workers = {n: t for n, t in types.items() if n != cfg["head_node_type"]}
+    gpu = [n for n, t in workers.items() if t["resources"].get("GPU", 0) >= 1]
+    cpu = [n for n, t in workers.items() if not t["resources"].get("GPU")]
+    assert gpu and cpu, "needs a CPU worker type and a GPU worker type"
+    total_max = sum(t.get("max_workers", 0) for t in workers.values())
+    assert 0 < total_max <= cfg["max_workers"]
+
+
+def test_aws_installs_the_project_and_sets_token_auth_on_every_node():
+    cfg = load(AWS)
+    assert any("pip install" in c for c in cfg["setup_commands"])
+    # every `ray start` (head and workers) runs with RAY_AUTH_MODE=token
+    for key in ("head_start_ray_commands", "worker_start_ray_commands"):
+        starts = [c for c in cfg[key] if "ray start" in c]
+        assert starts, key
+        for cmd in starts:
+            assert re.search(r"RAY_AUTH_MODE=token\s+ray start", cmd), cmd
+    assert any("RAY_AUTH_MODE=token" in c for c in cfg["setup_commands"])
+    # the token travels as a file, not as a value in this file
+    assert any("auth_token" in remote for remote in cfg.get("file_mounts", {}))
+    header = AWS.read_text().split("\ncluster_name:")[0]
+    for command in ("ray up", "ray job submit", "ray down", "orchestrator run"):
+        assert command in header, command
+
+
+# ---------------------------------------------------------------- KubeRay
+
+def _token_auth(cluster_spec):
+    return (cluster_spec.get("authOptions") or {}).get("mode") == "token"
+
+
+def _containers(cluster_spec):
+    groups = [cluster_spec["headGroupSpec"], *cluster_spec["workerGroupSpecs"]]
+    for group in groups:
+        yield from group["template"]["spec"]["containers"]
+
+
+def _check_cluster_spec(spec):
+    assert spec["headGroupSpec"]["template"]["spec"]["containers"]
+    groups = spec["workerGroupSpecs"]
+    gpu = [g for g in groups
+           for c in g["template"]["spec"]["containers"]
+           if "nvidia.com/gpu" in c.get("resources", {}).get("limits", {})]
+    cpu = [g for g in groups if g not in gpu]
+    assert gpu and cpu, "needs a CPU worker group and a GPU worker group"
+    for c in _containers(spec):
+        assert c["image"], c["name"]
+        env = {e["name"]: e for e in c.get("env", [])}
+        if not _token_auth(spec):
+            assert env.get("RAY_AUTH_MODE", {}).get("value") == "token", c["name"]
+            assert "secretKeyRef" in env["RAY_AUTH_TOKEN"]["valueFrom"], c["name"]
+        for e in env.values():          # secrets come from Secrets, not literal values
+            if re.search(r"TOKEN|SECRET|PASSWORD|KEY", e["name"]):
+                assert "value" not in e and "valueFrom" in e, e["name"]
+    if _token_auth(spec):
+        assert spec["authOptions"].get("secretName", "orchestrator-ray-token")
+        major, minor = (int(x) for x in spec["rayVersion"].split(".")[:2])
+        assert (major, minor) >= (2, 52), "token auth needs Ray 2.52+"
+
+
+def test_raycluster_manifest():
+    doc = load(RAYCLUSTER)
+    assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayCluster"
+    assert doc["metadata"]["name"]
+    _check_cluster_spec(doc["spec"])
+
+
+def test_rayjob_manifest():
+    doc = load(RAYJOB)
+    assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayJob"
+    spec = doc["spec"]
+    assert "orchestrator run" in spec["entrypoint"]
+    assert "pipelines/lifelong.yaml" in spec["entrypoint"]
+    assert "--storage s3://" in spec["entrypoint"]
+    assert spec["shutdownAfterJobFinishes"] is True
+    runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
+    assert runtime_env["working_dir"]
+    _check_cluster_spec(spec["rayClusterSpec"])
+
+
+# ---------------------------------------------------------------- every file
+
+ALL_FILES = sorted(p for p in CLUSTERS.rglob("*") if p.is_file())
+
+SECRET_PATTERNS = [
+    (r"\bA(KIA|SIA)[0-9A-Z]{16}\b", "AWS access key id"),
+    (r"(?i)aws_secret_access_key\s*[:=]", "AWS secret key setting"),
+    (r"(?i)aws_access_key_id\s*[:=]", "AWS key id setting"),
+    (r"(?<![A-Za-z0-9/+])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])", "40-char secret-like string"),
+    (r"\b[0-9a-fA-F]{32,}\b", "long hex string (token?)"),
+    (r"(?i)RAY_AUTH_TOKEN\s*[=:]\s*['\"]?[A-Za-z0-9_\-]{8,}", "literal Ray token"),
+    (r"(?i)auth_token\s*[=:]\s*['\"]?[A-Za-z0-9_\-]{8,}", "literal Ray token"),
+    (r"-----BEGIN [A-Z ]*PRIVATE KEY-----", "private key"),
+    (r"(?i)\bpassword\s*[=:]\s*['\"]?[^\s'\"$]{4,}", "literal password"),
+]
+
+
+def test_cluster_files_exist():
+    names = {p.relative_to(CLUSTERS).as_posix() for p in ALL_FILES}
+    assert {"aws.yaml", "kuberay/raycluster.yaml", "kuberay/rayjob.yaml",
+            "kuberay/README.md", "local_multinode.sh"} <= names
+
+
+@pytest.mark.parametrize("path", ALL_FILES, ids=lambda p: p.relative_to(CLUSTERS).as_posix())
+def test_no_secret_material(path):
+    text = path.read_text()
+    for pattern, what in SECRET_PATTERNS:
+        hit = re.search(pattern, text)
+        assert hit is None, f"{path.name}: {what}: {hit.group(0)!r}"
+    # a Kubernetes Secret with data is key material: it must be created with kubectl, not committed
+    if path.suffix in (".yaml", ".yml"):
+        for doc in yaml.safe_load_all(text):
+            if isinstance(doc, dict) and doc.get("kind") == "Secret":
+                assert not doc.get("data") and not doc.get("stringData"), path.name
+
+
+# ---------------------------------------------------------------- local multi-node script
+
+def test_local_multinode_script():
+    text = LOCAL.read_text()
+    assert text.startswith("#!/usr/bin/env bash")
+    assert LOCAL.stat().st_mode & 0o111, "not executable"
+    bash = shutil.which("bash")
+    assert bash
+    subprocess.run([bash, "-n", str(LOCAL)], check=True, timeout=10)
+    assert "RAY_AUTH_MODE=token" in text and "RAY_AUTH_TOKEN_PATH" in text
+    for sub in ("up)", "status)", "down)"):
+        assert sub in text, sub
+    # distinct per-node ports and temp dirs, all on 127.0.0.1
+    for flag in ("--node-manager-port", "--object-manager-port", "--min-worker-port",
+                 "--max-worker-port", "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                 "--runtime-env-agent-port", "--metrics-export-port", "--temp-dir",
+                 "--node-ip-address=127.0.0.1", "--dashboard-host=127.0.0.1"):
+        assert flag in text, flag
+    assert "0.0.0.0" not in text
+
+
+def test_local_multinode_usage_without_arguments():
+    result = subprocess.run(["bash", str(LOCAL)], capture_output=True, text=True, timeout=10)
+    assert result.returncode == 2
+    assert "up" in result.stderr and "down" in result.stderr
