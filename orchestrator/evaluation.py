@@ -21,7 +21,6 @@ from orchestrator.metrics import p_com, p_up, retrieval_metrics
 from orchestrator.models.adapters import truncate_to_common
 from orchestrator.models.bundle import CompatibleModel
 
-METRICS = ("cmc@1", "cmc@5", "map")
 
 
 @dataclass
