@@ -22,7 +22,6 @@ from orchestrator.models.adapters import truncate_to_common
 from orchestrator.models.bundle import CompatibleModel
 
 
-
 @dataclass
 class CompatibilityReport:
     """Retrieval quality of every (query generation, gallery generation) pair.
