@@ -46,3 +46,38 @@ def test_quickstart_example_runs_and_reports_the_update():
     for metric in ("cmc@1", "map"):
         line = next(l for l in result.stdout.splitlines() if l.startswith(metric + " {"))
         assert "'p_com':" in line and "'compatible':" in line
+
+
+def test_lineage_command_prints_the_tree_and_json(tmp_path, capsys):
+    import json
+
+    from orchestrator.lineage import LineageStore
+
+    url = f"sqlite:///{tmp_path / 'lineage.db'}"
+    store = LineageStore(url)
+    store.upsert_generation("g0", method="independent", params={}, arch="test_resnet", space="cosine")
+    store.mark_generation_trained("g0", str(tmp_path / "g0"), "a" * 64, {"loss": 0.5})
+    store.upsert_generation("g1", parent="g0", method="bct", params={"lam": 1.0}, arch="test_resnet", space="cosine")
+    store.record_compatibility([("g1", "g0", "cmc@1", 0.8125, "test")])
+    store.close()
+
+    assert main(["lineage", "--lineage", url]) == 0
+    tree = capsys.readouterr().out
+    assert re.search(r"^g0\s+independent\s+trained", tree, re.MULTILINE)
+    assert re.search(r"^└─ g1\s+bct\s+pending", tree, re.MULTILINE)
+
+    assert main(["lineage", "--lineage", url, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    generations = {g["name"]: g for g in document["generations"]}
+    assert generations["g1"]["parent"] == "g0" and generations["g0"]["status"] == "trained"
+    assert {"query": "g1", "gallery": "g0", "metric": "cmc@1", "value": 0.8125, "dataset": "test"} in document["compatibility"]
+
+
+def test_run_rejects_a_bad_file_with_one_line_naming_file_field_and_value(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    text = (REPO / "pipelines" / "lifelong.yaml").read_text().replace("params: {clip: 1.2}", "params: {clip: -1}", 1)
+    bad.write_text(text)
+    assert main(["run", str(bad), "--storage", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "generations[1].method.params.clip" in err and "(got -1)" in err
+    assert not (tmp_path / "run").exists()  # nothing was started or written
