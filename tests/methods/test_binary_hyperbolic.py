@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
 from torch.utils.data import TensorDataset
 
 from orchestrator.geometry import poincare
@@ -15,25 +14,11 @@ from orchestrator.methods.base import TrainContext
 from orchestrator.methods.binary_hyperbolic import BinaryHyperbolic
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.outputs import ModelOutput
-
-
-class VectorEncoder(nn.Module):
-    """Linear projection + space lift on flat input vectors (stands in for the timm encoder)."""
-
-    def __init__(self, in_dim: int, embed_dim: int, lift: nn.Module):
-        super().__init__()
-        self.proj = nn.Linear(in_dim, embed_dim)
-        self.lift = lift
-
-    def forward(self, x: torch.Tensor) -> ModelOutput:
-        features, embedding = self.lift(self.proj(x))
-        return ModelOutput(features, embedding)
+from vector_models import vector_model
 
 
 def make_model(method, in_dim: int = 10, embed_dim: int = 8, num_classes: int = 3, seed: int = 0) -> CompatibleModel:
-    torch.manual_seed(seed)
-    encoder = VectorEncoder(in_dim, embed_dim, method.build_lift())
-    return CompatibleModel(encoder, method.build_head(embed_dim, num_classes), seen_classes=range(num_classes))
+    return vector_model(method, in_dim, embed_dim, num_classes, seed)
 
 
 def make_ctx(new_model, old_model) -> TrainContext:
