@@ -8,6 +8,7 @@ finishes the pipeline without redoing committed steps and without duplicate rows
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -82,7 +83,9 @@ class PipelineRunner:
             self._eval_images = load_source(self.config.data.source, **self.config.data.loader_kwargs(self.config.data.eval_split))
         return self._eval_images
 
-    def _normalisation(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    @functools.cached_property
+    def normalisation(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """Per-channel mean and std of the training split, shared by every generation (computed once)."""
         return channel_statistics(self.train_images)
 
     def generation_uri(self, name: str) -> str:
@@ -125,7 +128,7 @@ class PipelineRunner:
                                      status="training")
         images = self.train_images
         indices = training_indices(generation, images.labels, config.data.task_splits)
-        mean, std = self._normalisation()
+        mean, std = self.normalisation
         parent_uri = parent_sha = None
         if generation.parent is not None:
             parent = self.store.get_generation(generation.parent)
@@ -165,7 +168,7 @@ class PipelineRunner:
         for name in names:
             record = self.store.get_generation(name)
             models[name], _card = load_generation(record.checkpoint_uri, expected_sha256=record.sha256)
-        mean, std = self._normalisation()
+        mean, std = self.normalisation
         size = self.config.data.image_size or int(self.eval_images.images.shape[1])
         data = ImageTensorDataset(self.eval_images, size, mean, std)
         parents = {g.name: g.parent for g in self.config.generations if g.parent}
