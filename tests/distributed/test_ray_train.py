@@ -2,6 +2,7 @@
 finished generation written as safetensors + card, and resumption after a killed worker."""
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -78,11 +79,21 @@ def test_a_wrong_parent_hash_fails_the_run(local_ray, digits_stats, tmp_path):
     assert not (tmp_path / "g1").exists()
 
 
-def _kill_a_worker_after_two_checkpoints(run_dir: Path, killed: list[int], deadline: float) -> None:
-    # A checkpoint folder appears on disk before Ray Train registers it; once a second one exists
-    # the first is certainly registered, so the restarted worker must resume from a saved epoch.
+def _a_checkpoint_is_registered(run_dir: Path) -> bool:
+    """True once Ray Train's checkpoint manager has recorded a checkpoint in its snapshot file.
+
+    A checkpoint folder appears on disk before the controller registers it (registration waits
+    for the controller's next poll), so folders alone are no proof the restart can resume."""
+    try:
+        snapshot = json.loads((run_dir / "checkpoint_manager_snapshot.json").read_text())
+    except (OSError, ValueError):
+        return False  # not written yet, or caught mid-write
+    return snapshot.get("latest_checkpoint_result") is not None
+
+
+def _kill_a_worker_once_a_checkpoint_is_registered(run_dir: Path, killed: list[int], deadline: float) -> None:
     while time.time() < deadline and not killed:
-        if len(list(run_dir.glob("checkpoint_*"))) >= 2:
+        if _a_checkpoint_is_registered(run_dir):
             for proc in psutil.process_iter(["cmdline"]):
                 if any("RayTrainWorker" in part for part in (proc.info["cmdline"] or [])):
                     proc.kill()
@@ -94,7 +105,7 @@ def _kill_a_worker_after_two_checkpoints(run_dir: Path, killed: list[int], deadl
 def test_killed_worker_resumes_from_the_last_epoch_checkpoint(local_ray, digits_stats, tmp_path):
     storage = tmp_path / "ray"
     killed: list[int] = []
-    watcher = threading.Thread(target=_kill_a_worker_after_two_checkpoints,
+    watcher = threading.Thread(target=_kill_a_worker_once_a_checkpoint_is_registered,
                                args=(storage / "train-g0", killed, time.time() + 240), daemon=True)
     watcher.start()
     metrics = train_generation_with_ray(job("g0", "independent", tmp_path, digits_stats, epochs=6),
