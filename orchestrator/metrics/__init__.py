@@ -19,6 +19,7 @@ from orchestrator.metrics.retrieval import (
     default_chunk_size,
     mean_average_precision,
     retrieval_metrics,
+    retrieval_metrics_from_distances,
 )
 
 __all__ = [
@@ -38,4 +39,5 @@ __all__ = [
     "p_up",
     "perturbation_scores",
     "retrieval_metrics",
+    "retrieval_metrics_from_distances",
 ]

@@ -31,7 +31,7 @@ Decisions (the specs leave these open):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,6 +45,7 @@ __all__ = [
     "default_chunk_size",
     "mean_average_precision",
     "retrieval_metrics",
+    "retrieval_metrics_from_distances",
 ]
 
 # Memory budget of one chunk of queries: the distances, the sort values and indices, the gathered
@@ -124,7 +125,39 @@ def retrieval_metrics(
         common = torch.promote_types(queries_t.dtype, gallery_t.dtype)
         queries_t, gallery_t = queries_t.to(common), gallery_t.to(common)
     num_queries, num_gallery = queries_t.shape[0], gallery_t.shape[0]
-    device = queries_t.device
+
+    def distances(start: int, stop: int) -> torch.Tensor:
+        return pairwise_distance(space, queries_t[start:stop], gallery_t, curv)
+
+    return retrieval_metrics_from_distances(distances, num_queries, num_gallery, query_labels, gallery_labels, ks,
+                                            query_ids, gallery_ids, chunk_size, device=queries_t.device,
+                                            what=f"space {space.value!r}")
+
+
+DistanceRows = Callable[[int, int], torch.Tensor]
+"""``rows(start, stop)`` → (stop − start, N_g) distances of queries ``start:stop`` to the whole gallery."""
+
+
+def retrieval_metrics_from_distances(
+    distance_rows: DistanceRows,
+    num_queries: int,
+    num_gallery: int,
+    query_labels: torch.Tensor | np.ndarray | Sequence[int],
+    gallery_labels: torch.Tensor | np.ndarray | Sequence[int],
+    ks: Sequence[int] = (1, 5),
+    query_ids: torch.Tensor | np.ndarray | Sequence[int] | None = None,
+    gallery_ids: torch.Tensor | np.ndarray | Sequence[int] | None = None,
+    chunk_size: int | None = None,
+    device: torch.device | str = "cpu",
+    what: str = "the distance rows",
+) -> RetrievalResult:
+    """CMC@k and mAP from distances the caller computes chunk by chunk (same rules as
+    ``retrieval_metrics``): for galleries whose parts are compared in different ways, e.g. shards
+    of a mixed-generation gallery, each searched along its own compatibility path.
+
+    distance_rows: ``rows(start, stop)`` → (stop − start, N_g) distances (smaller = closer).
+    """
+    device = torch.device(device)
     q_labels = _as_index_vector(query_labels, "query_labels", num_queries, device)
     g_labels = _as_index_vector(gallery_labels, "gallery_labels", num_gallery, device)
     if (query_ids is None) != (gallery_ids is None):
@@ -149,15 +182,19 @@ def retrieval_metrics(
     with torch.no_grad():
         for start in range(0, num_queries, chunk_size):
             stop = min(start + chunk_size, num_queries)
+            distances = distance_rows(start, stop)
+            if tuple(distances.shape) != (stop - start, num_gallery):
+                raise ValueError(f"distance rows {start}:{stop} must have shape {(stop - start, num_gallery)}, "
+                                 f"got {tuple(distances.shape)}")
+            if torch.isnan(distances).any():
+                raise ValueError(f"distances in {what} contain NaN; check that queries and gallery "
+                                 "are valid points of the space")
             chunk_hits, chunk_ap_sum, chunk_valid = _score_chunk(
-                queries_t[start:stop],
-                gallery_t,
+                distances.to(device),
                 q_labels[start:stop],
                 g_labels,
                 None if q_ids is None else q_ids[start:stop],
                 g_ids,
-                space,
-                curv,
                 ks,
             )
             for k in ks:
@@ -205,27 +242,19 @@ def mean_average_precision(
 
 
 def _score_chunk(
-    queries: torch.Tensor,
-    gallery: torch.Tensor,
+    distances: torch.Tensor,
     query_labels: torch.Tensor,
     gallery_labels: torch.Tensor,
     query_ids: torch.Tensor | None,
     gallery_ids: torch.Tensor | None,
-    space: Space,
-    curv: float | torch.Tensor,
     ks: tuple[int, ...],
 ) -> tuple[dict[int, int], float, int]:
-    """Scores one chunk of n queries against the full gallery.
+    """Scores one chunk: ``distances`` (n, N_g) of n queries to the full gallery.
 
     Returns ``({k: number of CMC@k hits}, sum of AP over queries with a relevant item, number of
     such queries)``.
     """
-    distances = pairwise_distance(space, queries, gallery, curv)  # (n, N_g)
-    if torch.isnan(distances).any():
-        raise ValueError(
-            f"distances in space {space.value!r} contain NaN; check that queries and gallery "
-            "are valid points of the space"
-        )
+    num_gallery = distances.shape[1]
     order = torch.sort(distances, dim=1, stable=True).indices  # (n, N_g)
     del distances
     relevant = query_labels[:, None] == gallery_labels[None, :]  # (n, N_g)
@@ -235,7 +264,7 @@ def _score_chunk(
         # rank[i, j]: 1-based position of the j-th sorted item among the kept items.
         rank = torch.gather(kept, 1, order).cumsum(dim=1)
     else:
-        rank = torch.arange(1, gallery.shape[0] + 1, device=order.device).expand_as(order)
+        rank = torch.arange(1, num_gallery + 1, device=order.device).expand_as(order)
     sorted_relevant = torch.gather(relevant, 1, order)  # (n, N_g)
     del relevant, order
     num_relevant = sorted_relevant.sum(dim=1)  # (n,)
@@ -249,7 +278,7 @@ def _score_chunk(
     cumulative_relevant = sorted_relevant.cumsum(dim=1)
     rows, cols = sorted_relevant.nonzero(as_tuple=True)
     precision = cumulative_relevant[rows, cols].double() / rank[rows, cols].double()
-    precision_sum = torch.zeros(queries.shape[0], dtype=torch.float64, device=precision.device)
+    precision_sum = torch.zeros(num_relevant.shape[0], dtype=torch.float64, device=precision.device)
     precision_sum.index_add_(0, rows, precision)
     has_relevant = num_relevant > 0
     ap = precision_sum[has_relevant] / num_relevant[has_relevant].double()
