@@ -3,8 +3,8 @@
 Protocol (hbct.md §11): query set = gallery set = the evaluation split; every generation embeds
 it once; for each pair (query generation t, gallery generation k ≤ t) retrieval ranks the gallery
 by the gallery generation's distance, with the query's own item left out (leave-one-out by id).
-A generation with a ``backward`` adapter (λ-orthogonality) maps its queries into its parent's
-space before searching the parent's gallery (lambda_orthogonality.md §2.10, row B(φ_new)/φ_old).
+Each pair is compared along ``orchestrator.comparison.comparison_path``: raw embeddings in a
+shared space, or queries mapped by backward adapters (λ-orthogonality, row B(φ_new)/φ_old).
 """
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from orchestrator.comparison import IncomparableGenerations, comparison_path
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.metrics import p_com, p_up, retrieval_metrics
-from orchestrator.models.adapters import truncate_to_common
 from orchestrator.models.bundle import CompatibleModel
 
 
@@ -107,31 +107,18 @@ def evaluate_generations(
     matrices = {metric: np.full((len(names), len(names)), np.nan) for metric in metric_names}
     notes: dict[tuple[str, str], str] = {}
     for t, query_name in enumerate(names):
-        query_model = models[query_name]
         for k in range(t + 1):
             gallery_name = names[k]
-            gallery_model = models[gallery_name]
-            queries = embedded[query_name]
-            if parents.get(query_name) == gallery_name and "backward" in query_model.adapters:
-                with torch.no_grad():
-                    mapped = query_model.adapters["backward"](queries.to(device)).cpu()
-                queries, gallery = truncate_to_common(mapped, embedded[gallery_name])
-                notes[(query_name, gallery_name)] = "queries mapped by the backward adapter"
-            elif (query_model.space != gallery_model.space
-                  or (query_model.space.value in ("lorentz", "poincare")
-                      and not math.isclose(query_model.curv, gallery_model.curv))):
-                notes[(query_name, gallery_name)] = (
-                    f"no common distance: {query_model.space.value}(K={query_model.curv:g}) vs "
-                    f"{gallery_model.space.value}(K={gallery_model.curv:g})")
+            try:
+                path = comparison_path(query_name, gallery_name, models, parents)
+                queries, gallery = path.align(embedded[query_name], embedded[gallery_name])
+            except IncomparableGenerations as reason:
+                notes[(query_name, gallery_name)] = reason.reason
                 continue
-            else:
-                gallery = embedded[gallery_name]
-                if queries.shape[1] != gallery.shape[1]:
-                    notes[(query_name, gallery_name)] = (
-                        f"no common distance: dimensions {queries.shape[1]} vs {gallery.shape[1]}")
-                    continue
-            result = retrieval_metrics(queries, gallery, labels, labels, gallery_model.space,
-                                       curv=gallery_model.curv, ks=ks, query_ids=ids, gallery_ids=ids)
+            if path.kind == "adapter":
+                notes[(query_name, gallery_name)] = path.note
+            result = retrieval_metrics(queries, gallery, labels, labels, path.space,
+                                       curv=path.curv, ks=ks, query_ids=ids, gallery_ids=ids)
             for cmc_k, value in result.cmc.items():
                 matrices[f"cmc@{cmc_k}"][t, k] = value
             matrices["map"][t, k] = result.mean_ap
