@@ -75,6 +75,24 @@ class ShardRecord(_Record):
 
 
 @dataclasses.dataclass(frozen=True)
+class ShardAssignment:
+    """One shard's new content, for ``LineageStore.assign_shards``.
+
+    backfilled_from: the generation whose items this shard now holds re-embedded, when that is
+                     not the shard's own previous generation (a shard created by moving backfilled
+                     items out of another shard); None: the shard's previous generation.
+    """
+
+    index: int
+    generation: str
+    embeddings_uri: Optional[str] = None
+    index_uri: Optional[str] = None
+    sha256: Optional[str] = None
+    n_items: Optional[int] = None
+    backfilled_from: Optional[str] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class BackfillRecord(_Record):
     id: int
     gallery: str

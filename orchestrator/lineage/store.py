@@ -62,6 +62,7 @@ from orchestrator.lineage.records import (
     GalleryRecord,
     GenerationRecord,
     RunRecord,
+    ShardAssignment,
     ShardRecord,
     StepRecord,
 )
@@ -727,36 +728,70 @@ class LineageStore:
         ``committed`` backfill row from → to (completing one opened by ``start_backfill``);
         with ``step``, the step's commit. Re-assigning the generation a shard already holds
         only updates its URIs/sha256/size — no backfill row, so a re-run adds nothing."""
-        def fn(session: Session) -> ShardRecord:
+        assignment = ShardAssignment(index, generation, embeddings_uri, index_uri, sha256, n_items)
+        outputs = step_outputs if step_outputs is not None else {
+            "gallery": gallery, "shard": index, "generation": generation,
+            "embeddings_uri": embeddings_uri, "index_uri": index_uri, "sha256": sha256,
+        }
+        return self.assign_shards(gallery, [assignment], step=step, step_outputs=outputs)[0]
+
+    def assign_shards(
+        self,
+        gallery: str,
+        assignments: Iterable[ShardAssignment],
+        *,
+        grow: bool = False,
+        step: Optional[str] = None,
+        step_outputs: Optional[Mapping[str, Any]] = None,
+    ) -> list[ShardRecord]:
+        """Apply several shard assignments of ``gallery`` in ONE transaction (see ``assign_shard``
+        for one): e.g. moving backfilled items out of a shard into a new one, so no reader ever
+        sees the items in both shards or in neither. With ``grow``, a shard index at or beyond the
+        gallery's shard count adds that shard (the gallery grows); without, it is an error. With ``step``, the step commits in the
+        same transaction."""
+        assignments = list(assignments)
+        if not assignments:
+            raise ValueError(f"gallery {gallery!r}: no shard assignments given")
+        if len({a.index for a in assignments}) != len(assignments):
+            raise ValueError(f"gallery {gallery!r}: a shard index appears twice in one assignment")
+
+        def fn(session: Session) -> list[ShardRecord]:
             gallery_row = self._gallery(session, gallery)
-            gen = self._generation(session, generation)
-            shard = self._shard(session, gallery_row, index)
-            now = utcnow()
-            if shard.generation_id != gen.id:
-                open_backfill = session.scalars(
-                    select(Backfill).where(Backfill.shard_id == shard.id, Backfill.to_generation_id == gen.id,
-                                           Backfill.status == "started").order_by(Backfill.id.desc()).with_for_update()
-                ).first()
-                if open_backfill is None:
-                    session.add(Backfill(shard_id=shard.id, from_generation_id=shard.generation_id,
-                                         to_generation_id=gen.id, items=n_items, status="committed",
-                                         started_at=now, finished_at=now))
-                else:
-                    open_backfill.from_generation_id = shard.generation_id
-                    open_backfill.items = n_items if n_items is not None else open_backfill.items
-                    open_backfill.status = "committed"
-                    open_backfill.finished_at = now
-            if _assign(shard, generation_id=gen.id, embeddings_uri=embeddings_uri, index_uri=index_uri,
-                       sha256=sha256, n_items=n_items):
-                shard.updated_at = now
+            highest = max(a.index for a in assignments)
+            if grow and highest >= gallery_row.n_shards:
+                gallery_row.n_shards = highest + 1
+            records = [self._assign_in(session, gallery_row, a) for a in assignments]
             if step is not None:
                 self._commit_step_in(session, step, step_outputs if step_outputs is not None else {
-                    "gallery": gallery, "shard": index, "generation": generation,
-                    "embeddings_uri": embeddings_uri, "index_uri": index_uri, "sha256": sha256,
-                })
+                    "gallery": gallery, "shards": [a.index for a in assignments]})
             session.flush()
-            return self._shard_record(shard, gallery_row.name, self._names(session))
+            return records
         return self._write(fn)
+
+    def _assign_in(self, session: Session, gallery_row: Gallery, assignment: ShardAssignment) -> ShardRecord:
+        gen = self._generation(session, assignment.generation)
+        shard = self._shard(session, gallery_row, assignment.index)
+        now = utcnow()
+        if shard.generation_id != gen.id:
+            source_id = (shard.generation_id if assignment.backfilled_from is None
+                         else self._generation(session, assignment.backfilled_from).id)
+            open_backfill = session.scalars(
+                select(Backfill).where(Backfill.shard_id == shard.id, Backfill.to_generation_id == gen.id,
+                                       Backfill.status == "started").order_by(Backfill.id.desc()).with_for_update()
+            ).first()
+            if open_backfill is None:
+                session.add(Backfill(shard_id=shard.id, from_generation_id=source_id, to_generation_id=gen.id,
+                                     items=assignment.n_items, status="committed", started_at=now, finished_at=now))
+            else:
+                open_backfill.from_generation_id = source_id
+                open_backfill.items = assignment.n_items if assignment.n_items is not None else open_backfill.items
+                open_backfill.status = "committed"
+                open_backfill.finished_at = now
+        if _assign(shard, generation_id=gen.id, embeddings_uri=assignment.embeddings_uri,
+                   index_uri=assignment.index_uri, sha256=assignment.sha256, n_items=assignment.n_items):
+            shard.updated_at = now
+        session.flush()
+        return self._shard_record(shard, gallery_row.name, self._names(session))
 
     def start_backfill(self, gallery: str, index: int, generation: str, items: Optional[int] = None) -> Optional[BackfillRecord]:
         """Open a ``started`` backfill of a shard towards ``generation`` (for progress/audit;

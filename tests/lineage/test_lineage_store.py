@@ -274,3 +274,27 @@ def test_plain_path_and_in_memory_urls(tmp_path):
     memory.upsert_generation("g0")
     assert [g.name for g in memory.list_generations()] == ["g0"]
     assert memory.row_counts()["generations"] == 1
+
+
+def test_assign_shards_moves_items_into_a_new_shard_in_one_transaction(store):
+    from orchestrator.lineage.records import ShardAssignment
+
+    for name, parent in (("g0", None), ("g1", "g0")):
+        store.upsert_generation(name, parent=parent, status="trained")
+    store.upsert_gallery("gal", None, 20, 2)
+    for i in range(2):
+        store.assign_shard("gal", i, "g0", f"e/g0/{i}", None, "0" * 64, 10)
+    store.start_step("split:gal/0:g1")
+    split = [ShardAssignment(0, "g0", "e/g0/0-minus", None, "a" * 64, 6),
+             ShardAssignment(2, "g1", "e/g1/2", None, "b" * 64, 4, backfilled_from="g0")]
+    with pytest.raises(ValueError, match="shards 0..1, not 2"):
+        store.assign_shards("gal", split)  # without grow, an unknown shard is an error ...
+    assert store.get_gallery("gal").n_shards == 2 and store.shards("gal")[0].n_items == 10  # ... and nothing moved
+    records = store.assign_shards("gal", split, grow=True, step="split:gal/0:g1")
+    assert [(r.index, r.generation, r.n_items) for r in records] == [(0, "g0", 6), (2, "g1", 4)]
+    assert store.get_gallery("gal").n_shards == 3
+    assert [(s.generation, s.n_items) for s in store.shards("gal")] == [("g0", 6), ("g0", 10), ("g1", 4)]
+    assert [(b.shard_index, b.from_generation, b.to_generation, b.items) for b in store.backfills("gal")][-1] == (2, "g0", "g1", 4)
+    assert store.step_status("split:gal/0:g1") == "committed"
+    with pytest.raises(ValueError, match="twice"):
+        store.assign_shards("gal", [split[0], split[0]])
