@@ -1,9 +1,11 @@
-"""Ray Data adapter: embed a gallery with one generation through an actor pool.
+"""Ray Data adapter: embed gallery items with one generation through an actor pool.
 
-Each actor loads the generation once (sha256-checked checkpoint) and embeds batches of uint8
-images; rows come out with the item id, its label, the embedding in the generation's space, the
-hyperbolic uncertainty (NaN for flat spaces) and the generation name. No science here: the model
-and the preprocessing are the same functions a local run uses.
+The images go into Ray's object store once (``ray.put``); the dataset itself is only the row
+positions to embed, so blocks are tiny and every actor reads the images zero-copy from its node's
+object store. Each actor loads the generation once (sha256-checked checkpoint) and embeds
+batches of uint8 images; rows come out with the item id, its label, the embedding in the
+generation's space, the hyperbolic uncertainty (NaN for flat spaces) and the generation name.
+No science here: the model and the preprocessing are the same functions a local run uses.
 """
 from __future__ import annotations
 
@@ -30,12 +32,18 @@ class EmbeddingSettings:
 
 
 class GenerationEmbedder:
-    """Ray Data callable class: ``batch {"image" (B,H,W,3) uint8, "id" (B,), "label" (B,)}`` →
-    ``{"id", "label", "embedding" (B, D) float32, "uncertainty" (B,), "generation"}``."""
+    """Ray Data callable class: ``batch {"data" (B,) row positions}`` →
+    ``{"id", "label", "embedding" (B, D) float32, "uncertainty" (B,), "generation"}``.
 
-    def __init__(self, checkpoint_uri: str, sha256: str, name: str, image_size: int,
+    items: a one-element list holding the ObjectRef of ``{"image" (N,H,W,3) uint8, "id" (N,),
+    "label" (N,)}`` (wrapped so that Ray hands the reference, not a copy, to the constructor)."""
+
+    def __init__(self, items: list, checkpoint_uri: str, sha256: str, name: str, image_size: int,
                  mean: tuple[float, ...], std: tuple[float, ...], storage_options: dict | None = None):
+        import ray
+
         torch.set_num_threads(1)
+        self.items = ray.get(items[0])
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model, self.card = load_generation(checkpoint_uri, expected_sha256=sha256, map_location=self.device,
                                                 storage_options=storage_options)
@@ -43,7 +51,8 @@ class GenerationEmbedder:
 
     @torch.no_grad()
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        images = to_model_input(np.stack(batch["image"]), self.image_size, self.mean, self.std).to(self.device)
+        rows = np.asarray(batch["data"], dtype=np.int64)
+        images = to_model_input(self.items["image"][rows], self.image_size, self.mean, self.std).to(self.device)
         out = self.model.encoder(images)
         embedding = out.embedding.float()
         if self.model.space is Space.LORENTZ:
@@ -51,8 +60,8 @@ class GenerationEmbedder:
         else:
             uncertainty = np.full(len(embedding), np.nan, dtype=np.float32)
         return {
-            "id": np.asarray(batch["id"], dtype=np.int64),
-            "label": np.asarray(batch["label"], dtype=np.int64),
+            "id": self.items["id"][rows].astype(np.int64),
+            "label": self.items["label"][rows].astype(np.int64),
             "embedding": embedding.cpu().numpy(),
             "uncertainty": uncertainty.astype(np.float32),
             "generation": np.full(len(embedding), self.name),
@@ -62,19 +71,21 @@ class GenerationEmbedder:
 def embed_with_ray_data(images: LabeledImages, checkpoint_uri: str, sha256: str, name: str, image_size: int,
                         mean: tuple[float, ...], std: tuple[float, ...],
                         settings: EmbeddingSettings = EmbeddingSettings(),
-                        storage_options: dict | None = None):
-    """A lazy ``ray.data.Dataset`` of the gallery's embeddings by generation ``name`` (Ray must be
-    initialised). Consume it with ``.to_pandas()``, ``.iter_batches()`` or ``.write_parquet()``."""
+                        storage_options: dict | None = None, positions: np.ndarray | None = None):
+    """A lazy ``ray.data.Dataset`` of the embeddings by generation ``name`` of the items of
+    ``images`` at ``positions`` (all when None); Ray must be initialised. Consume it with
+    ``.iter_batches()``, ``.to_pandas()`` or ``.write_parquet()``."""
+    import ray
     import ray.data
     from ray.data import ActorPoolStrategy
 
-    source = ray.data.from_items(
-        [{"image": image, "id": int(item_id), "label": int(label)}
-         for image, item_id, label in zip(images.images, images.ids, images.labels)]
-    )
-    return source.map_batches(
+    rows = np.arange(len(images), dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64)
+    items = ray.put({"image": np.ascontiguousarray(images.images), "id": np.asarray(images.ids, dtype=np.int64),
+                     "label": np.asarray(images.labels, dtype=np.int64)})
+    blocks = max(1, min(len(rows) // max(settings.batch_size, 1), 64))
+    return ray.data.from_numpy(rows).repartition(blocks).map_batches(
         GenerationEmbedder,
-        fn_constructor_kwargs={"checkpoint_uri": checkpoint_uri, "sha256": sha256, "name": name,
+        fn_constructor_kwargs={"items": [items], "checkpoint_uri": checkpoint_uri, "sha256": sha256, "name": name,
                                "image_size": image_size, "mean": tuple(mean), "std": tuple(std),
                                "storage_options": storage_options},
         batch_size=settings.batch_size,
