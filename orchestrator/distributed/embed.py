@@ -82,8 +82,10 @@ def embed_with_ray_data(images: LabeledImages, checkpoint_uri: str, sha256: str,
     rows = np.arange(len(images), dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64)
     items = ray.put({"image": np.ascontiguousarray(images.images), "id": np.asarray(images.ids, dtype=np.int64),
                      "label": np.asarray(images.labels, dtype=np.int64)})
-    blocks = max(1, min(len(rows) // max(settings.batch_size, 1), 64))
-    return ray.data.from_numpy(rows).repartition(blocks).map_batches(
+    # one block per batch-sized chunk (at most 64), made here: a repartition task could not be
+    # scheduled while the actor pool holds every CPU
+    blocks = np.array_split(rows, max(1, min(len(rows) // max(settings.batch_size, 1), 64)))
+    return ray.data.from_numpy(blocks).map_batches(
         GenerationEmbedder,
         fn_constructor_kwargs={"items": [items], "checkpoint_uri": checkpoint_uri, "sha256": sha256, "name": name,
                                "image_size": image_size, "mean": tuple(mean), "std": tuple(std),
