@@ -524,14 +524,30 @@ class GenerationSpec(_Strict):
         return self
 
 
+class EmbeddingSpec(_Strict):
+    """How the gallery is (re-)embedded on Ray Data: ``map_batches`` over an actor pool.
+
+    batch_size:  images per model call.
+    concurrency: actors in the pool (each loads the generation once).
+    num_cpus / num_gpus: resources per actor (a GPU actor runs the model on its GPU).
+    """
+
+    batch_size: int = Field(256, ge=1)
+    concurrency: int = Field(1, ge=1)
+    num_cpus: float = Field(1.0, gt=0)
+    num_gpus: float = Field(0.0, ge=0)
+
+
 class GallerySpec(_Strict):
     """The served gallery: which items, how many shards, which index per shard.
 
     source / options: the gallery's own data source (e.g. CIFAR-10 for the open-set evaluation of
                       stationary_dsimplex.md §7.1); None uses ``data.source`` and ``data.options``.
     split:            the split of that source that forms the gallery.
-    num_shards:       shards are the unit of backfill, lineage and indexing.
+    num_shards:       shards are the unit of backfill, lineage and indexing (initial count: an
+                      item-level partial backfill moves its items into new shards).
     index:            the FAISS index type built per shard.
+    embedding:        batch size, actor-pool size and resources of the Ray Data embedding.
     """
 
     name: str = Field("gallery", pattern=NAME_PATTERN)
@@ -540,6 +556,7 @@ class GallerySpec(_Strict):
     split: str = "test"
     num_shards: int = Field(4, ge=1)
     index: Literal["flat", "ivf", "hnsw"] = "flat"
+    embedding: EmbeddingSpec = Field(default_factory=EmbeddingSpec)
 
     @field_validator("source")
     @classmethod
@@ -553,9 +570,14 @@ class EvaluationSpec(_Strict):
     reference: the unaligned model φ_* (a generation with no parent, never deployed) that P_com and
                P_up normalise by; None reports self / cross retrieval and the compatibility matrix
                only. The metrics are fixed: ``METRICS`` = CMC@1, CMC@5, mAP.
+    backfill_curves: after each update, also trace the backfilling curve (retrieval quality of
+               the served gallery versus the fraction re-embedded in the policy's order,
+               λ-orthogonality §2.11) as CSV + PNG; costs one embedding of the whole gallery by
+               the new generation, so it is for evaluation runs, not production galleries.
     """
 
     reference: str | None = None
+    backfill_curves: bool = False
 
     metrics: ClassVar[tuple[str, ...]] = METRICS
 

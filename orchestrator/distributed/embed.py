@@ -68,6 +68,17 @@ class GenerationEmbedder:
         }
 
 
+def quiet_ray_data() -> None:
+    """Ray Data's per-dataset progress bars and INFO lines off in this driver (the pipeline
+    prints its own progress: one line per committed shard)."""
+    import logging
+
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+
+
 def embed_with_ray_data(images: LabeledImages, checkpoint_uri: str, sha256: str, name: str, image_size: int,
                         mean: tuple[float, ...], std: tuple[float, ...],
                         settings: EmbeddingSettings = EmbeddingSettings(),

@@ -94,3 +94,47 @@ def heatmap_png(matrix: np.ndarray, names: Sequence[str], metric: str) -> bytes:
     figure.savefig(buffer, format="png", dpi=110)
     plt.close(figure)
     return buffer.getvalue()
+
+
+GALLERY_COLUMNS = ("serving", "mixed cmc@1", "mixed cmc@5", "mixed map", "full cmc@1", "full cmc@5", "full map",
+                   "curve area (map)", "items by generation")
+
+
+def gallery_report_rows(evaluations: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per served generation from its ``gallery-eval`` step outputs: the served (mixed)
+    gallery's CMC@1/5 and mAP, the same for a full backfill, the backfill curve's area (if traced)
+    and how many items each generation's embeddings cover."""
+    rows = []
+    for outputs in evaluations:
+        mixed, full = outputs["mixed"], outputs["full_backfill"]
+        curve = outputs.get("curve") or {}
+        rows.append({
+            "serving": outputs["serving"],
+            **{f"mixed {m}": mixed[m] for m in METRICS}, **{f"full {m}": full[m] for m in METRICS},
+            "curve area (map)": curve.get("area"),
+            "items by generation": " ".join(f"{g}={n}" for g, n in outputs["items_by_generation"].items()),
+        })
+    return rows
+
+
+def format_gallery_rows(rows: Sequence[dict[str, Any]]) -> str:
+    """A fixed-width table of ``gallery_report_rows``."""
+    lines = [f"{'served gallery':<16}{'mixed cmc@1':>12}{'mixed map':>11}{'full cmc@1':>12}{'full map':>10}  items by generation"]
+    for row in rows:
+        lines.append(f"{row['serving']:<16}{row['mixed cmc@1']:>12.4f}{row['mixed map']:>11.4f}{row['full cmc@1']:>12.4f}"
+                     f"{row['full map']:>10.4f}  {row['items by generation']}")
+    return "\n".join(lines)
+
+
+def write_gallery_report(uri: str, gallery: str, rows: Sequence[dict[str, Any]]) -> list[str]:
+    """``gallery-<name>.json`` and ``.csv`` of ``gallery_report_rows`` under ``uri``; returns the files."""
+    if not rows:
+        return []
+    json_uri, csv_uri = join_uri(uri, f"gallery-{gallery}.json"), join_uri(uri, f"gallery-{gallery}.csv")
+    write_json_atomic(json_uri, list(rows))
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(GALLERY_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    write_bytes_atomic(csv_uri, buffer.getvalue().encode("utf-8"))
+    return [json_uri, csv_uri]

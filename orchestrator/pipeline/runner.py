@@ -24,7 +24,16 @@ from orchestrator.distributed.train import GenerationJob, ScalingSettings, train
 from orchestrator.evaluation import evaluate_generations
 from orchestrator.lineage import LineageStore
 from orchestrator.metrics import p_com, p_up
-from orchestrator.pipeline.report import METRICS, compatibility_matrix, format_matrix, write_report
+from orchestrator.pipeline.gallery_steps import GalleryUpdater
+from orchestrator.pipeline.report import (
+    METRICS,
+    compatibility_matrix,
+    format_gallery_rows,
+    format_matrix,
+    gallery_report_rows,
+    write_gallery_report,
+    write_report,
+)
 from orchestrator.storage import join_uri, load_card, load_generation
 from orchestrator.training.seeds import derive_seed
 
@@ -41,6 +50,7 @@ class PipelineResult:
     summaries: dict[str, dict[str, Any]]
     report_files: list[str] = field(default_factory=list)
     skipped_steps: list[str] = field(default_factory=list)
+    gallery: list[dict[str, Any]] = field(default_factory=list)
 
     def format(self) -> str:
         parts = [format_matrix(self.matrices[m], self.names, m) for m in ("cmc@1", "map")]
@@ -54,6 +64,8 @@ class PipelineResult:
                     lines.append(f"{update:<24}{metric:>8}{s['self']:>9.4f}{s['cross']:>9.4f}{s['old_self']:>10.4f}"
                                  f"{p_com_text:>9}{p_up_text:>9}  {'yes' if s['compatible'] else 'no'}")
             parts.append("\n".join(lines))
+        if self.gallery:
+            parts.append(format_gallery_rows(self.gallery))
         return "\n\n".join(parts)
 
 
@@ -69,6 +81,8 @@ class PipelineRunner:
         self._started = time.perf_counter()
         self._train_images = None
         self._eval_images = None
+        self._skipped: list[str] = []
+        self._parents = {g.name: g.parent for g in config.generations}
 
     # --- data --------------------------------------------------------------------------------
     @property
@@ -88,38 +102,56 @@ class PipelineRunner:
         """Per-channel mean and std of the training split, shared by every generation (computed once)."""
         return channel_statistics(self.train_images)
 
+    @functools.cached_property
+    def gallery(self) -> GalleryUpdater:
+        return GalleryUpdater(self.config, self.store, self.storage, self.normalisation, lambda: self.eval_images, self._say)
+
     def generation_uri(self, name: str) -> str:
         return join_uri(self.storage, "generations", name)
 
     # --- steps -------------------------------------------------------------------------------
     def run(self) -> PipelineResult:
+        """Every generation: train, evaluate; every served one then plans and executes its gallery
+        update, is deployed, and is evaluated on the served (mixed) gallery."""
         self.store.register_run(self.config.name, self.config_sha)
-        skipped: list[str] = []
+        served = {g.name for g in self.config.served_generations}
         for generation in self.config.generations:
-            for key, action in ((f"train:{generation.name}", self._train),
-                                (f"evaluate:{generation.name}", self._evaluate)):
-                if self.store.step_status(key) == "committed":
-                    skipped.append(key)
-                    self._say(f"{key}: already committed, skipped")
-                    continue
-                self.store.start_step(key)
-                step_started = time.perf_counter()
-                try:
-                    action(generation, key)
-                except BaseException as error:
-                    self.store.fail_step(key, error)
-                    raise
-                self._say(f"{key}: done in {time.perf_counter() - step_started:.1f} s")
-        served = self.config.served_generations
-        if served:
-            key = f"deploy:{served[-1].name}"
-            if self.store.step_status(key) == "committed":
-                skipped.append(key)
-            else:
-                self.store.start_step(key)
-                self.store.deploy(served[-1].name, step=key)
-                self._say(f"{key}: {served[-1].name} serves queries")
-        return self._finish(skipped)
+            self._step(f"train:{generation.name}", lambda key, g=generation: self._train(g, key))
+            self._step(f"evaluate:{generation.name}", lambda key, g=generation: self._evaluate(g, key))
+            if generation.name in served:
+                self._serve(generation)
+        return self._finish()
+
+    def _serve(self, generation) -> None:
+        """Gallery plan and shard updates, deployment, then the served gallery's evaluation."""
+        gallery = self.gallery
+        self._step(gallery.plan_key(generation.name), lambda key: gallery.plan(generation, key))
+        plan = gallery.committed_plan(generation.name)
+        gallery.execute(plan, generation.name, lambda key, action: self._step(key, lambda _key: action()))
+        self._step(f"deploy:{generation.name}", lambda key: self._deploy(generation, key))
+        eval_key = f"gallery-eval:{gallery.name}:{generation.name}"
+        self._step(eval_key, lambda key: self.store.commit_step(key, gallery.evaluate(generation.name, self._parents)))
+
+    def _deploy(self, generation, key: str) -> None:
+        self.store.deploy(generation.name, step=key)
+        self._say(f"{key}: {generation.name} serves queries")
+
+    def _step(self, key: str, action: Callable[[str], Any]) -> bool:
+        """Run ``action(key)`` as lineage step ``key`` unless it already committed; returns whether
+        it ran. The action commits the step itself (with its result rows, in one transaction)."""
+        if self.store.step_status(key) == "committed":
+            self._skipped.append(key)
+            self._say(f"{key}: already committed, skipped")
+            return False
+        self.store.start_step(key)
+        started = time.perf_counter()
+        try:
+            action(key)
+        except BaseException as error:
+            self.store.fail_step(key, error)
+            raise
+        self._say(f"{key}: done in {time.perf_counter() - started:.1f} s")
+        return True
 
     def _train(self, generation, key: str) -> None:
         config = self.config
@@ -182,14 +214,19 @@ class PipelineRunner:
         self.store.record_compatibility(rows, step=key, step_outputs={"pairs": len(rows) // len(METRICS)})
 
     # --- results -----------------------------------------------------------------------------
-    def _finish(self, skipped: list[str]) -> PipelineResult:
+    def _finish(self) -> PipelineResult:
         names = [g.name for g in self.config.generations]
         values = self.store.compatibility_values(dataset=self.config.data.eval_split)
         matrices = {metric: compatibility_matrix(values, names, metric) for metric in METRICS}
         summaries = self._update_summaries(matrices, names)
-        files = write_report(join_uri(self.storage, "reports"), names, values, summaries)
-        self._say(f"report written to {join_uri(self.storage, 'reports')}")
-        return PipelineResult(names, matrices, summaries, files, skipped)
+        reports = join_uri(self.storage, "reports")
+        files = write_report(reports, names, values, summaries)
+        served = [self.store.committed_outputs(f"gallery-eval:{self.gallery.name}:{g.name}")
+                  for g in self.config.served_generations]
+        gallery_rows = gallery_report_rows([s for s in served if s])
+        files += write_gallery_report(reports, self.gallery.name, gallery_rows)
+        self._say(f"report written to {reports}")
+        return PipelineResult(names, matrices, summaries, files, self._skipped, gallery_rows)
 
     def _update_summaries(self, matrices: dict[str, np.ndarray], names: list[str]) -> dict[str, dict[str, Any]]:
         index = {name: i for i, name in enumerate(names)}

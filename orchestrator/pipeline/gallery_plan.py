@@ -1,0 +1,85 @@
+"""A generation's gallery plan: which shards it embeds or backfills, frozen before any work starts.
+
+The plan is computed once per (gallery, generation) from the gallery as it is then, written as a
+JSON file, and its step (``plan:<gallery>:<generation>``) commits pointing at that file. The
+work steps that follow execute its entries; a re-run after a crash reads the committed plan
+instead of planning again, because planning again on a half-backfilled gallery would pick
+different (more) items and overrun the budget.
+
+Entries:
+- ``embed``: (re-)embed every item of ``shard`` (first population, ``full``, whole shards of a
+  ``partial`` budget);
+- ``split``: re-embed ``item_ids`` of ``shard`` and move them to the new shard ``target``
+  (``partial`` with budget_unit ``items``: a shard keeps holding one generation, so the backfilled
+  items of a shard become a shard of their own; the source shard is rewritten without them).
+
+The plan also records the gallery before it (``before``: each shard's generation and files) and
+``order``, every item id in backfill priority order, for the backfilling curve.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    """One unit of work, committed in one lineage transaction (``step_key``)."""
+
+    kind: Literal["embed", "split"]
+    shard: int
+    item_ids: tuple[int, ...]
+    target: int | None = None
+
+    def step_key(self, gallery: str, generation: str) -> str:
+        return f"{self.kind}:{gallery}/{self.shard}:{generation}"
+
+    @property
+    def stored_shard(self) -> int:
+        """The shard that ends up holding the new embeddings."""
+        return self.shard if self.target is None else self.target
+
+
+@dataclass(frozen=True)
+class ShardBefore:
+    """A shard as the plan found it (generation None: never embedded)."""
+
+    shard: int
+    generation: str | None
+    embeddings_uri: str | None
+    sha256: str | None
+    n_items: int | None
+
+
+@dataclass(frozen=True)
+class GalleryPlan:
+    """What ``generation`` does to ``gallery`` (module docstring); JSON round-trips exactly."""
+
+    gallery: str
+    generation: str
+    policy: dict[str, Any]
+    entries: tuple[PlanEntry, ...]
+    before: tuple[ShardBefore, ...]
+    order: tuple[int, ...] = field(default=())
+
+    @property
+    def num_items(self) -> int:
+        return sum(len(e.item_ids) for e in self.entries)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gallery": self.gallery, "generation": self.generation, "policy": self.policy,
+                "entries": [asdict(e) | {"item_ids": list(e.item_ids)} for e in self.entries],
+                "before": [asdict(b) for b in self.before], "order": list(self.order)}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GalleryPlan:
+        entries = tuple(PlanEntry(e["kind"], int(e["shard"]), tuple(int(i) for i in e["item_ids"]), e.get("target"))
+                        for e in data["entries"])
+        before = tuple(ShardBefore(**b) for b in data["before"])
+        return cls(data["gallery"], data["generation"], dict(data["policy"]), entries, before,
+                   tuple(int(i) for i in data["order"]))
+
+    def order_array(self) -> np.ndarray:
+        return np.asarray(self.order, dtype=np.int64)
