@@ -98,16 +98,17 @@ def train_generation_with_ray(job: GenerationJob, scaling: ScalingSettings, stor
     if scaling.use_gpu:
         resources["GPU"] = max(scaling.gpus_per_worker, 1.0)
     run_name = run_name or f"train-{job.name}"
+    storage_path, storage_filesystem = _ray_storage(storage_path, job.storage_options)
     trainer = TorchTrainer(
         _train_worker,
         train_loop_config={"job": asdict(job)},
         scaling_config=ScalingConfig(num_workers=scaling.num_workers, use_gpu=scaling.use_gpu,
                                      resources_per_worker=resources),
-        run_config=RunConfig(name=run_name, storage_path=storage_path,
+        run_config=RunConfig(name=run_name, storage_path=storage_path, storage_filesystem=storage_filesystem,
                              failure_config=FailureConfig(max_failures=scaling.max_failures)),
     )
     watcher = None
-    if progress is not None and "://" not in storage_path:
+    if progress is not None and storage_filesystem is None:
         watcher = EpochProgress(Path(storage_path) / run_name, TrainConfig(**job.training).epochs, progress)
         watcher.start()
     try:
@@ -118,6 +119,21 @@ def train_generation_with_ray(job: GenerationJob, scaling: ScalingSettings, stor
         if watcher is not None:
             watcher.stop()
     return dict(result.metrics or {})
+
+
+def _ray_storage(storage_path: str, storage_options: dict[str, Any] | None):
+    """(path, filesystem) for Ray Train's RunConfig. Object storage goes through the same fsspec
+    file system as every other file of the run (``storage.open_filesystem``: credentials from the
+    AWS environment, ``endpoint_url`` from the options or AWS_ENDPOINT_URL), wrapped for pyarrow;
+    Ray then wants the path without its scheme. Local paths pass through unchanged."""
+    if "://" not in storage_path or storage_path.startswith("file://"):
+        return storage_path.removeprefix("file://"), None
+    from pyarrow.fs import FSSpecHandler, PyFileSystem
+
+    from orchestrator.storage import open_filesystem
+
+    filesystem, path = open_filesystem(storage_path, storage_options)
+    return path, PyFileSystem(FSSpecHandler(filesystem))
 
 
 def _train_worker(config: dict[str, Any]) -> None:

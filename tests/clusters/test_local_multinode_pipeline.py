@@ -1,0 +1,81 @@
+"""The pipeline on a real multi-node Ray cluster: clusters/local_multinode.sh starts a head and two
+worker nodes on this machine (1 CPU each, token authentication on); `orchestrator run` joins it
+with --ray-address. Training asks for 2 Ray Train workers and the gallery for 2 embedding actors
+of 1 CPU each; with one CPU per node, each pair must span two nodes. Ray's state API (through
+the cluster's dashboard, with the token) tells where they ran."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from orchestrator.lineage import LineageStore
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "clusters" / "local_multinode.sh"
+
+
+def one_generation_pipeline(tmp_path: Path) -> Path:
+    config = yaml.safe_load((REPO / "pipelines" / "lifelong.yaml").read_text())
+    config["generations"] = [g for g in config["generations"] if g["name"] == "g0-old"]
+    config["generations"][0]["training"] = {**config["generations"][0]["training"], "epochs": 1}
+    config["evaluation"] = {"reference": None}
+    config["ray"] = {**config["ray"], "num_workers": 2, "cpus_per_worker": 1}
+    config["gallery"]["embedding"] = {"batch_size": 32, "concurrency": 2, "num_cpus": 1}
+    config["storage"] = str(tmp_path / "run")
+    path = tmp_path / "multinode.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def cluster_env(state: Path) -> dict[str, str]:
+    values = dict(line.split("=", 1) for line in (state / "cluster.env").read_text().split())
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=values["RAY_AUTH_TOKEN_PATH"])
+    return env | {"GCS": values["GCS_ADDRESS"], "DASHBOARD": values["DASHBOARD"]}
+
+
+PLACEMENT = """
+import json, os
+import ray
+from ray.util.state import list_actors
+ray.init(address=os.environ["GCS"], log_to_driver=False)
+nodes = {}
+for actor in list_actors(address=os.environ["DASHBOARD"], limit=10000, detail=True):
+    for kind in ("RayTrainWorker", "GenerationEmbedder"):
+        if kind in actor.class_name:
+            nodes.setdefault(kind, set()).add(actor.node_id)
+print(json.dumps({k: sorted(v) for k, v in nodes.items()}))
+print(json.dumps(len([n for n in ray.nodes() if n["Alive"]])))
+"""
+
+
+def test_training_workers_and_embedding_actors_span_nodes(tmp_path):
+    state = tmp_path / "cl"  # short: Ray's socket paths under it must stay below ~107 characters
+    script_env = {**os.environ, "LOCAL_RAY_DIR": str(state), "NUM_CPUS": "1", "OTHER_RAY_WAIT": "300"}
+    up = subprocess.run(["bash", str(SCRIPT), "up", "2"], env=script_env, capture_output=True, text=True, timeout=400)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        env = cluster_env(state)
+        run = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(one_generation_pipeline(tmp_path)),
+                              "--ray-address", env["GCS"]], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=600)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        placed = subprocess.run([sys.executable, "-c", PLACEMENT], env=env, capture_output=True, text=True, timeout=120)
+        assert placed.returncode == 0, placed.stderr[-3000:]
+        lines = placed.stdout.strip().splitlines()
+        nodes, alive = json.loads(lines[-2]), json.loads(lines[-1])
+        assert alive == 3
+        assert len(nodes["RayTrainWorker"]) == 2, nodes
+        assert len(nodes["GenerationEmbedder"]) == 2, nodes
+        store = LineageStore(f"sqlite:///{tmp_path / 'run' / 'lineage.db'}")
+        assert [s.generation for s in store.shards("digits-test")] == ["g0-old"] * 4
+        store.close()
+    finally:
+        down = subprocess.run(["bash", str(SCRIPT), "down"], env=script_env, capture_output=True, text=True, timeout=120)
+        assert down.returncode == 0, down.stdout + down.stderr
+    assert not state.exists()
