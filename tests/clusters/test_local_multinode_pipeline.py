@@ -23,6 +23,7 @@ def one_generation_pipeline(tmp_path: Path) -> Path:
     config = yaml.safe_load((REPO / "pipelines" / "lifelong.yaml").read_text())
     config["generations"] = [g for g in config["generations"] if g["name"] == "g0-old"]
     config["generations"][0]["training"] = {**config["generations"][0]["training"], "epochs": 1}
+    config["data"]["scenario"] = "extended_class"
     config["evaluation"] = {"reference": None}
     config["ray"] = {**config["ray"], "num_workers": 2, "cpus_per_worker": 1}
     config["gallery"]["embedding"] = {"batch_size": 32, "concurrency": 2, "num_cpus": 1}

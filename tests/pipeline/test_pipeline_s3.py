@@ -28,6 +28,7 @@ def two_generation_pipeline(tmp_path: Path) -> Path:
     """pipelines/lifelong.yaml cut to its first update (g0-old → g1 with a partial backfill)."""
     config = yaml.safe_load((REPO / "pipelines" / "lifelong.yaml").read_text())
     config["generations"] = [g for g in config["generations"] if g["name"] in ("g0-old", "g1")]
+    config["data"]["scenario"] = "extended_class"
     config["evaluation"] = {"reference": None, "backfill_curves": True}
     for generation in config["generations"]:
         generation["training"] = {**generation["training"], "epochs": 2}
