@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 from orchestrator.lineage import LineageStore
@@ -56,11 +59,14 @@ print(json.dumps(len([n for n in ray.nodes() if n["Alive"]])))
 
 
 def test_training_workers_and_embedding_actors_span_nodes(tmp_path):
-    state = tmp_path / "cl"  # short: Ray's socket paths under it must stay below ~107 characters
+    # a short state dir: Ray's unix socket paths under it must stay below 107 characters
+    state = Path(tempfile.mkdtemp(prefix="orc-", dir="/tmp")) / "cl"
     script_env = {**os.environ, "LOCAL_RAY_DIR": str(state), "NUM_CPUS": "1", "OTHER_RAY_WAIT": "300"}
     up = subprocess.run(["bash", str(SCRIPT), "up", "2"], env=script_env, capture_output=True, text=True, timeout=400)
+    if up.returncode != 0:  # `up` already stopped and removed what it started
+        shutil.rmtree(state.parent, ignore_errors=True)
+        pytest.fail(up.stdout + up.stderr)
     try:
-        assert up.returncode == 0, up.stdout + up.stderr
         env = cluster_env(state)
         run = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(one_generation_pipeline(tmp_path)),
                               "--ray-address", env["GCS"]], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -80,3 +86,4 @@ def test_training_workers_and_embedding_actors_span_nodes(tmp_path):
         down = subprocess.run(["bash", str(SCRIPT), "down"], env=script_env, capture_output=True, text=True, timeout=120)
         assert down.returncode == 0, down.stdout + down.stderr
     assert not state.exists()
+    state.parent.rmdir()
