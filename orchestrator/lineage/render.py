@@ -118,6 +118,11 @@ def lineage_tree_text(store: LineageStore, dataset: Optional[str] = None,
         lines.extend(_table(["gallery", "shard", "items", "generation", "sha256"], shard_rows))
     else:
         lines.append("  (none)")
+    summary = _backfill_summary(store)
+    if summary:
+        lines.append("")
+        lines.append("Backfills (committed)")
+        lines.extend(summary)
 
     steps = store.steps()
     if steps:
@@ -129,6 +134,20 @@ def lineage_tree_text(store: LineageStore, dataset: Optional[str] = None,
                 error = f": {s.error.strip().splitlines()[-1]}" if s.error else ""
                 lines.append(f"  {s.status:<9} {s.key} (attempt {s.attempts}){error}")
     return "\n".join(lines) + "\n"
+
+
+def _backfill_summary(store: LineageStore) -> list[str]:
+    """One line per (gallery, from → to generation): shards and items moved, oldest first."""
+    totals: dict[tuple[str, str, str], list[int]] = {}
+    for backfill in store.backfills():
+        if backfill.status != "committed":
+            continue
+        key = (backfill.gallery, backfill.from_generation or "(empty)", backfill.to_generation)
+        shards_items = totals.setdefault(key, [0, 0])
+        shards_items[0] += 1
+        shards_items[1] += backfill.items or 0
+    return [f"  {gallery}: {source} → {target}: {shards} shard(s), {items} items"
+            for (gallery, source, target), (shards, items) in totals.items()]
 
 
 def lineage_json(store: LineageStore) -> dict[str, Any]:
