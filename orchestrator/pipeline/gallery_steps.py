@@ -227,7 +227,7 @@ class GalleryUpdater:
                 counts[k] += len(part["id"])
                 entry = pending[k]
                 if counts[k] == len(entry.item_ids):
-                    shard = self._assemble(entry, received.pop(k), generation, model.space.value, model.curv)
+                    shard = self._assemble(entry, received.pop(k), generation, model.space.value, _curvature(model))
                     key = entry.step_key(self.name, generation)
                     run_step(key, lambda entry=entry, shard=shard, key=key: self._commit(entry, shard, plan, key))
         incomplete = [pending[k].step_key(self.name, generation) for k in received]
@@ -325,7 +325,7 @@ class GalleryUpdater:
         uncertainty = (lorentz.uncertainty(out.embedding, model.curv).numpy() if model.space is Space.LORENTZ
                        else np.full(len(ids), np.nan))
         return ShardEmbeddings(ids.numpy(), labels.numpy(), out.embedding.numpy().astype(np.float32),
-                               uncertainty.astype(np.float32), generation, model.space.value, model.curv)
+                               uncertainty.astype(np.float32), generation, model.space.value, _curvature(model))
 
     def _curve(self, plan: GalleryPlan, full: ShardEmbeddings, queries, query_labels, query_ids, models,
                parents) -> dict[str, Any]:
@@ -345,6 +345,12 @@ class GalleryUpdater:
         files = write_backfill_curve(join_uri(self.reports, f"backfill-{self.name}-{plan.generation}"), points,
                                      metric="map", title=f"{plan.generation}: {plan.policy['order']} order")
         return {"points": points, **files, "order": plan.policy["order"]}
+
+
+def _curvature(model) -> float:
+    """The curvature magnitude shard files record: the model's for hyperbolic spaces, 1 (unused)
+    for flat ones, whose lift reports 0."""
+    return model.curv if model.space in (Space.LORENTZ, Space.POINCARE) else 1.0
 
 
 def _priority_order_of_all_items(policy: BackfillPolicy, infos: list[ShardInfo], seed: int) -> np.ndarray:

@@ -39,7 +39,7 @@ def small_pipeline(tmp_path: Path) -> Path:
     config["storage"] = str(tmp_path / "run")
     config["evaluation"]["backfill_curves"] = True
     for generation in config["generations"]:
-        generation["training"] = {**generation["training"], "epochs": 3}
+        generation["training"] = {**generation["training"], "epochs": 2}
     path = tmp_path / "lifelong_small.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
