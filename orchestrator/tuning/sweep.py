@@ -68,14 +68,18 @@ class SweepResult:
         order = sorted(self.rows, key=lambda r: (not r.best, r.outcome != "finished",
                                                  -(r.metrics.get(OBJECTIVE) or float("-inf"))))
         params = sorted({name for row in self.rows for name in row.params})
-        head = f"{'trial':<14}{'outcome':<10}{'epochs':>7}" + "".join(f"{p:>12}" for p in params) + "".join(f"{m:>13}" for m in metrics)
+        widths = {name: max(12, len(name) + 2) for name in [*params, *metrics]}
+        head = (f"{'trial':<14}{'outcome':<10}{'epochs':>7}" + "".join(f"{p:>{widths[p]}}" for p in params)
+                + "".join(f"{m:>{widths[m]}}" for m in metrics))
         lines = [head, "-" * len(head)]
         for row in order:
-            cells = "".join(f"{_cell(row.params.get(p)):>12}" for p in params)
-            values = "".join(f"{_cell(row.metrics.get(m)):>13}" for m in metrics)
+            cells = "".join(f"{_cell(row.params.get(p)):>{widths[p]}}" for p in params)
+            values = "".join(f"{_cell(row.metrics.get(m)):>{widths[m]}}" for m in metrics)
             mark = "  <- best" if row.best else ("  (front)" if row.pareto else "")
             lines.append(f"{row.trial_id[-14:]:<14}{row.outcome:<10}{row.epochs:>7}{cells}{values}{mark}")
         lines.append("")
+        if self.best is None:
+            lines.append("no finished trial meets the objective (its constraint): no generation block written")
         lines.append(f"{len(self.rows)} trials, {self.trial_epochs} trial-epochs, {self.seconds:.0f} s"
                      + (" (resumed)" if self.resumed else ""))
         lines += [f"{kind:>8}: {uri}" for kind, uri in self.files.items()]
@@ -214,7 +218,7 @@ def _tuner(tune_file: TuneFile, setup: TrialSetup, sweep_uri: str, experiment: s
 
 
 def _rows(grid, space: list[str], epochs: int, candidates_uri: str) -> list[TrialRow]:
-    """One ``TrialRow`` per trial of the result grid, ordered by trial id (creation order)."""
+    """One ``TrialRow`` per trial of the result grid, in the grid's order (the order Tune created them)."""
     rows = []
     for result in grid:
         metrics = dict(result.metrics or {})
@@ -228,4 +232,4 @@ def _rows(grid, space: list[str], epochs: int, candidates_uri: str) -> list[Tria
             metrics={k: float(metrics[k]) for k in REPORTED if metrics.get(k) is not None},
             checkpoint_uri=checkpoint if outcome == "finished" and checkpoint_exists(checkpoint) else None,
         ))
-    return sorted(rows, key=lambda row: row.trial_id)
+    return rows
