@@ -65,7 +65,6 @@ from orchestrator.config import (
     validate_yaml_mapping,
 )
 from orchestrator.methods.registry import method_class
-from orchestrator.storage import join_uri
 
 KINDS = ("self", "cross", "p_com", "p_up")
 METRIC_NAMES: tuple[str, ...] = tuple(f"{kind}_{metric}" for kind in KINDS for metric in METRICS)
@@ -334,11 +333,6 @@ class TuneFile:
     @property
     def parent(self) -> GenerationSpec:
         return self.pipeline.generation(self.candidate.parent)
-
-    @property
-    def sweep_uri(self) -> str:
-        """Where the sweep's folder lives: ``<pipeline storage>/tune/<name>``."""
-        return join_uri(self.pipeline.storage, "tune", self.spec.name)
 
 
 def load_tune_file(path: str | Path) -> TuneFile:

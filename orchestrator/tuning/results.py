@@ -75,9 +75,11 @@ def mark_front_and_best(rows: list[TrialRow], objective: Objective) -> TrialRow 
     """Set ``pareto`` (front of ``plot_axes`` among finished rows) and ``best`` (``best_index``
     among finished rows); returns the best row, or None when no finished row qualifies."""
     finished = [row for row in rows if row.outcome == "finished"]
+    if not finished:
+        return None
     x, y = plot_axes(objective)
     front = objectives.pareto_front(np.array([[_number(r.metrics.get(x)), _number(r.metrics.get(y))] for r in finished]))
-    for row, on_front in zip(finished, front.reshape(-1) if finished else []):
+    for row, on_front in zip(finished, front):
         row.pareto = bool(on_front)
     index = objectives.best_index([row.metrics for row in finished], objective)
     if index is None:

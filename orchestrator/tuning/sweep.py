@@ -146,6 +146,9 @@ def run_sweep(tune_file: TuneFile, progress: Progress | None = None) -> SweepRes
     tuner, resumed = _tuner(tune_file, setup, sweep_uri, experiment)
     say(f"sweep {spec.name}: {'resuming' if resumed else 'starting'} {experiment}")
     grid = tuner.fit()
+    if grid.num_terminated + grid.num_errors < len(grid):  # Tune returns after Ctrl-C, its state saved
+        raise RuntimeError(f"sweep {spec.name} interrupted with {len(grid) - grid.num_terminated - grid.num_errors} "
+                           f"trial(s) unfinished; run the same command again to resume it")
 
     rows = _rows(grid, list(spec.space), candidate.training.epochs, setup.candidates_uri)
     best = outputs.mark_front_and_best(rows, spec.objective)

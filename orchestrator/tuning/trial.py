@@ -116,11 +116,11 @@ def run_trial(config: dict[str, Any], setup: dict[str, Any]) -> None:
     ``TrialSetup`` as a dict. Reports once per epoch (module docstring)."""
     from ray import tune
 
-    setup_ = TrialSetup(**setup)
-    objective = Objective.model_validate(setup_.objective)
-    torch.set_num_threads(setup_.threads)
-    job = trial_job(setup_, config)
-    evaluate = TrialEvaluator(setup_, job)  # first: loading the parent draws from torch's RNG, and
+    shared = TrialSetup(**setup)
+    objective = Objective.model_validate(shared.objective)
+    torch.set_num_threads(shared.threads)
+    job = trial_job(shared, config)
+    evaluate = TrialEvaluator(shared, job)  # first: loading the parent draws from torch's RNG, and
     session = GenerationTraining(job)       # the session seeds it, as a Ray Train worker does
     session.start()
     epochs = session.training.epochs
@@ -132,6 +132,6 @@ def run_trial(config: dict[str, Any], setup: dict[str, Any]) -> None:
         metrics = evaluate(session.model)
         if last:
             trial_id = tune.get_context().get_trial_id()
-            session.save(join_uri(setup_.candidates_uri, trial_id), extra={"trial_id": trial_id, "params": config})
+            session.save(join_uri(shared.candidates_uri, trial_id), extra={"trial_id": trial_id, "params": config})
         tune.report({**metrics, objectives.OBJECTIVE: objectives.scalar(metrics, objective),
                      "feasible": objectives.feasible(metrics, objective), "loss": stats["loss"], "lr": stats["lr"]})

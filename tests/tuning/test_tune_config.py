@@ -41,7 +41,7 @@ def test_the_reference_tune_file_loads_against_lifelong(monkeypatch):
     assert set(spec.space) == {"lam", "clip", "entail_weight"}
     assert spec.space["clip"].choice == [1.1, 1.2, 1.4] and spec.space["lam"].loguniform == (0.03, 3.0)
     assert spec.objective.kind == "constrained" and spec.objective.metrics == ["cross_map", "p_up_map"]
-    assert tune_file.sweep_uri.endswith("runs/lifelong/tune/hbct-g1")
+    assert tune_file.pipeline.storage == "./runs/lifelong" and spec.name == "hbct-g1"
 
 
 def test_values_are_normalised_by_the_method_parameters(tmp_path):
@@ -133,3 +133,13 @@ def test_a_missing_pipeline_is_an_error_of_the_tune_file_and_a_bad_one_names_the
         load_tune_file(write_tune(tmp_path, BASE.format(pipeline=bad)))
     assert not isinstance(error.value, TuneFileError)
     assert str(error.value).startswith(f"{bad}: ray.num_workers: Input should be greater than or equal to 1 (got 0)")
+
+
+def test_the_cli_rejects_a_bad_tune_file_before_starting_anything(tmp_path, capsys):
+    from orchestrator.cli import main
+
+    path = write_tune(tmp_path, BASE.format(pipeline=LIFELONG).replace("  lam: {loguniform", "  lamda: {loguniform"))
+    assert main(["tune", path]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"orchestrator: error: {path}: space.lamda: not a parameter of method 'hbct' (did you mean 'lam'?)")
+    assert not (REPO / "runs" / "lifelong" / "tune" / "t").exists()
