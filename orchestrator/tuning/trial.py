@@ -4,10 +4,11 @@ against its parent after every epoch.
 Design: the trial function runs the training loop itself, in the trial's own process, with
 ``GenerationTraining`` (the same data, seeded model building, frozen parent, method hooks and
 ``train_one_epoch`` as a Ray Train worker of the pipeline). It is not a ``TorchTrainer`` nested in
-Tune: a trial of a compatibility sweep is one small model on one worker, nested Ray Train would
-add a controller and a worker group per trial (and Train V2 runs inside Tune only through its own
-reporting path), and, above all, ASHA needs the *evaluation* after every epoch in the trial's
-reports, which the plain loop gives directly. The pipeline keeps ``train_generation_with_ray``.
+Tune: a trial of a compatibility sweep is one small model on one worker; a nested Ray Train run
+would add a controller and a worker group per trial (about 15 s of start-up per run on 2 cores,
+README) and the per-epoch evaluation ASHA decides on would have to travel from the Train worker
+through Train's reports into Tune's. The plain loop reports it directly, once per epoch. The
+pipeline keeps ``train_generation_with_ray``.
 
 Determinism: the job is the pipeline's own job for the candidate (``PipelineRunner.generation_job``:
 same items, normalisation and seed derived from the generation's name), with the trial's method

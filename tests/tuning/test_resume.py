@@ -17,7 +17,7 @@ import yaml
 
 from orchestrator.lineage import LineageStore
 
-TRIALS = 5
+TRIALS = 4
 FINISHED = re.compile(r"trial (\S+) finished after 1/1 epochs")
 STARTED = re.compile(r"trial (\S+) started")
 
