@@ -30,7 +30,8 @@ def bench():
 
 @pytest.fixture(scope="session")
 def ray_address():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": WORKER_ENV_VARS})
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": WORKER_ENV_VARS})
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
