@@ -1,4 +1,4 @@
-"""Command line: ``orchestrator run``, ``lineage``, ``methods`` and ``demo``."""
+"""Command line: ``orchestrator run``, ``tune``, ``lineage``, ``methods`` and ``demo``."""
 from __future__ import annotations
 
 import argparse
@@ -85,6 +85,19 @@ def _run_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune_command(args: argparse.Namespace) -> int:
+    from orchestrator.tuning.config import load_tune_file
+    from orchestrator.tuning.results import plot_axes
+    from orchestrator.tuning.sweep import run_sweep
+
+    tune_file = load_tune_file(args.file)
+    result = run_sweep(tune_file)
+    objective = tune_file.spec.objective
+    print()
+    print(result.format(list(dict.fromkeys([*objective.metrics, *plot_axes(objective), "objective"]))))
+    return 0
+
+
 def _lineage_command(args: argparse.Namespace) -> int:
     import json
 
@@ -115,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", metavar="FIELD.PATH=VALUE",
                      help="override any field, e.g. --set generations.0.training.epochs=2 (repeatable)")
     run.set_defaults(handler=_run_command)
+
+    tune = commands.add_parser("tune", help="sweep a generation's method parameters with Ray Tune (ASHA, Optuna); "
+                                             "resumes an interrupted sweep")
+    tune.add_argument("file", help="tune YAML, e.g. pipelines/tune.yaml")
+    tune.set_defaults(handler=_tune_command)
 
     lineage = commands.add_parser("lineage", help="show the generation tree, metrics and gallery shards")
     source = lineage.add_mutually_exclusive_group(required=True)

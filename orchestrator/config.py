@@ -828,33 +828,50 @@ def load_pipeline(path: str | Path, overrides: Mapping[str, Any] | None = None) 
     None values are skipped. Raises ``PipelineConfigError`` with one line per problem, each naming
     the file, the field path and the bad value (YAML syntax errors: the line and column).
     """
+    file, raw, root = read_yaml_mapping(path, "pipeline fields (name, data, generations, ...)")
+    raw, overridden = _apply_overrides(file, raw, overrides or {})
+    return validate_yaml_mapping(PipelineConfig, file, raw, root, overridden)
+
+
+def read_yaml_mapping(path: str | Path, expected: str,
+                      error: type[PipelineConfigError] = PipelineConfigError) -> tuple[str, dict, yaml.Node]:
+    """``(file, data, node tree)`` of a YAML file whose top level must be a mapping (``expected``
+    describes its fields for the error). Read with ``yaml.safe_load``; the composed node tree gives
+    line numbers. Unreadable files, syntax errors and duplicate keys raise ``error``."""
     file = str(path)
     try:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise PipelineConfigError(file, [f"file not found (looked for {Path(path).resolve()})"]) from None
+        raise error(file, [f"file not found (looked for {Path(path).resolve()})"]) from None
     except IsADirectoryError:
-        raise PipelineConfigError(file, ["is a directory, not a pipeline file"]) from None
+        raise error(file, ["is a directory, not a YAML file"]) from None
     except UnicodeDecodeError as err:
-        raise PipelineConfigError(file, [f"not UTF-8 text ({err.reason} at byte {err.start})"]) from None
+        raise error(file, [f"not UTF-8 text ({err.reason} at byte {err.start})"]) from None
     except OSError as err:
-        raise PipelineConfigError(file, [f"cannot read the file ({err.strerror or err})"]) from None
+        raise error(file, [f"cannot read the file ({err.strerror or err})"]) from None
     try:
         raw = yaml.safe_load(text)
         root = yaml.compose(text, Loader=yaml.SafeLoader)  # nodes only (line numbers), no objects built
     except yaml.YAMLError as err:
-        raise PipelineConfigError(file, [_yaml_error(err)]) from None
+        raise error(file, [_yaml_error(err)]) from None
     problems = _duplicate_keys(root, ())
     if problems:
-        raise PipelineConfigError(file, problems)
+        raise error(file, problems)
     if not isinstance(raw, dict):
         kind = "an empty file" if raw is None else f"a {type(raw).__name__}"
-        raise PipelineConfigError(file, [f"(top level): expected a mapping of pipeline fields (name, data, generations, ...), got {kind}"])
-    raw, overridden = _apply_overrides(file, raw, overrides or {})
+        raise error(file, [f"(top level): expected a mapping of {expected}, got {kind}"])
+    return file, raw, root
+
+
+def validate_yaml_mapping(model: type[BaseModel], file: str, raw: dict, root: yaml.Node | None,
+                          overridden: list[tuple] | None = None, context: Mapping[str, Any] | None = None,
+                          error: type[PipelineConfigError] = PipelineConfigError) -> Any:
+    """``model.model_validate(raw)`` (with the validation ``context``), every problem turned into
+    one line naming the field path, the bad value and its line in ``file`` (``error``)."""
     try:
-        return PipelineConfig.model_validate(raw)
+        return model.model_validate(raw, context=context)
     except ValidationError as err:
-        raise PipelineConfigError(file, _format_errors(err.errors(include_url=False), raw, root, overridden)) from None
+        raise error(file, _format_errors(err.errors(include_url=False), raw, root, overridden or [], model)) from None
 
 
 def config_sha256(config: PipelineConfig, exclude: Iterable[str] = ()) -> str:
@@ -936,12 +953,13 @@ def _duplicate_keys(node: yaml.Node | None, loc: tuple) -> list[str]:
     return problems
 
 
-def _format_errors(errors: list[dict[str, Any]], raw: Any, root: yaml.Node | None, overridden: list[tuple]) -> list[str]:
+def _format_errors(errors: list[dict[str, Any]], raw: Any, root: yaml.Node | None, overridden: list[tuple],
+                   model: type[BaseModel]) -> list[str]:
     lines = []
     for err in errors:
         if err.get("type") == "config_problems":
             nested = [{**p, "loc": (*err["loc"], *p["loc"])} for p in err["ctx"]["problems"]]
-            lines += _format_errors(nested, raw, root, overridden)
+            lines += _format_errors(nested, raw, root, overridden, model)
             continue
         loc = _display_loc(tuple(err["loc"]), raw)
         msg = str(err["msg"])
@@ -951,7 +969,7 @@ def _format_errors(errors: list[dict[str, Any]], raw: Any, root: yaml.Node | Non
         if err.get("type") == "extra_forbidden":
             allowed = err.get("allowed")
             if allowed is None:
-                allowed = _fields_at(PipelineConfig, tuple(err["loc"])[:-1])
+                allowed = _fields_at(model, tuple(err["loc"])[:-1])
             msg = f"unknown field{_suggest(str(loc[-1]), allowed or [])}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
         msg = _with_value(msg, err)
         if any(loc[: len(o)] == o for o in overridden):

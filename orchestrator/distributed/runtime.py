@@ -26,6 +26,8 @@ def connect(address: str | None = None) -> None:
         env_vars = dict(WORKER_ENV_VARS)
         if os.environ.get(PLUGINS_ENV):
             env_vars[PLUGINS_ENV] = os.environ[PLUGINS_ENV]
-        ray.init(include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env_vars})
+        # address "local": a new instance even when a `ray start` cluster runs on this machine
+        # (plain ray.init() would join that one, which the file did not ask for)
+        ray.init(address="local", include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env_vars})
     else:
         ray.init(address=None if address in (None, "local") else address, log_to_driver=False)

@@ -1,73 +1,33 @@
 """Ray Train adapter: one model generation trained by a ``TorchTrainer`` (DDP across workers).
 
-Thin on purpose: every worker runs the same ``train_one_epoch`` as a local run, with the
-method's hooks around it. The job travels as plain JSON-able data (``GenerationJob``); each
-worker loads its data, builds the model, loads the frozen parent from its checkpoint (sha256
-verified), and resumes from the last Ray Train checkpoint after a failure (``FailureConfig``).
+Thin on purpose: every worker runs ``GenerationTraining`` (``orchestrator.training.generation``),
+the same per-epoch loop as a Tune trial, with the method's hooks around ``train_one_epoch``. The
+job travels as plain JSON-able data (``GenerationJob``); each worker loads its data, builds the
+model, loads the frozen parent from its checkpoint (sha256 verified), and resumes from the last
+Ray Train checkpoint after a failure (``FailureConfig``).
 Per-epoch metrics (every loss term, the learning rate, and ``start_epoch``: the epoch this
 attempt resumed from) are reported to Ray Train; rank 0 writes
 the finished generation (safetensors + card) to ``output_uri`` through the storage layer.
 """
 from __future__ import annotations
 
-import copy
 import logging
 import tempfile
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
-from orchestrator.data import ImageTensorDataset, load_source
-from orchestrator.methods import TrainContext, create_method
-from orchestrator.models.encoder import EncoderConfig
-from orchestrator.storage import load_generation, load_training_state, save_generation, save_training_state
+from orchestrator.storage import load_training_state, save_training_state
 from orchestrator.training.config import TrainConfig
-from orchestrator.training.loop import freeze, make_train_loader, train_one_epoch
-from orchestrator.training.optim import build_optimizer, set_learning_rate
+from orchestrator.training.generation import GenerationJob, GenerationTraining
 
 log = logging.getLogger(__name__)
 
 _WEIGHTS = "model.safetensors"
 _STATE = "training_state"
-
-
-@dataclass(frozen=True)
-class GenerationJob:
-    """Everything a worker needs to train one generation (JSON-serialisable).
-
-    data_options: keyword arguments of the source's loader for the training split.
-    train_ids: item ids of the training subset (None: the whole split).
-    mean, std: per-channel normalisation of the images (shared by every generation).
-    init_from_parent: start from the parent's weights (sequential fine-tuning).
-    replaces: a model replacement: the encoder starts from ``encoder["pretrained"]`` and the frozen
-              model of the alignment term is that starting checkpoint, not the parent
-              (stationary_dsimplex.md §6.3, as in the released code).
-    """
-
-    name: str
-    method: str
-    method_params: dict[str, Any]
-    encoder: dict[str, Any]
-    training: dict[str, Any]
-    num_classes: int
-    data_source: str
-    output_uri: str
-    data_options: dict[str, Any] = field(default_factory=dict)
-    image_size: int = 32
-    mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
-    std: tuple[float, float, float] = (0.25, 0.25, 0.25)
-    train_ids: list[int] | None = None
-    parent_name: str | None = None
-    parent_uri: str | None = None
-    parent_sha256: str | None = None
-    seed: int = 0
-    storage_options: dict[str, Any] | None = None
-    init_from_parent: bool = False
-    replaces: bool = False
 
 
 @dataclass(frozen=True)
@@ -137,59 +97,29 @@ def _ray_storage(storage_path: str, storage_options: dict[str, Any] | None):
 
 
 def _train_worker(config: dict[str, Any]) -> None:
-    """The per-worker loop (runs inside a Ray Train worker)."""
+    """The per-worker loop (runs inside a Ray Train worker): ``GenerationTraining`` epochs, each
+    reported with a checkpoint (rank 0), resuming from the last checkpoint after a failure."""
     import ray.train
     import ray.train.torch
 
     job = GenerationJob(**config["job"])
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
-    device = ray.train.torch.get_device()
-    training = TrainConfig(**job.training)
-    method = create_method(job.method, job.method_params)
-    encoder_config = EncoderConfig(**job.encoder)
-
-    images = load_source(job.data_source, **job.data_options)
-    if job.train_ids is not None:
-        images = images.subset(np.flatnonzero(np.isin(images.ids, np.asarray(job.train_ids))))
-    train_data = ImageTensorDataset(images, job.image_size, job.mean, job.std, augment=training.augment)
-    plain_data = ImageTensorDataset(images, job.image_size, job.mean, job.std)
-
-    torch.manual_seed(job.seed)
-    model = method.build_model(encoder_config, job.num_classes, torch.as_tensor(np.unique(images.labels)))
-    parent = None
-    if job.parent_uri is not None:
-        parent, _card = load_generation(job.parent_uri, expected_sha256=job.parent_sha256,
-                                        storage_options=job.storage_options)
-        if job.init_from_parent:
-            model.load_state_dict(parent.state_dict())
-    if job.replaces:
-        parent = copy.deepcopy(model)
-    if parent is not None:
-        freeze(parent.to(device))
-    optimizer = build_optimizer(model, training)
-    start_epoch = _restore(ray.train.get_checkpoint(), model, optimizer)
-    forward_model = ray.train.torch.prepare_model(model)  # moves to device; DDP when world_size > 1
-    ctx = TrainContext(new_model=model, old_model=parent, train_data=plain_data,
-                       num_classes=model.num_classes, device=device, batch_size=max(training.batch_size, 256))
-    method.on_train_start(ctx)
-    for epoch in range(start_epoch, training.epochs):
-        ctx.epoch = epoch
-        method.on_epoch_start(ctx)
-        lr = set_learning_rate(optimizer, epoch, training)
-        loader = make_train_loader(train_data, training, epoch, rank=rank, world_size=world_size)
-        stats = train_one_epoch(method, ctx, loader, optimizer, training, forward_model=forward_model)
-        metrics = {**stats, "epoch": epoch, "lr": lr, "start_epoch": start_epoch}
+    session = GenerationTraining(job, device=ray.train.torch.get_device())
+    start_epoch = _restore(ray.train.get_checkpoint(), session.model, session.optimizer)
+    # moves the model to the device; DDP when world_size > 1
+    session.start(forward_model=ray.train.torch.prepare_model(session.model))
+    for epoch in range(start_epoch, session.training.epochs):
+        metrics = {**session.train_epoch(epoch, rank=rank, world_size=world_size), "start_epoch": start_epoch}
         with tempfile.TemporaryDirectory() as folder:
             checkpoint = None
             if rank == 0:
-                _save_epoch_state(Path(folder), model, optimizer, epoch, metrics)
+                _save_epoch_state(Path(folder), session.model, session.optimizer, epoch, metrics)
                 checkpoint = ray.train.Checkpoint.from_directory(folder)
             ray.train.report(metrics, checkpoint=checkpoint)
-    method.on_train_end(ctx)
+    session.finish()
     if rank == 0:
-        card = save_generation(model.cpu(), method, encoder_config, job.output_uri, name=job.name,
-                               parent=job.parent_name, storage_options=job.storage_options)
+        card = session.save()
         log.info("generation %s written to %s (sha256 %s)", job.name, job.output_uri, card.sha256)
 
 

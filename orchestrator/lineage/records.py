@@ -130,3 +130,18 @@ class StepRecord(_Record):
     error: Optional[str]
     started_at: datetime
     finished_at: Optional[datetime]
+
+
+@dataclasses.dataclass(frozen=True)
+class CandidateRecord(_Record):
+    """A sweep trial's generation (``name``), never deployed; see ``LineageStore.record_candidate``."""
+
+    name: str
+    parent: Optional[str]
+    sweep: str
+    trial_id: str
+    outcome: str
+    epochs: int
+    objective: Optional[float]
+    created_at: datetime
+    updated_at: datetime

@@ -3,13 +3,14 @@
 
 Key metrics of a generation g come from the compatibility table: ``self`` = g's queries against
 g's own gallery, ``cross→p`` = g's queries against its parent p's gallery (the backward-compatible
-search a mixed-generation gallery relies on). Shown: CMC@1 and mAP, when recorded.
+search a mixed-generation gallery relies on). Shown: CMC@1 and mAP, when recorded. A tuning
+sweep's candidates appear under their parent with their outcome instead of a status.
 """
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-from orchestrator.lineage.records import CompatibilityRecord, GenerationRecord
+from orchestrator.lineage.records import CandidateRecord, CompatibilityRecord, GenerationRecord
 from orchestrator.lineage.store import LineageStore
 
 KEY_METRICS: tuple[str, ...] = ("cmc@1", "map")
@@ -82,6 +83,7 @@ def lineage_tree_text(store: LineageStore, dataset: Optional[str] = None,
     one-line step summary naming unfinished steps. ``dataset`` picks one evaluation set; by
     default every recorded one is shown."""
     generations = store.list_generations()
+    candidates = {c.name: c for c in store.candidates()}
     compat = store.compatibility_values(dataset)
     datasets = sorted({c.dataset for c in compat})
     serving = store.current_deployment()
@@ -95,11 +97,12 @@ def lineage_tree_text(store: LineageStore, dataset: Optional[str] = None,
         lines.append("  (none)")
     else:
         tree = _tree_rows(generations)
+        statuses = {g.name: _status(g, candidates.get(g.name)) for _, g in tree}
         label_w = max(len(label) for label, _ in tree)
         method_w = max(len(g.method or "-") for _, g in tree)
-        status_w = max(len(g.status) for _, g in tree)
+        status_w = max(len(status) for status in statuses.values())
         for label, gen in tree:
-            cells = [label.ljust(label_w), (gen.method or "-").ljust(method_w), gen.status.ljust(status_w)]
+            cells = [label.ljust(label_w), (gen.method or "-").ljust(method_w), statuses[gen.name].ljust(status_w)]
             metrics_text = _key_metrics(gen, compat, datasets, metrics)
             if metrics_text:
                 cells.append(metrics_text)
@@ -150,6 +153,13 @@ def _backfill_summary(store: LineageStore) -> list[str]:
             for (gallery, source, target), (shards, items) in totals.items()]
 
 
+def _status(gen: GenerationRecord, candidate: Optional[CandidateRecord]) -> str:
+    """A generation's status; a sweep candidate's shows its outcome and epochs (never deployed)."""
+    if candidate is None:
+        return gen.status
+    return f"candidate {candidate.outcome} @{candidate.epochs} ep"
+
+
 def lineage_json(store: LineageStore) -> dict[str, Any]:
     """Everything the store holds as one JSON-serialisable dict (datetimes as ISO strings):
     generations (parents first), compatibility values, galleries with their shards, backfills,
@@ -166,5 +176,6 @@ def lineage_json(store: LineageStore) -> dict[str, Any]:
         "deployments": [d.to_json() for d in store.deployments()],
         "current_deployment": None if current is None else current.to_json(),
         "steps": [s.to_json() for s in store.steps()],
+        "candidates": [c.to_json() for c in store.candidates()],
         "runs": [r.to_json() for r in store.runs()],
     }

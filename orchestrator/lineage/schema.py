@@ -22,6 +22,11 @@ Tables:
     deployments     which generation serves queries, append-only; the newest row is current
     steps           one pipeline step by key ("train:g1", "evaluate:g1", …): status
                     started|committed|failed, attempts, outputs, error
+    candidates      a generation trained by a tuning sweep's trial (UNIQUE generation; UNIQUE
+                    sweep, trial): outcome finished|stopped|error, epochs run, objective. A
+                    candidate is never deployed. A table of its own (not a generation status), so
+                    stores created before sweeps existed gain it on open (``create_all`` adds
+                    missing tables; it cannot widen an existing CHECK constraint).
 """
 from __future__ import annotations
 
@@ -45,6 +50,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 GENERATION_STATUSES = ("pending", "training", "trained", "failed")
 STEP_STATUSES = ("started", "committed", "failed")
 BACKFILL_STATUSES = ("started", "committed", "failed")
+CANDIDATE_OUTCOMES = ("finished", "stopped", "error")  # ran every epoch | stopped early (ASHA) | raised
 
 # Deterministic constraint names: identical DDL on every backend, and migrations can name them.
 NAMING_CONVENTION = {
@@ -184,6 +190,24 @@ class Step(Base):
     error: Mapped[Optional[str]] = mapped_column(Text, nullable=True)
     started_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[Optional[datetime]] = mapped_column(nullable=True)
+
+
+class Candidate(Base):
+    __tablename__ = "candidates"
+    __table_args__ = (
+        UniqueConstraint("sweep", "trial_id"),
+        CheckConstraint(_in("outcome", CANDIDATE_OUTCOMES), name="outcome"),
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    generation_id: Mapped[int] = mapped_column(ForeignKey("generations.id"), unique=True)
+    sweep: Mapped[str] = mapped_column(String(255))
+    trial_id: Mapped[str] = mapped_column(String(255))
+    outcome: Mapped[str] = mapped_column(String(16))
+    epochs: Mapped[int] = mapped_column(Integer)
+    objective: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 TABLES = tuple(Base.metadata.sorted_tables)

@@ -57,6 +57,7 @@ from sqlalchemy.pool import StaticPool
 
 from orchestrator.lineage.records import (
     BackfillRecord,
+    CandidateRecord,
     CompatibilityRecord,
     DeploymentRecord,
     GalleryRecord,
@@ -67,9 +68,11 @@ from orchestrator.lineage.records import (
     StepRecord,
 )
 from orchestrator.lineage.schema import (
+    CANDIDATE_OUTCOMES,
     GENERATION_STATUSES,
     Backfill,
     Base,
+    Candidate,
     Compatibility,
     Deployment,
     Gallery,
@@ -615,6 +618,18 @@ class LineageStore:
         or a mapping with those keys; NaN/None values are stored as NULL (no common distance).
         All rows in one transaction (plus the commit of ``step``, if given). Returns the number
         of distinct (query, gallery, metric, dataset) keys written."""
+        wanted = self._compatibility_keys(rows)
+
+        def fn(session: Session) -> int:
+            self._upsert_compatibility_in(session, wanted)
+            if step is not None:
+                self._commit_step_in(session, step, step_outputs if step_outputs is not None else {"values": len(wanted)})
+            session.flush()
+            return len(wanted)
+        return self._write(fn)
+
+    @staticmethod
+    def _compatibility_keys(rows: Iterable[Sequence[Any] | Mapping[str, Any]]) -> dict[tuple[str, str, str, str], Optional[float]]:
         wanted: dict[tuple[str, str, str, str], Optional[float]] = {}
         for row in rows:
             if isinstance(row, Mapping):
@@ -622,31 +637,27 @@ class LineageStore:
             else:
                 query, gallery, metric, value, dataset = row
             wanted[(str(query), str(gallery), str(metric), str(dataset))] = _float_or_none(value)
+        return wanted
 
-        def fn(session: Session) -> int:
-            gens = self._generations_by_name(session, {k[0] for k in wanted} | {k[1] for k in wanted})
-            existing: dict[tuple[int, int, str, str], Compatibility] = {}
-            if wanted:
-                stmt = select(Compatibility).where(
-                    Compatibility.query_generation_id.in_({gens[k[0]].id for k in wanted}),
-                    Compatibility.dataset.in_({k[3] for k in wanted}),
-                ).with_for_update()
-                for c in session.scalars(stmt):
-                    existing[(c.query_generation_id, c.gallery_generation_id, c.metric, c.dataset)] = c
-            now = utcnow()
-            for (query, gallery, metric, dataset), value in wanted.items():
-                key = (gens[query].id, gens[gallery].id, metric, dataset)
-                row = existing.get(key)
-                if row is None:
-                    session.add(Compatibility(query_generation_id=key[0], gallery_generation_id=key[1],
-                                              metric=metric, value=value, dataset=dataset, updated_at=now))
-                elif _assign(row, value=value):
-                    row.updated_at = now
-            if step is not None:
-                self._commit_step_in(session, step, step_outputs if step_outputs is not None else {"values": len(wanted)})
-            session.flush()
-            return len(wanted)
-        return self._write(fn)
+    def _upsert_compatibility_in(self, session: Session, wanted: Mapping[tuple[str, str, str, str], Optional[float]]) -> None:
+        gens = self._generations_by_name(session, {k[0] for k in wanted} | {k[1] for k in wanted})
+        existing: dict[tuple[int, int, str, str], Compatibility] = {}
+        if wanted:
+            stmt = select(Compatibility).where(
+                Compatibility.query_generation_id.in_({gens[k[0]].id for k in wanted}),
+                Compatibility.dataset.in_({k[3] for k in wanted}),
+            ).with_for_update()
+            for c in session.scalars(stmt):
+                existing[(c.query_generation_id, c.gallery_generation_id, c.metric, c.dataset)] = c
+        now = utcnow()
+        for (query, gallery, metric, dataset), value in wanted.items():
+            key = (gens[query].id, gens[gallery].id, metric, dataset)
+            row = existing.get(key)
+            if row is None:
+                session.add(Compatibility(query_generation_id=key[0], gallery_generation_id=key[1],
+                                          metric=metric, value=value, dataset=dataset, updated_at=now))
+            elif _assign(row, value=value):
+                row.updated_at = now
 
     def compatibility_values(self, dataset: Optional[str] = None) -> list[CompatibilityRecord]:
         """Recorded values (all datasets, or one), ordered by query, gallery, dataset, metric."""
@@ -853,6 +864,89 @@ class LineageStore:
             return [self._shard_record(r, gallery_row.name, names) for r in rows]
         return self._read(fn)
 
+    # ------------------------------------------------------------------ sweep candidates
+
+    def record_candidate(
+        self,
+        name: str,
+        *,
+        sweep: str,
+        trial_id: str,
+        parent: str,
+        method: str,
+        params: Mapping[str, Any],
+        outcome: str,
+        epochs: int,
+        objective: Optional[float] = None,
+        metrics: Optional[Mapping[str, Any]] = None,
+        arch: Optional[str] = None,
+        space: Optional[str] = None,
+        curv: Optional[float] = None,
+        checkpoint_uri: Optional[str] = None,
+        sha256: Optional[str] = None,
+        compatibility: Iterable[Sequence[Any] | Mapping[str, Any]] = (),
+    ) -> CandidateRecord:
+        """Record one sweep trial as a candidate generation ``name`` (child of ``parent``), in ONE
+        transaction: the generation row (status ``failed`` for an errored trial, else ``trained``;
+        the checkpoint when the trial wrote one; ``metrics`` replace the recorded ones), its
+        candidate row (``outcome`` finished|stopped|error, epochs run, objective) and its
+        compatibility values (rows as for ``record_compatibility``). Recording the same trial again
+        updates it. A name held by a generation that is not this trial's candidate is a ValueError."""
+        if outcome not in CANDIDATE_OUTCOMES:
+            raise ValueError(f"candidate outcome must be one of {CANDIDATE_OUTCOMES}, got {outcome!r}")
+        wanted = self._compatibility_keys(compatibility)
+        fields = {
+            "method": method, "params": clean_json(dict(params)), "arch": arch, "space": space,
+            "curv": None if curv is None else float(curv), "checkpoint_uri": checkpoint_uri, "sha256": sha256,
+            "status": "failed" if outcome == "error" else "trained", "metrics": clean_json(dict(metrics or {})),
+        }
+
+        def fn(session: Session) -> CandidateRecord:
+            parent_row = self._generation(session, parent)
+            now = utcnow()
+            row = session.scalars(select(Generation).where(Generation.name == name).with_for_update()).one_or_none()
+            candidate = None
+            if row is not None:
+                candidate = session.scalars(select(Candidate).where(Candidate.generation_id == row.id)).one_or_none()
+                if candidate is None or (candidate.sweep, candidate.trial_id) != (sweep, trial_id):
+                    raise ValueError(f"generation name {name!r} is taken by another generation; a sweep candidate "
+                                     "needs a name of its own")
+            if row is None:
+                row = Generation(name=name, parent_id=parent_row.id, created_at=now, updated_at=now, **fields)
+                session.add(row)
+                session.flush()
+            elif _assign(row, parent_id=parent_row.id, **fields):
+                row.updated_at = now
+            values = {"outcome": outcome, "epochs": int(epochs), "objective": _float_or_none(objective)}
+            if candidate is None:
+                candidate = Candidate(generation_id=row.id, sweep=sweep, trial_id=trial_id, created_at=now,
+                                      updated_at=now, **values)
+                session.add(candidate)
+            elif _assign(candidate, **values):
+                candidate.updated_at = now
+            self._upsert_compatibility_in(session, wanted)
+            session.flush()
+            return self._candidate_record(candidate, row.name, parent_row.name)
+        return self._write(fn)
+
+    def candidates(self, sweep: Optional[str] = None) -> list[CandidateRecord]:
+        """Sweep candidates in recording order, of one sweep or all."""
+        def fn(session: Session) -> list[CandidateRecord]:
+            stmt = (select(Candidate, Generation).join(Generation, Candidate.generation_id == Generation.id)
+                    .order_by(Candidate.id))
+            if sweep is not None:
+                stmt = stmt.where(Candidate.sweep == sweep)
+            names = self._names(session)
+            return [self._candidate_record(c, g.name, names.get(g.parent_id) if g.parent_id else None)
+                    for c, g in session.execute(stmt)]
+        return self._read(fn)
+
+    @staticmethod
+    def _candidate_record(row: Candidate, name: str, parent: Optional[str]) -> CandidateRecord:
+        return CandidateRecord(name=name, parent=parent, sweep=row.sweep, trial_id=row.trial_id, outcome=row.outcome,
+                               epochs=row.epochs, objective=row.objective, created_at=_aware(row.created_at),
+                               updated_at=_aware(row.updated_at))
+
     # ------------------------------------------------------------------ deployments
 
     def deploy(self, generation: str, *, step: Optional[str] = None,
@@ -863,6 +957,10 @@ class LineageStore:
             gen = self._generation(session, generation)
             if gen.status != "trained":
                 raise ValueError(f"generation {generation!r} is {gen.status}, only a trained generation can be deployed")
+            candidate = session.scalars(select(Candidate).where(Candidate.generation_id == gen.id)).one_or_none()
+            if candidate is not None:
+                raise ValueError(f"generation {generation!r} is a candidate of sweep {candidate.sweep!r}, never deployed: "
+                                 "put its generation block in the pipeline and run the pipeline")
             current = session.scalars(select(Deployment).order_by(Deployment.id.desc()).with_for_update()).first()
             if current is None or current.generation_id != gen.id:
                 current = Deployment(generation_id=gen.id, started_at=utcnow())

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from orchestrator.config import PipelineConfig, config_sha256, training_indices
+from orchestrator.config import GenerationSpec, PipelineConfig, config_sha256, training_indices
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_source
 from orchestrator.distributed.runtime import connect
 from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
@@ -153,11 +153,23 @@ class PipelineRunner:
         self._say(f"{key}: done in {time.perf_counter() - started:.1f} s")
         return True
 
-    def _train(self, generation, key: str) -> None:
+    def train_generations(self, names: list[str]) -> list[str]:
+        """Only the ``train:<gen>`` steps of the named generations, in the file's order (their
+        parents must be among them or trained already); committed steps are skipped, so a sweep
+        and a later ``run`` of the same file share these generations. Returns the skipped keys."""
+        self.store.register_run(self.config.name, self.config_sha)
+        already = len(self._skipped)
+        for generation in self.config.generations:
+            if generation.name in names:
+                self._step(f"train:{generation.name}", lambda key, g=generation: self._train(g, key))
+        return self._skipped[already:]
+
+    def generation_job(self, generation: GenerationSpec, output_uri: str) -> GenerationJob:
+        """The training job of ``generation`` (its parent already trained): its items, the shared
+        normalisation, the parent's checkpoint from the lineage, and the seed derived from the
+        generation's name, so the same spec always trains the same model (a sweep's trials
+        build their jobs here too)."""
         config = self.config
-        self.store.upsert_generation(generation.name, parent=generation.parent, method=generation.method.name,
-                                     params=generation.method.params, arch=generation.model.arch,
-                                     status="training")
         images = self.train_images
         indices = training_indices(generation, images.labels, config.data.task_splits)
         mean, std = self.normalisation
@@ -165,22 +177,29 @@ class PipelineRunner:
         if generation.parent is not None:
             parent = self.store.get_generation(generation.parent)
             parent_uri, parent_sha = parent.checkpoint_uri, parent.sha256
-        output = self.generation_uri(generation.name)
-        job = GenerationJob(
+        return GenerationJob(
             name=generation.name, method=generation.method.name, method_params=dict(generation.method.params),
             encoder=generation.model.model_dump(mode="json"), training=generation.training.model_dump(mode="json"),
             num_classes=images.num_classes, data_source=config.data.source,
             data_options=config.data.loader_kwargs(config.data.train_split),
             image_size=config.data.image_size or int(images.images.shape[1]), mean=tuple(mean), std=tuple(std),
             train_ids=images.ids[indices].tolist(), parent_name=generation.parent, parent_uri=parent_uri,
-            parent_sha256=parent_sha, seed=derive_seed(generation.training.seed, generation.name), output_uri=output,
+            parent_sha256=parent_sha, seed=derive_seed(generation.training.seed, generation.name), output_uri=output_uri,
             init_from_parent=generation.init_from_parent, replaces=generation.replaces,
         )
+
+    def _train(self, generation, key: str) -> None:
+        config = self.config
+        self.store.upsert_generation(generation.name, parent=generation.parent, method=generation.method.name,
+                                     params=generation.method.params, arch=generation.model.arch,
+                                     status="training")
+        output = self.generation_uri(generation.name)
+        job = self.generation_job(generation, output)
         ray_settings = config.ray
         scaling = ScalingSettings(num_workers=ray_settings.num_workers, cpus_per_worker=ray_settings.cpus_per_worker,
                                   gpus_per_worker=ray_settings.gpus_per_worker, use_gpu=ray_settings.use_gpu,
                                   max_failures=ray_settings.max_failures)
-        self._say(f"{key}: {generation.method.name} on {len(indices)} items, {generation.training.epochs} epochs, "
+        self._say(f"{key}: {generation.method.name} on {len(job.train_ids)} items, {generation.training.epochs} epochs, "
                   f"{scaling.num_workers} worker(s)")
         metrics = train_generation_with_ray(job, scaling, storage_path=join_uri(self.storage, "ray"),
                                             run_name=f"train-{generation.name}-{self.config_sha[:8]}",

@@ -1,0 +1,138 @@
+"""One Tune trial: train the candidate generation with the trial's parameters and evaluate it
+against its parent after every epoch.
+
+Design: the trial function runs the training loop itself, in the trial's own process, with
+``GenerationTraining`` (the same data, seeded model building, frozen parent, method hooks and
+``train_one_epoch`` as a Ray Train worker of the pipeline). It is not a ``TorchTrainer`` nested in
+Tune: a trial of a compatibility sweep is one small model on one worker; a nested Ray Train run
+would add a controller and a worker group per trial (about 15 s of start-up per run on 2 cores,
+README) and the per-epoch evaluation ASHA decides on would have to travel from the Train worker
+through Train's reports into Tune's. The plain loop reports it directly, once per epoch. The
+pipeline keeps ``train_generation_with_ray``.
+
+Determinism: the job is the pipeline's own job for the candidate (``PipelineRunner.generation_job``:
+same items, normalisation and seed derived from the generation's name), with the trial's method
+parameters. The per-epoch evaluation runs under ``torch.random.fork_rng`` and leaves the model's
+train/eval mode as it found it, so a trial that runs all its epochs trains bit for bit the model
+the pipeline trains from its best configuration (one worker, same thread count).
+
+Per epoch a trial reports (``orchestrator.tuning.config.METRIC_NAMES``): ``self_<m>`` and
+``cross_<m>`` for m in cmc@1, cmc@5, map, ``old_self_<m>`` (the parent's own), and, with an
+evaluation reference, ``p_com_<m>`` and ``p_up_<m>``; ``objective`` (``objective.scalar``),
+``feasible``, ``loss`` and ``lr``. A trial that runs every epoch writes its generation
+(safetensors + card) to ``<sweep>/candidates/<trial id>`` before its last report.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from orchestrator.config import METRICS
+from orchestrator.data import ImageTensorDataset, load_source
+from orchestrator.evaluation import evaluate_generations
+from orchestrator.metrics import p_com, p_up
+from orchestrator.models.bundle import CompatibleModel
+from orchestrator.storage import join_uri, load_generation
+from orchestrator.training.generation import GenerationJob, GenerationTraining
+from orchestrator.tuning import objective as objectives
+from orchestrator.tuning.config import Objective
+
+
+@dataclass(frozen=True)
+class TrialSetup:
+    """What every trial of a sweep shares (JSON-able; handed to trials by ``tune.with_parameters``).
+
+    job:            the candidate's ``GenerationJob`` (as a dict) with the pipeline's parameters;
+                    a trial overrides the searched ones.
+    eval_source, eval_options, image_size: the evaluation split's loader, as the pipeline loads it.
+    reference_self: metric → M(φ_*; φ_*) of the evaluation reference, or None (no P_com / P_up).
+    objective:      the tune file's objective (as a dict).
+    candidates_uri: folder of the finished trials' generations.
+    threads:        torch CPU threads of a trial (its CPUs).
+    """
+
+    job: dict[str, Any]
+    eval_source: str
+    eval_options: dict[str, Any]
+    image_size: int
+    reference_self: dict[str, float] | None
+    objective: dict[str, Any]
+    candidates_uri: str
+    threads: int = 1
+
+
+class TrialEvaluator:
+    """Self and cross retrieval of a candidate model against its parent, on the evaluation split,
+    through the pipeline's ``evaluate_generations`` (so the numbers are the pipeline's)."""
+
+    def __init__(self, setup: TrialSetup, job: GenerationJob):
+        images = load_source(setup.eval_source, **setup.eval_options)
+        self.data = ImageTensorDataset(images, setup.image_size, job.mean, job.std)
+        self.parent_name, self.name = job.parent_name, job.name
+        self.parent, _card = load_generation(job.parent_uri, expected_sha256=job.parent_sha256,
+                                             storage_options=job.storage_options)
+        self.reference_self = setup.reference_self
+
+    def __call__(self, model: CompatibleModel) -> dict[str, float]:
+        """``self_<m>``, ``cross_<m>``, ``old_self_<m>`` and (with a reference) ``p_com_<m>``,
+        ``p_up_<m>`` for m in ``METRICS``; NaN where no common distance exists."""
+        with torch.random.fork_rng(devices=[]):
+            report = evaluate_generations({self.parent_name: self.parent, self.name: model}, self.data,
+                                          parents={self.name: self.parent_name})
+        metrics: dict[str, float] = {}
+        for metric in METRICS:
+            new_self = report.value(self.name, self.name, metric)
+            cross = report.value(self.name, self.parent_name, metric)
+            old_self = report.value(self.parent_name, self.parent_name, metric)
+            metrics.update({f"self_{metric}": new_self, f"cross_{metric}": cross, f"old_self_{metric}": old_self})
+            if self.reference_self is not None:
+                ref_self = self.reference_self[metric]
+                metrics[f"p_com_{metric}"] = _defined(p_com, cross, old_self, ref_self)
+                metrics[f"p_up_{metric}"] = _defined(p_up, new_self, ref_self)
+        return metrics
+
+
+def _defined(fn, *args: float) -> float:
+    """``fn(*args)``, NaN where it is undefined (a zero denominator, a NaN input)."""
+    if any(math.isnan(a) for a in args):
+        return math.nan
+    try:
+        return float(fn(*args))
+    except ValueError:
+        return math.nan
+
+
+def trial_job(setup: TrialSetup, params: dict[str, Any]) -> GenerationJob:
+    """The candidate's job with the trial's method parameters over the pipeline's."""
+    job = GenerationJob(**setup.job)
+    return dataclasses.replace(job, method_params={**job.method_params, **params})
+
+
+def run_trial(config: dict[str, Any], setup: dict[str, Any]) -> None:
+    """The Tune function trainable: ``config`` holds the searched method parameters, ``setup`` a
+    ``TrialSetup`` as a dict. Reports once per epoch (module docstring)."""
+    from ray import tune
+
+    shared = TrialSetup(**setup)
+    objective = Objective.model_validate(shared.objective)
+    torch.set_num_threads(shared.threads)
+    job = trial_job(shared, config)
+    evaluate = TrialEvaluator(shared, job)  # first: loading the parent draws from torch's RNG, and
+    session = GenerationTraining(job)       # the session seeds it, as a Ray Train worker does
+    session.start()
+    epochs = session.training.epochs
+    for epoch in range(epochs):
+        stats = session.train_epoch(epoch)
+        last = epoch == epochs - 1
+        if last:
+            session.finish()
+        metrics = evaluate(session.model)
+        if last:
+            trial_id = tune.get_context().get_trial_id()
+            session.save(join_uri(shared.candidates_uri, trial_id), extra={"trial_id": trial_id, "params": config})
+        tune.report({**metrics, objectives.OBJECTIVE: objectives.scalar(metrics, objective),
+                     "feasible": objectives.feasible(metrics, objective), "loss": stats["loss"], "lr": stats["lr"]})

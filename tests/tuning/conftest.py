@@ -1,0 +1,58 @@
+"""Shared by the sweep tests: one local Ray (2 CPUs) and one small pipeline whose parent and
+reference the first sweep trains through the pipeline's steps; later sweeps on the same storage
+reuse them (their ``train:`` steps are committed)."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import ray
+import yaml
+
+from orchestrator.distributed.runtime import WORKER_ENV_VARS
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def bench():
+    """``benchmarks/tune_asha_vs_grid.py`` as a module (its pipeline builder is the tests' too)."""
+    spec = importlib.util.spec_from_file_location("tune_asha_vs_grid", REPO / "benchmarks" / "tune_asha_vs_grid.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["tune_asha_vs_grid"] = module
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop("tune_asha_vs_grid", None)
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": WORKER_ENV_VARS})
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()
+
+
+@dataclass(frozen=True)
+class SmallPipeline:
+    folder: Path
+    pipeline: Path
+    storage: Path
+
+    def tune_file(self, name: str, **fields) -> Path:
+        """A tune file for g0-old → g1 of the small pipeline (``fields`` override the defaults)."""
+        spec = {"name": name, "pipeline": str(self.pipeline), "transition": {"parent": "g0-old", "candidate": "g1"},
+                "objective": {"maximize": "cross_map"}, **fields}
+        path = self.folder / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        return path
+
+
+@pytest.fixture(scope="session")
+def small(tmp_path_factory, bench, ray_address) -> SmallPipeline:
+    """lifelong.yaml without g2, every generation 3 epochs, storage in a temporary folder."""
+    folder = tmp_path_factory.mktemp("tuning")
+    return SmallPipeline(folder, bench.pipeline_file(folder, folder / "run", epochs=3), folder / "run")
