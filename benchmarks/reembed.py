@@ -1,6 +1,6 @@
 """Re-embedding throughput: the same generation embedding the same images two ways, in one run.
 
-    python benchmarks/reembed.py [--items 4096] [--concurrency 1,2] [--repeat 3] [--json out.json]
+    python benchmarks/reembed.py [--items 20000] [--concurrency 1,2] [--repeat 3] [--json out.json]
     python benchmarks/reembed.py --address 127.0.0.1:PORT --concurrency 1,2,3   # an existing cluster
 
 One generation (timm ``test_resnet``, embed_dim 32, method ``hbct`` as in pipelines/lifelong.yaml;
@@ -57,6 +57,7 @@ from orchestrator.models.encoder import EncoderConfig
 from orchestrator.storage import load_generation, save_generation
 
 TARGET_RATIO = 0.9
+DEFAULT_ITEMS = 20_000  # the plain loop needs a few seconds for a steady-state number
 IMAGE_SIZE = 32
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
@@ -84,7 +85,7 @@ def tiled_digits(items: int) -> LabeledImages:
                          ids=np.arange(items, dtype=np.int64), class_names=list(base.class_names))
 
 
-def make_setup(workdir: Path, items: int = 4096, arch: str = "test_resnet", method: str = "hbct",
+def make_setup(workdir: Path, items: int = DEFAULT_ITEMS, arch: str = "test_resnet", method: str = "hbct",
                embed_dim: int = 32, seed: int = 0) -> Setup:
     """Save a seeded generation under ``workdir/generation`` and tile the gallery."""
     gallery = tiled_digits(items)
@@ -185,8 +186,9 @@ def start_ray(address: str | None = None, num_cpus: int = 2) -> float:
 
     started = time.perf_counter()
     runtime_env = {"env_vars": dict(WORKER_ENV)}
-    if address is None:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
+    if address is None:  # "local": a new instance even when another Ray runs on this machine
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+                 runtime_env=runtime_env)
     else:
         ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
     ray.data.DataContext.get_current().enable_progress_bars = False
@@ -294,7 +296,7 @@ def run_all(setup: Setup, concurrency: list[int], batch_size: int, repeat: int) 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--items", type=int, default=4096, help="gallery size (digits repeated)")
+    parser.add_argument("--items", type=int, default=DEFAULT_ITEMS, help="gallery size (digits repeated)")
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--concurrency", type=parse_concurrency, default=[1, 2],
                         help="actor-pool sizes of the Ray path, comma-separated (default 1,2)")
