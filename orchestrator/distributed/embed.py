@@ -68,6 +68,9 @@ class GenerationEmbedder:
         }
 
 
+_BLOCKS_PER_ACTOR = 8
+
+
 def quiet_ray_data() -> None:
     """Ray Data's per-dataset progress bars and INFO lines off in this driver (the pipeline
     prints its own progress: one line per committed shard)."""
@@ -95,7 +98,11 @@ def embed_with_ray_data(images: LabeledImages, checkpoint_uri: str, sha256: str,
                      "label": np.asarray(images.labels, dtype=np.int64)})
     # one block per batch-sized chunk (at most 64), made here: a repartition task could not be
     # scheduled while the actor pool holds every CPU
-    blocks = np.array_split(rows, max(1, min(len(rows) // max(settings.batch_size, 1), 64)))
+    # blocks of whole batches (no remainder batch per block), about _BLOCKS_PER_ACTOR per actor:
+    # every block is one actor task, whose fixed cost is paid per block, not per batch
+    batch = max(settings.batch_size, 1)
+    per_block = batch * max(1, -(-len(rows) // (batch * _BLOCKS_PER_ACTOR * settings.concurrency)))
+    blocks = [rows[start:start + per_block] for start in range(0, len(rows), per_block)] or [rows]
     return ray.data.from_numpy(blocks).map_batches(
         GenerationEmbedder,
         fn_constructor_kwargs={"items": [items], "checkpoint_uri": checkpoint_uri, "sha256": sha256, "name": name,
@@ -106,4 +113,5 @@ def embed_with_ray_data(images: LabeledImages, checkpoint_uri: str, sha256: str,
         num_cpus=settings.num_cpus,
         num_gpus=settings.num_gpus or None,
         batch_format="numpy",
+        zero_copy_batch=True,
     )
