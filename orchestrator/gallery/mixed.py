@@ -76,14 +76,14 @@ def evaluate_mixed_gallery(
         gallery = torch.from_numpy(np.concatenate([s.embeddings for s in members]))
         path = comparison_path(serving, generation, models, parents)
         aligned_queries, aligned_gallery = path.align(queries, gallery)
-        parts.append((path, aligned_queries, aligned_gallery))
+        parts.append((path, aligned_queries.double(), aligned_gallery.double()))
         labels.append(np.concatenate([s.labels for s in members]))
         ids.append(np.concatenate([s.ids for s in members]))
         counts[generation] = int(gallery.shape[0])
     gallery_labels, gallery_ids = np.concatenate(labels), np.concatenate(ids)
 
     def rows(start: int, stop: int) -> torch.Tensor:
-        return torch.cat([pairwise_distance(path.space, q[start:stop].double(), g.double(), path.curv)
+        return torch.cat([pairwise_distance(path.space, q[start:stop], g, path.curv)
                           for path, q, g in parts], dim=1)
 
     result = retrieval_metrics_from_distances(

@@ -87,12 +87,9 @@ class GalleryUpdater:
         return self.config.data.image_size or int(self.images.images.shape[1])
 
     def _positions(self, item_ids: np.ndarray) -> np.ndarray:
-        order = np.argsort(self.images.ids)
-        found = np.searchsorted(self.images.ids, item_ids, sorter=order)
-        positions = order[np.clip(found, 0, len(order) - 1)]
-        missing = self.images.ids[positions] != item_ids
-        if missing.any():
-            raise ValueError(f"gallery {self.name!r}: items {item_ids[missing][:5].tolist()} are not in the source")
+        positions = _index_of(self.images.ids, item_ids)
+        if (positions < 0).any():
+            raise ValueError(f"gallery {self.name!r}: items {item_ids[positions < 0][:5].tolist()} are not in the source")
         return positions
 
     def _model(self, name: str):
@@ -206,7 +203,6 @@ class GalleryUpdater:
                 self.store.start_backfill(self.name, entry.shard, generation, items=len(entry.item_ids))
         item_ids = np.concatenate([np.asarray(e.item_ids, dtype=np.int64) for e in pending])
         entry_of = np.concatenate([np.full(len(e.item_ids), k) for k, e in enumerate(pending)])
-        by_id = dict(zip(item_ids.tolist(), entry_of.tolist()))
         settings = EmbeddingSettings(**self.spec.embedding.model_dump())
         quiet_ray_data()
         self.say(f"{self.name}: embedding {item_ids.size} items of {len(pending)} shard update(s) with {generation} "
@@ -217,7 +213,8 @@ class GalleryUpdater:
         counts = np.zeros(len(pending), dtype=np.int64)
         model = self._model(generation)
         for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
-            rows = np.array([by_id.get(int(i), -1) for i in batch["id"]])
+            found = _index_of(item_ids, np.asarray(batch["id"], dtype=np.int64))
+            rows = np.where(found >= 0, entry_of[found], -1)
             if (rows < 0).any():
                 raise RuntimeError(f"{self.name}: the embedding returned items {batch['id'][rows < 0][:5].tolist()} "
                                    "that no pending entry asked for")
@@ -345,6 +342,14 @@ class GalleryUpdater:
         files = write_backfill_curve(join_uri(self.reports, f"backfill-{self.name}-{plan.generation}"), points,
                                      metric="map", title=f"{plan.generation}: {plan.policy['order']} order")
         return {"points": points, **files, "order": plan.policy["order"]}
+
+
+def _index_of(haystack: np.ndarray, needles: np.ndarray) -> np.ndarray:
+    """Position in ``haystack`` (N,) unique ids of each of ``needles`` (M,), −1 where absent
+    (vectorised: a sort of the haystack and a binary search per needle)."""
+    order = np.argsort(haystack, kind="stable")
+    found = order[np.clip(np.searchsorted(haystack, needles, sorter=order), 0, len(order) - 1)]
+    return np.where(haystack[found] == needles, found, -1)
 
 
 def _curvature(model) -> float:
