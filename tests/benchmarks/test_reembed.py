@@ -4,28 +4,21 @@ ratios, table). No timing assertions: the numbers only mean something from a ful
 (benchmarks/README.md)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import ray
+from benchmark_modules import benchmark_module
 
-REPO = Path(__file__).resolve().parents[2]
 ITEMS, BATCH = 300, 64  # the tiled gallery wraps the 1,797 digits only for > 1,797 items; 5 batches
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("reembed", REPO / "benchmarks" / "reembed.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["reembed"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("reembed", None)
+    with benchmark_module("reembed") as module:
+        yield module
 
 
 @pytest.fixture(scope="module")

@@ -3,25 +3,17 @@ orchestrator's local loop (b) (no Ray), the result structure and the samples eac
 No timing assertions: the numbers are only meaningful from a full run (benchmarks/README.md)."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[2]
+from benchmark_modules import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("train_overhead", REPO / "benchmarks" / "train_overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["train_overhead"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("train_overhead", None)
+    with benchmark_module("train_overhead") as module:
+        yield module
 
 
 def check_result(result: dict, path: str, epochs: int, samples: int) -> None:

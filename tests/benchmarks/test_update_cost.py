@@ -4,9 +4,7 @@ arithmetic. No Ray here (the Ray embedding path is reembed.run_ray, tested in te
 no timing assertions."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,19 +13,13 @@ import torch
 
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import Space
-
-REPO = Path(__file__).resolve().parents[2]
+from benchmark_modules import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("update_cost", REPO / "benchmarks" / "update_cost.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["update_cost"] = module  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("update_cost", None)
-    sys.modules.pop("reembed", None)  # imported by update_cost
+    with benchmark_module("update_cost", imports=("reembed",)) as module:
+        yield module
 
 
 @pytest.fixture(scope="module")
