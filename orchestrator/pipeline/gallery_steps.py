@@ -285,10 +285,10 @@ class GalleryUpdater:
         stored = [self._read(s) for s in shards]
         for name in {s.generation for s in stored} | {generation}:
             self._model(name)
-        queries, query_labels, query_ids = self._queries(generation)
+        full_shard = self._embed_locally(generation)
+        queries, query_labels, query_ids = self._queries(generation, full_shard)
         models = self._models_for(parents)
         mixed = evaluate_mixed_gallery(generation, queries, query_labels, query_ids, stored, models, parents)
-        full_shard = self._embed_locally(generation)
         full = evaluate_mixed_gallery(generation, queries, query_labels, query_ids, [full_shard], models, parents)
         outputs: dict[str, Any] = {"serving": generation, "mixed": mixed.as_row(), "full_backfill": full.as_row(),
                                    "items_by_generation": mixed.items_by_generation}
@@ -306,14 +306,16 @@ class GalleryUpdater:
                 ancestor = parents.get(ancestor)
         return dict(self._models)
 
-    def _queries(self, generation: str) -> tuple[torch.Tensor, np.ndarray, np.ndarray | None]:
-        """The evaluation split embedded by ``generation``; ids for leave-one-out when the queries
-        are the gallery's own items (same source and split)."""
+    def _queries(self, generation: str, gallery: ShardEmbeddings) -> tuple[torch.Tensor, np.ndarray, np.ndarray | None]:
+        """The evaluation split embedded by ``generation``, with ids for leave-one-out when the
+        queries are the gallery's own items (same source and split): then they are ``gallery``,
+        the gallery ``generation`` just embedded, not embedded a second time."""
+        if self.config.gallery.source is None and self.spec.split == self.config.data.eval_split:
+            return torch.from_numpy(gallery.embeddings), gallery.labels, gallery.ids
         images = self._eval_images()
         size = self.config.data.image_size or int(images.images.shape[1])
-        out, labels, ids = embed_dataset_with_ids(self._model(generation), ImageTensorDataset(images, size, self.mean, self.std))
-        same_items = self.config.gallery.source is None and self.spec.split == self.config.data.eval_split
-        return out.embedding, labels.numpy(), ids.numpy() if same_items else None
+        out, labels, _ids = embed_dataset_with_ids(self._model(generation), ImageTensorDataset(images, size, self.mean, self.std))
+        return out.embedding, labels.numpy(), None
 
     def _embed_locally(self, generation: str) -> ShardEmbeddings:
         """Every gallery item embedded by ``generation`` in this process (evaluation only)."""
