@@ -50,8 +50,8 @@ def test_custom_method_example_trains_the_plug_in_through_ray_train(tmp_path):
 
 @pytest.mark.slow
 def test_cluster_walkthrough_submits_the_pipeline_and_prints_the_lineage(tmp_path):
-    if shutil.which("ray") is None or shutil.which("orchestrator") is None:
-        pytest.skip("needs the `ray` and `orchestrator` commands (pip install -e .)")
+    assert shutil.which("ray") and shutil.which("orchestrator"), \
+        "needs the `ray` and `orchestrator` commands on PATH (pip install -e .)"
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")}
     env.update(EPOCHS="1", RUN_DIR=str(run_dir))

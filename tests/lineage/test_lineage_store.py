@@ -153,7 +153,7 @@ def test_run_step_skips_committed_steps(store):
 
 
 def test_outputs_and_params_are_json_cleaned(store):
-    np = pytest.importorskip("numpy")
+    import numpy as np
     store.upsert_generation("g0", params={"lam": np.float32(0.5), "dims": (4, 8), "bad": float("inf")})
     assert store.get_generation("g0").params == {"lam": 0.5, "dims": [4, 8], "bad": None}
     store.commit_step("s", {"ids": np.arange(3)})

@@ -21,8 +21,6 @@ from orchestrator.storage import (
     write_json_atomic,
 )
 
-pytest.importorskip("s3fs")
-pytest.importorskip("boto3")
 
 
 @pytest.mark.parametrize("case_id", ["hbct-lorentz", "lambda-orth-orthogonal"])
