@@ -1,4 +1,4 @@
-"""Command line: ``orchestrator run``, ``tune``, ``lineage``, ``methods`` and ``demo``."""
+"""Command line: ``orchestrator run``, ``tune``, ``search``, ``lineage``, ``methods`` and ``demo``."""
 from __future__ import annotations
 
 import argparse
@@ -6,6 +6,8 @@ import logging
 import sys
 import time
 from typing import Literal, Sequence, get_args, get_origin
+
+from orchestrator.search.cli import add_search_command
 
 DEMO_METHODS = ("independent", "l2", "bct", "hot_refresh", "hoc", "hbct")
 
@@ -133,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                                              "resumes an interrupted sweep")
     tune.add_argument("file", help="tune YAML, e.g. pipelines/tune.yaml")
     tune.set_defaults(handler=_tune_command)
+
+    add_search_command(commands)
 
     lineage = commands.add_parser("lineage", help="show the generation tree, metrics and gallery shards")
     source = lineage.add_mutually_exclusive_group(required=True)

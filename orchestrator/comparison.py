@@ -67,21 +67,44 @@ class ComparisonPath:
         return self.kind
 
     @torch.no_grad()
+    def _adapted(self, queries: torch.Tensor) -> torch.Tensor:
+        """(N_q, D_q) → the queries mapped by the backward adapter chain (``adapter`` paths)."""
+        mapped = queries
+        for adapter in self.adapters:
+            parameter = next(adapter.parameters(), None)
+            device = parameter.device if parameter is not None else mapped.device
+            mapped = adapter(mapped.to(device))
+        return mapped.to(queries.device)
+
+    @torch.no_grad()
     def align(self, queries: torch.Tensor, gallery: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(N_q, D_q) query embeddings of ``query`` and (N_g, D_g) gallery embeddings of
         ``gallery`` → both in the gallery's space with one width. IncomparableGenerations when the
         widths differ on a path that does not truncate."""
         if self.kind == "adapter":
-            mapped = queries
-            for adapter in self.adapters:
-                parameter = next(adapter.parameters(), None)
-                device = parameter.device if parameter is not None else mapped.device
-                mapped = adapter(mapped.to(device))
-            return truncate_to_common(mapped.to(gallery.device), gallery)
+            return truncate_to_common(self._adapted(queries).to(gallery.device), gallery)
         if queries.shape[-1] != gallery.shape[-1]:
             raise IncomparableGenerations(self.query, self.gallery,
                                           f"no common distance: dimensions {queries.shape[-1]} vs {gallery.shape[-1]}")
         return queries, gallery
+
+    @torch.no_grad()
+    def map_queries(self, queries: torch.Tensor, gallery_dim: int) -> torch.Tensor:
+        """(N_q, D_q) queries of ``query`` → (N_q, gallery_dim) queries to search an index that
+        stores the gallery's embeddings at full width ``gallery_dim``: as ``align``, except that
+        the gallery side cannot be truncated, so an adapter path whose mapped queries are
+        narrower than the gallery raises IncomparableGenerations."""
+        if self.kind == "adapter":
+            mapped = self._adapted(queries)
+            if mapped.shape[-1] < gallery_dim:
+                raise IncomparableGenerations(
+                    self.query, self.gallery, f"the adapted queries have {mapped.shape[-1]} coordinates but the "
+                    f"gallery's index holds {gallery_dim}; comparing a common prefix would need a truncated index")
+            return mapped[..., :gallery_dim]
+        if queries.shape[-1] != gallery_dim:
+            raise IncomparableGenerations(self.query, self.gallery,
+                                          f"no common distance: dimensions {queries.shape[-1]} vs {gallery_dim}")
+        return queries
 
 
 def comparison_path(query: str, gallery: str, models: Mapping[str, CompatibleModel],

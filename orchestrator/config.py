@@ -582,6 +582,20 @@ class EvaluationSpec(_Strict):
     metrics: ClassVar[tuple[str, ...]] = METRICS
 
 
+class SearchSpec(_Strict):
+    """How the served gallery is searched (``orchestrator.search``) and how that search is scored.
+
+    criterion_metric: the recorded metric of the compatibility criterion M(new→old) > M(old→old)
+                      that admits an older generation's shards for the serving generation's queries.
+    eval_k:           depth of the pipeline's search evaluation (the router's real top-k through
+                      the shard indexes); None: the whole gallery, so its mAP is the full-ranking
+                      mAP and equals the exact mixed-gallery number for flat indexes.
+    """
+
+    criterion_metric: Literal["cmc@1", "cmc@5", "map"] = "map"
+    eval_k: int | None = Field(None, ge=5)
+
+
 class PipelineConfig(_Strict):
     """A whole pipeline file (see the module docstring and ``pipelines/lifelong.yaml``).
 
@@ -599,6 +613,7 @@ class PipelineConfig(_Strict):
     data: DataSettings
     gallery: GallerySpec = Field(default_factory=GallerySpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
+    search: SearchSpec = Field(default_factory=SearchSpec)
     generations: list[GenerationSpec] = Field(min_length=1)
 
     @field_validator("storage")

@@ -18,6 +18,7 @@ from orchestrator.metrics.retrieval import (
     cmc_at_k,
     default_chunk_size,
     mean_average_precision,
+    ranked_list_metrics,
     retrieval_metrics,
     retrieval_metrics_from_distances,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "p_com",
     "p_up",
     "perturbation_scores",
+    "ranked_list_metrics",
     "retrieval_metrics",
     "retrieval_metrics_from_distances",
 ]

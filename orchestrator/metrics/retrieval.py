@@ -44,6 +44,7 @@ __all__ = [
     "cmc_at_k",
     "default_chunk_size",
     "mean_average_precision",
+    "ranked_list_metrics",
     "retrieval_metrics",
     "retrieval_metrics_from_distances",
 ]
@@ -239,6 +240,51 @@ def mean_average_precision(
         queries, gallery, query_labels, gallery_labels, space, ks=(1,), **kwargs
     )
     return result.mean_ap
+
+
+def ranked_list_metrics(
+    retrieved_labels: np.ndarray,
+    query_labels: np.ndarray | Sequence[int],
+    num_relevant: np.ndarray | Sequence[int],
+    ks: Sequence[int] = (1, 5),
+) -> RetrievalResult:
+    """CMC@k and mAP@K from the top-K lists a search returned (rather than from full distances).
+
+    retrieved_labels: (N_q, K) labels of each query's hits in rank order; −1 for an empty slot
+                      (never relevant). Leave-one-out is the caller's: drop the query's own hit.
+    query_labels:     (N_q,) labels (≥ 0).
+    num_relevant:     (N_q,) R, the number of relevant items in the WHOLE gallery per query.
+
+    AP@K = (1/R) Σ_{j ≤ K, item j relevant} Precision@j: the full-ranking AP of the module
+    docstring restricted to the first K ranks, with the same 1/R normalisation, so with K ≥ the
+    gallery size it equals ``retrieval_metrics``'s mAP, and for smaller K it is a lower bound of
+    it. Queries with R = 0 are left out of the mean (NaN if none has R > 0); CMC counts all queries.
+    """
+    retrieved = np.asarray(retrieved_labels)
+    if retrieved.ndim != 2:
+        raise ValueError(f"retrieved_labels must be (N_q, K), got shape {retrieved.shape}")
+    labels = np.asarray(query_labels)
+    relevant_total = np.asarray(num_relevant)
+    n, depth = retrieved.shape
+    for name, array in (("query_labels", labels), ("num_relevant", relevant_total)):
+        if array.shape != (n,):
+            raise ValueError(f"{name} must have shape ({n},), got {array.shape}")
+    ks = _validate_ks(ks)
+    if max(ks) > depth:
+        raise ValueError(f"CMC@{max(ks)} needs at least {max(ks)} hits per query, the lists hold {depth}")
+    relevant = (retrieved == labels[:, None]) & (retrieved >= 0)
+    if (relevant.sum(axis=1) > relevant_total).any():
+        raise ValueError("num_relevant is smaller than the relevant hits found for some query")
+    hits = {k: int(relevant[:, :k].any(axis=1).sum()) for k in ks}
+    precision = np.cumsum(relevant, axis=1) / np.arange(1, depth + 1)
+    has_relevant = relevant_total > 0
+    ap = (precision * relevant).sum(axis=1)[has_relevant] / relevant_total[has_relevant]
+    return RetrievalResult(
+        cmc={k: hits[k] / n for k in ks},
+        mean_ap=float(ap.mean()) if ap.size else math.nan,
+        num_queries=n,
+        num_queries_with_relevant=int(has_relevant.sum()),
+    )
 
 
 def _score_chunk(

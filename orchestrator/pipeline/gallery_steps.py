@@ -12,7 +12,10 @@ For every served generation, in order:
    Items arriving twice or never are errors, never silent. A crash leaves each shard wholly old or
    wholly new; the re-run embeds only the entries whose step has not committed.
 3. (after deployment) ``gallery-eval:<gallery>:<gen>``: retrieval quality of the served, mixed
-   gallery, next to the full-backfill number and optionally the backfilling curve.
+   gallery: exact (every shard compared along its path) and as the search router serves it
+   (through the stored indexes, incompatible shards skipped and listed), next to the same-generation
+   baseline (the previous generation on a gallery of its own), the full-backfill number and
+   optionally the backfilling curve.
 """
 from __future__ import annotations
 
@@ -39,12 +42,14 @@ from orchestrator.distributed.embed import EmbeddingSettings, embed_with_ray_dat
 from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery, read_shard, shard_file_uris, shard_members, write_shard
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import Space
-from orchestrator.index import build_index
+from orchestrator.index import ShardIndex, build_index
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import ShardAssignment, ShardRecord
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.methods.lambda_orth import FORWARD_ADAPTER
 from orchestrator.pipeline.gallery_plan import GalleryPlan, PlanEntry, ShardBefore
+from orchestrator.search import CompatibilityCriterion, SearchRouter
+from orchestrator.search.evaluation import evaluate_search
 from orchestrator.storage import join_uri, load_generation, read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
@@ -291,11 +296,39 @@ class GalleryUpdater:
         mixed = evaluate_mixed_gallery(generation, queries, query_labels, query_ids, stored, models, parents)
         full = evaluate_mixed_gallery(generation, queries, query_labels, query_ids, [full_shard], models, parents)
         outputs: dict[str, Any] = {"serving": generation, "mixed": mixed.as_row(), "full_backfill": full.as_row(),
-                                   "items_by_generation": mixed.items_by_generation}
+                                   "items_by_generation": mixed.items_by_generation,
+                                   "search": self._search_quality(generation, queries, query_labels, query_ids, models,
+                                                                  parents, shards),
+                                   "same_generation": self._previous_full_backfill(generation)}
         plan = self.committed_plan(generation)
         if self.config.evaluation.backfill_curves and any(b.generation for b in plan.before):
             outputs["curve"] = self._curve(plan, full_shard, queries, query_labels, query_ids, models, parents)
         return outputs
+
+    def _search_quality(self, generation: str, queries: torch.Tensor, query_labels: np.ndarray,
+                        query_ids: np.ndarray | None, models: dict[str, Any], parents: dict[str, str | None],
+                        shards: list[ShardRecord]) -> dict[str, Any]:
+        """What serving actually returns: the router over the shards' stored indexes, older shards
+        admitted by the compatibility criterion (refused ones skipped and listed), top-k merged."""
+        criterion = CompatibilityCriterion.from_records(
+            self.store.compatibility_values(self.config.data.eval_split), self.config.search.criterion_metric,
+            self.config.data.eval_split)
+        router = SearchRouter(generation, models, parents, shards, criterion, ShardIndex.load, on_incompatible="skip")
+        for skipped in router.skipped:
+            self.say(f"search {self.name} as {generation}: not searched: {skipped.describe()}")
+        evaluation = evaluate_search(router, queries, query_labels, self.images.ids, self.images.labels,
+                                     self.config.search.eval_k, query_ids)
+        return {**evaluation.as_row(), "paths": router.paths()}
+
+    def _previous_full_backfill(self, generation: str) -> dict[str, Any] | None:
+        """The same-generation baseline: the previous served generation on a gallery wholly its
+        own (its full-backfill row), i.e. what serving gave before this update; None for the first."""
+        served = [g.name for g in self.config.served_generations]
+        position = served.index(generation)
+        if position == 0:
+            return None
+        outputs = self.store.committed_outputs(f"gallery-eval:{self.name}:{served[position - 1]}")
+        return None if outputs is None else {"generation": served[position - 1], **outputs["full_backfill"]}
 
     def _models_for(self, parents: dict[str, str | None]) -> dict[str, Any]:
         """Every loaded model plus their ancestors (an adapter path may pass through them)."""

@@ -26,7 +26,7 @@ def compatibility_matrix(values: Iterable[Any], names: Sequence[str], metric: st
 
 def format_matrix(matrix: np.ndarray, names: Sequence[str], metric: str) -> str:
     """Fixed-width text of a compatibility matrix (rows: query generation, columns: gallery)."""
-    width = max(len(metric), *(len(n) for n in names)) + 2
+    width = max(len(metric), len("0.0000"), *(len(n) for n in names)) + 2
     lines = [f"{metric:<{width}}" + "".join(f"{n:>{width}}" for n in names)]
     for name, row in zip(names, matrix):
         cells = "".join(f"{'·' if math.isnan(v) else f'{v:.4f}':>{width}}" for v in row)
@@ -96,33 +96,56 @@ def heatmap_png(matrix: np.ndarray, names: Sequence[str], metric: str) -> bytes:
     return buffer.getvalue()
 
 
-GALLERY_COLUMNS = ("serving", "mixed cmc@1", "mixed cmc@5", "mixed map", "full cmc@1", "full cmc@5", "full map",
-                   "curve area (map)", "items by generation")
+GALLERY_COLUMNS = ("serving", "same-generation", "same-generation cmc@1", "same-generation map",
+                   "search cmc@1", "search cmc@5", "search map", "searched items",
+                   "mixed cmc@1", "mixed cmc@5", "mixed map", "full cmc@1", "full cmc@5", "full map",
+                   "curve area (map)", "items by generation", "not searched")
 
 
 def gallery_report_rows(evaluations: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per served generation from its ``gallery-eval`` step outputs: the served (mixed)
-    gallery's CMC@1/5 and mAP, the same for a full backfill, the backfill curve's area (if traced)
-    and how many items each generation's embeddings cover."""
+    """One row per served generation from its ``gallery-eval`` step outputs:
+
+    - same-generation: the previous served generation on a gallery wholly its own (before the
+      update; empty for the first);
+    - search: what the router serves through the stored shard indexes (older shards admitted by
+      the compatibility criterion; ``searched items`` of all, ``not searched`` says why);
+    - mixed: the exact ranking of the served gallery, every shard along its comparison path;
+    - full: a full backfill (every item embedded by the serving generation);
+    - the backfill curve's area (if traced) and the items each generation's embeddings cover."""
     rows = []
     for outputs in evaluations:
         mixed, full = outputs["mixed"], outputs["full_backfill"]
+        same, search = outputs.get("same_generation") or {}, outputs["search"]
         curve = outputs.get("curve") or {}
         rows.append({
             "serving": outputs["serving"],
+            "same-generation": same.get("generation", ""),
+            **{f"same-generation {m}": same.get(m) for m in ("cmc@1", "map")},
+            **{f"search {m}": search[m] for m in METRICS},
+            "searched items": f"{search['searched_items']}/{search['gallery_items']}",
             **{f"mixed {m}": mixed[m] for m in METRICS}, **{f"full {m}": full[m] for m in METRICS},
             "curve area (map)": curve.get("area"),
             "items by generation": " ".join(f"{g}={n}" for g, n in outputs["items_by_generation"].items()),
+            "not searched": search.get("skipped", ""),
         })
     return rows
 
 
 def format_gallery_rows(rows: Sequence[dict[str, Any]]) -> str:
-    """A fixed-width table of ``gallery_report_rows``."""
-    lines = [f"{'served gallery':<16}{'mixed cmc@1':>12}{'mixed map':>11}{'full cmc@1':>12}{'full map':>10}  items by generation"]
+    """A fixed-width table of ``gallery_report_rows`` (mAP columns; CMC@1 in the CSV/JSON), and a
+    line per served generation that could not search part of its gallery."""
+    def cell(value: Any, width: int) -> str:
+        return f"{'-':>{width}}" if value is None else f"{value:>{width}.4f}"
+
+    lines = [f"{'served gallery':<16}{'same-gen map':>13}{'search map':>12}{'mixed map':>11}{'full map':>10}"
+             f"{'searched':>11}  items by generation"]
     for row in rows:
-        lines.append(f"{row['serving']:<16}{row['mixed cmc@1']:>12.4f}{row['mixed map']:>11.4f}{row['full cmc@1']:>12.4f}"
-                     f"{row['full map']:>10.4f}  {row['items by generation']}")
+        lines.append(f"{row['serving']:<16}{cell(row['same-generation map'], 13)}{cell(row['search map'], 12)}"
+                     f"{cell(row['mixed map'], 11)}{cell(row['full map'], 10)}{row['searched items']:>11}"
+                     f"  {row['items by generation']}")
+    for row in rows:
+        if row["not searched"]:
+            lines.append(f"{row['serving']} did not search: {row['not searched']}")
     return "\n".join(lines)
 
 

@@ -250,3 +250,30 @@ def test_bad_input_raises_value_error_naming_the_argument(kwargs, message):
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         retrieval_metrics(**args)
+
+
+# --- metrics of top-K lists (what a search returns) ------------------------------------------------
+
+def test_ranked_list_metrics_over_the_whole_ranking_equal_retrieval_metrics():
+    from orchestrator.metrics import ranked_list_metrics
+
+    rng = np.random.default_rng(11)
+    queries, gallery = rng.normal(size=(25, 4)), rng.normal(size=(40, 4))
+    q_labels, g_labels = rng.integers(0, 5, 25), rng.integers(0, 5, 40)
+    expected = retrieval_metrics(queries, gallery, q_labels, g_labels, "euclidean", ks=(1, 5))
+    order = np.argsort(((queries[:, None] - gallery[None]) ** 2).sum(-1), axis=1, kind="stable")
+    relevant = np.array([(g_labels == label).sum() for label in q_labels])
+    result = ranked_list_metrics(g_labels[order], q_labels, relevant, ks=(1, 5))
+    assert result.cmc == pytest.approx(expected.cmc)
+    assert result.mean_ap == pytest.approx(expected.mean_ap)
+
+
+def test_ranked_list_metrics_at_a_cutoff_normalise_by_all_relevant_items():
+    from orchestrator.metrics import ranked_list_metrics
+
+    # query label 1: hits at ranks 1 and 3 of the top 3, R = 4 relevant items in the gallery
+    result = ranked_list_metrics(np.array([[1, 0, 1], [2, -1, -1]]), np.array([1, 2]), np.array([4, 1]), ks=(1, 3))
+    assert result.mean_ap == pytest.approx(((1 / 1 + 2 / 3) / 4 + 1.0) / 2)
+    assert result.cmc == {1: 1.0, 3: 1.0}
+    with pytest.raises(ValueError, match="CMC@5 needs at least 5 hits"):
+        ranked_list_metrics(np.array([[1, 0, 1]]), np.array([1]), np.array([2]), ks=(5,))

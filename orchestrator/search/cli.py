@@ -1,0 +1,122 @@
+"""``orchestrator search FILE``: query a pipeline's served gallery from the command line.
+
+Queries come from files (``--queries``: ``.npy``/``.npz`` images or embeddings, or image files;
+see ``orchestrator.search.queries``) or from a split of the pipeline's data source (``--split``,
+``--limit``). The deployed generation serves unless ``--serving`` names another. ``--evaluate``
+scores the results against labels (the split's, or ``labels`` in an ``.npz``), leaving each query
+out of its own results when the queries are gallery items; it ranks the whole gallery (full-ranking
+mAP, as the pipeline's report) unless ``--eval-k`` limits the depth. Output: a table per query, or JSON
+(``--json``; ``--output FILE`` writes it to a file).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+import numpy as np
+
+
+def add_search_command(commands: argparse._SubParsersAction) -> None:
+    search = commands.add_parser("search", help="search the served gallery with the deployed generation "
+                                                 "(older shards along their compatibility path)")
+    search.add_argument("file", help="pipeline YAML whose lineage and gallery to search")
+    search.add_argument("--storage", help="storage root override, as for run")
+    source = search.add_mutually_exclusive_group(required=True)
+    source.add_argument("--queries", nargs="+", metavar="PATH",
+                        help=".npy/.npz of uint8 images (N,H,W[,3]) or float embeddings (N,D), or image files")
+    source.add_argument("--split", help="take the queries from this split of the pipeline's data source")
+    search.add_argument("--limit", type=int, default=None, help="use only the first N queries")
+    search.add_argument("-k", "--k", type=int, default=10, help="results per query (default 10)")
+    search.add_argument("--serving", help="the generation whose queries search (default: the deployed one)")
+    search.add_argument("--criterion-metric", default="map", choices=("cmc@1", "cmc@5", "map"),
+                        help="recorded metric of the compatibility criterion that admits older shards")
+    search.add_argument("--skip-incompatible", action="store_true",
+                        help="search only the shards the serving generation is compatible with (default: refuse)")
+    search.add_argument("--evaluate", action="store_true", help="score the search against the query labels")
+    search.add_argument("--eval-k", type=int, default=None,
+                        help="depth of --evaluate's ranking (default: the whole gallery: full-ranking mAP)")
+    search.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    search.add_argument("--output", help="write the JSON result to this file")
+    search.set_defaults(handler=search_command)
+
+
+def search_command(args: argparse.Namespace) -> int:
+    from orchestrator.config import load_pipeline
+    from orchestrator.search.service import service_for_pipeline
+
+    if args.limit is not None and args.limit < 1:
+        raise ValueError(f"--limit must be a positive number of queries, got {args.limit}")
+    if args.k < 1:
+        raise ValueError(f"--k must be a positive number of results, got {args.k}")
+    config = load_pipeline(args.file, {"storage": args.storage} if args.storage else None)
+    service = service_for_pipeline(config, args.serving, metric=args.criterion_metric,
+                                   on_incompatible="skip" if args.skip_incompatible else "refuse")
+    embeddings, labels, ids = _queries(args, config, service)
+    result = service.router.search(embeddings, args.k)
+    report: dict[str, Any] = {
+        "serving": result.serving, "gallery": config.gallery.name, "k": args.k, "paths": result.paths,
+        "searched_items": service.router.searchable_items,
+        "not_searched": [s.describe() for s in result.skipped],
+        "results": result.rows(),
+    }
+    if args.evaluate:
+        report["evaluation"] = _evaluate(args, config, service, embeddings, labels, ids)
+    text = json.dumps(report, indent=2)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.write(text + "\n")
+    print(text if args.json else _format(report, ids))
+    return 0
+
+
+def _queries(args, config, service) -> tuple[Any, np.ndarray | None, np.ndarray | None]:
+    """(embeddings (N, D), labels or None, gallery item ids or None) of the requested queries."""
+    from orchestrator.data import load_source
+    from orchestrator.search.queries import read_query_file
+
+    if args.split is not None:
+        images = load_source(config.data.source, **config.data.loader_kwargs(args.split))
+        if args.limit is not None:
+            images = images.subset(np.arange(min(args.limit, len(images))))
+        same_items = config.gallery.source is None and args.split == config.gallery.split
+        return service.encode(images.images), images.labels, images.ids if same_items else None
+    batch = read_query_file(args.queries)
+    stop = len(batch) if args.limit is None else min(args.limit, len(batch))
+    if batch.embeddings is not None:
+        embeddings = batch.embeddings[:stop]
+    else:
+        embeddings = service.encode(batch.images[:stop])
+    labels = None if batch.labels is None else batch.labels[:stop]
+    ids = None if batch.ids is None else batch.ids[:stop]
+    return embeddings, labels, ids
+
+
+def _evaluate(args, config, service, embeddings, labels, ids) -> dict[str, Any]:
+    from orchestrator.data import load_source
+    from orchestrator.search.evaluation import evaluate_search
+
+    if labels is None:
+        raise ValueError("--evaluate needs query labels: use --split, or an .npz with a 'labels' array")
+    source, kwargs = config.gallery_loader_kwargs()
+    gallery = load_source(source, **kwargs)
+    if args.eval_k is not None and args.eval_k < 5:
+        raise ValueError(f"--eval-k must be at least 5 (CMC@5 is reported), got {args.eval_k}")
+    evaluation = evaluate_search(service.router, embeddings, labels, gallery.ids, gallery.labels, args.eval_k, query_ids=ids)
+    return evaluation.as_row()
+
+
+def _format(report: dict[str, Any], ids: np.ndarray | None) -> str:
+    lines = [f"gallery {report['gallery']!r} searched by {report['serving']} "
+             f"({report['searched_items']} items; " + ", ".join(f"{g}: {p}" for g, p in report["paths"].items()) + ")"]
+    lines += [f"not searched: {line}" for line in report["not_searched"]]
+    for number, hits in enumerate(report["results"]):
+        name = f"query {number}" + ("" if ids is None else f" (item {int(ids[number])})")
+        lines.append(f"{name}:")
+        lines += [f"  {rank:>3}. item {hit['id']:<8} distance {hit['distance']:.4f}  shard {hit['shard']:<3} "
+                  f"{hit['generation']}" for rank, hit in enumerate(hits, 1)]
+    if "evaluation" in report:
+        row = report["evaluation"]
+        lines.append(f"evaluation over the top {row['k']}: cmc@1 {row['cmc@1']:.4f}  cmc@5 {row['cmc@5']:.4f}  "
+                     f"mAP@{row['k']} {row['map']:.4f}")
+    return "\n".join(lines)

@@ -1,0 +1,122 @@
+"""Query inputs of a search: images encoded by the serving generation, or given embeddings.
+
+Images go through exactly the preprocessing the gallery went through (``ImageTensorDataset``:
+pixels / 255, resize to the pipeline's image size, per-channel normalisation with the training
+split's statistics), so a gallery item used as a query finds itself at distance ~0.
+
+Query files (``read_query_file``):
+- ``.npy``: a uint8 array (N, H, W, 3) or (N, H, W) of images, or a float array (N, D) of
+  embeddings of the serving generation;
+- ``.npz``: the same under the key ``images`` or ``embeddings`` (optional ``labels`` (N,) int and
+  ``ids`` (N,) int for evaluation);
+- ``.png`` / ``.jpg`` / ``.jpeg``: one image per file (any number of files).
+Loaded with ``allow_pickle=False``: a query file can never run code.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from orchestrator.data import ImageTensorDataset, LabeledImages
+from orchestrator.methods.base import embed_dataset_with_ids
+from orchestrator.models.bundle import CompatibleModel
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+
+
+@dataclass(frozen=True)
+class QueryBatch:
+    """Queries read from files: images (N, H, W, 3) uint8 or embeddings (N, D); optional labels/ids (N,)."""
+
+    images: np.ndarray | None = None
+    embeddings: np.ndarray | None = None
+    labels: np.ndarray | None = None
+    ids: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.images if self.images is not None else self.embeddings)
+
+
+def encode_images(model: CompatibleModel, images: np.ndarray | LabeledImages, image_size: int,
+                  mean: Sequence[float], std: Sequence[float], batch_size: int = 256) -> torch.Tensor:
+    """(N, H, W, 3) uint8 images (or a ``LabeledImages``) → (N, D) embeddings of ``model``."""
+    if not isinstance(images, LabeledImages):
+        images = as_rgb_images(images, "images")
+        n = len(images)
+        images = LabeledImages(images, np.zeros(n, dtype=np.int64), np.arange(n, dtype=np.int64), ["query"])
+    out, _labels, _ids = embed_dataset_with_ids(model, ImageTensorDataset(images, image_size, mean, std), batch_size)
+    return out.embedding
+
+
+def as_rgb_images(array: np.ndarray, where: str) -> np.ndarray:
+    """uint8 (N, H, W, 3), or (N, H, W) grey replicated to 3 channels; ValueError naming ``where``."""
+    array = np.asarray(array)
+    if array.dtype != np.uint8:
+        raise ValueError(f"{where}: images must be uint8, got {array.dtype}")
+    if array.ndim == 3:
+        array = np.repeat(array[..., None], 3, axis=-1)
+    if array.ndim != 4 or array.shape[-1] != 3:
+        raise ValueError(f"{where}: images must have shape (N, H, W, 3) or (N, H, W), got {array.shape}")
+    return np.ascontiguousarray(array)
+
+
+def read_query_file(paths: Sequence[str | Path]) -> QueryBatch:
+    """Queries from one ``.npy``/``.npz`` file or from image files (module docstring)."""
+    paths = [Path(p) for p in paths]
+    if not paths:
+        raise ValueError("no query file given")
+    for path in paths:
+        if not path.is_file():
+            raise ValueError(f"query file {str(path)!r} does not exist")
+    suffixes = {p.suffix.lower() for p in paths}
+    if suffixes <= set(IMAGE_SUFFIXES):
+        images = [_read_image(p) for p in paths]
+        sizes = {image.shape for image in images}
+        if len(sizes) > 1:
+            raise ValueError(f"query images must share one size, got {sorted(sizes)} "
+                             f"({', '.join(str(p) for p in paths)})")
+        return QueryBatch(images=np.stack(images))
+    if len(paths) != 1 or suffixes - {".npy", ".npz"}:
+        raise ValueError(f"queries: give one .npy/.npz file or image files ({', '.join(IMAGE_SUFFIXES)}), "
+                         f"got {[str(p) for p in paths]}")
+    path = paths[0]
+    if path.suffix.lower() == ".npy":
+        return _batch_from_array(np.load(path, allow_pickle=False), str(path))
+    with np.load(path, allow_pickle=False) as archive:
+        keys = set(archive.files)
+        arrays = {key: archive[key] for key in keys}
+    data_keys = keys & {"images", "embeddings"}
+    if len(data_keys) != 1:
+        raise ValueError(f"{path}: needs exactly one of the arrays 'images' or 'embeddings', has {sorted(keys)}")
+    batch = _batch_from_array(arrays[data_keys.pop()], str(path))
+    extras = {}
+    for key in ("labels", "ids"):
+        if key in arrays:
+            values = np.asarray(arrays[key])
+            if values.shape != (len(batch),) or not np.issubdtype(values.dtype, np.integer):
+                raise ValueError(f"{path}: {key!r} must be an integer array of shape ({len(batch)},), "
+                                 f"got {values.dtype} {values.shape}")
+            extras[key] = values.astype(np.int64)
+    return QueryBatch(batch.images, batch.embeddings, extras.get("labels"), extras.get("ids"))
+
+
+def _batch_from_array(array: np.ndarray, where: str) -> QueryBatch:
+    if array.dtype == np.uint8:
+        return QueryBatch(images=as_rgb_images(array, where))
+    if np.issubdtype(array.dtype, np.floating) and array.ndim == 2:
+        if not np.isfinite(array).all():
+            raise ValueError(f"{where}: the query embeddings contain NaN or infinite values")
+        return QueryBatch(embeddings=array)
+    raise ValueError(f"{where}: expected uint8 images (N, H, W[, 3]) or float embeddings (N, D), "
+                     f"got {array.dtype} {array.shape}")
+
+
+def _read_image(path: Path) -> np.ndarray:
+    from PIL import Image
+
+    with Image.open(path) as image:
+        return np.asarray(image.convert("RGB"), dtype=np.uint8)

@@ -1,0 +1,226 @@
+"""Search a sharded, mixed-generation gallery with the serving generation's queries.
+
+``SearchRouter.search(queries (Q, D), k)`` searches every admitted shard's FAISS index along the
+comparison path its generation needs (``orchestrator.comparison``):
+
+- ``same``: the shard was embedded by the serving generation;
+- ``direct``: an older generation in the same space, compatible by training (BCT, HBCT, …);
+- ``adapter``: an older generation reached through backward adapters B (λ-orthogonality), the
+  queries being mapped once per generation, not once per shard;
+
+and merges the per-shard top-k lists into one global top-k (``merge_top_k``). Every index returns
+distances of its space (``orchestrator.index``), so one sort ranks them all: the same rule as the
+mixed-gallery evaluation, which ranks all items by their path's distance.
+
+Admission: a shard whose generation is not the serving one is searched only if the compatibility
+criterion holds (``admission.CompatibilityCriterion``) and a comparison path exists. Otherwise
+``on_incompatible="refuse"`` (the default) raises ``IncompatibleShards`` naming every such shard
+and why, when the router is built, before any query; ``"skip"`` leaves those shards out and lists
+them in ``SearchRouter.skipped`` and each ``SearchResult.skipped`` (an operator's explicit choice
+to serve part of the gallery).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from orchestrator.comparison import ComparisonPath, IncomparableGenerations, comparison_path
+from orchestrator.lineage.records import ShardRecord
+from orchestrator.models.bundle import CompatibleModel
+from orchestrator.search.admission import CompatibilityCriterion
+
+OnIncompatible = Literal["refuse", "skip"]
+#: Queries searched per call of each shard index (bounds the (chunk, shards·k) merge buffers).
+DEFAULT_QUERY_CHUNK = 4096
+
+
+@dataclass(frozen=True)
+class SkippedShard:
+    """A shard the serving generation does not search, and why."""
+
+    gallery: str
+    index: int
+    generation: str
+    n_items: int
+    reason: str
+
+    def describe(self) -> str:
+        return f"shard {self.index} ({self.n_items} items of {self.generation}): {self.reason}"
+
+
+class IncompatibleShards(ValueError):
+    """The serving generation cannot search some shards; ``shards`` lists them with the reasons."""
+
+    def __init__(self, serving: str, gallery: str, shards: Sequence[SkippedShard]):
+        self.serving, self.gallery, self.shards = serving, gallery, list(shards)
+        lines = "\n".join(f"  {s.describe()}" for s in self.shards)
+        items = sum(s.n_items for s in self.shards)
+        super().__init__(
+            f"generation {serving!r} cannot search {len(self.shards)} shard(s) ({items} items) of gallery "
+            f"{gallery!r}:\n{lines}\nBackfill them with {serving!r}, or search the rest explicitly "
+            "(on_incompatible='skip', CLI --skip-incompatible).")
+
+
+@dataclass(frozen=True)
+class ShardRoute:
+    """One admitted shard: its lineage row, how its generation is compared, and its index."""
+
+    shard: ShardRecord
+    path: ComparisonPath
+    index: Any  # an orchestrator.index index: .dim, .ntotal, .search(queries, k)
+
+
+@dataclass
+class SearchResult:
+    """The global top-k of each query.
+
+    ids:        (Q, k) int64 item ids, −1 where fewer than k items were found.
+    distances:  (Q, k) float64, ascending per row, +inf where no item.
+    shards:     (Q, k) int64 shard index of each hit, −1 where no item.
+    generation_of_shard: shard index → the generation whose embedding the shard holds.
+    skipped:    shards that were not searched (``on_incompatible="skip"``).
+    """
+
+    serving: str
+    ids: np.ndarray
+    distances: np.ndarray
+    shards: np.ndarray
+    generation_of_shard: dict[int, str]
+    paths: dict[str, str] = field(default_factory=dict)
+    skipped: list[SkippedShard] = field(default_factory=list)
+
+    def generations(self) -> np.ndarray:
+        """(Q, k) object array: the generation of each hit's shard (None where no item)."""
+        lookup = np.array([None] + [self.generation_of_shard.get(i) for i in range(max(self.generation_of_shard, default=-1) + 1)],
+                          dtype=object)
+        return lookup[self.shards + 1]
+
+    def rows(self) -> list[list[dict[str, Any]]]:
+        """Per query, its hits as dicts (id, distance, shard, generation), missing slots dropped."""
+        out = []
+        for ids, distances, shards in zip(self.ids, self.distances, self.shards):
+            out.append([{"id": int(i), "distance": float(d), "shard": int(s), "generation": self.generation_of_shard[int(s)]}
+                        for i, d, s in zip(ids, distances, shards) if i >= 0])
+        return out
+
+
+def merge_top_k(distances: Sequence[np.ndarray], ids: Sequence[np.ndarray], sources: Sequence[int],
+                k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Merge per-shard results into the global top-k.
+
+    distances[s], ids[s]: (Q, k_s) of shard ``sources[s]``, each row ascending (+inf / −1 = none).
+    Returns (distances (Q, k), ids (Q, k), source (Q, k)): the k smallest distances of each row
+    over all shards; ties broken by item id, so the result does not depend on the shard order.
+    """
+    if not distances:
+        raise ValueError("merge_top_k: no shard results to merge")
+    all_distances = np.concatenate(distances, axis=1)
+    all_ids = np.concatenate(ids, axis=1)
+    all_sources = np.concatenate([np.full(d.shape, s, dtype=np.int64) for d, s in zip(distances, sources)], axis=1)
+    tie_break = np.where(all_ids < 0, np.iinfo(np.int64).max, all_ids)
+    order = np.lexsort((tie_break, all_distances), axis=1)[:, :k]
+    picked = [np.take_along_axis(a, order, axis=1) for a in (all_distances, all_ids, all_sources)]
+    missing = picked[1] < 0
+    picked[2][missing] = -1
+    if picked[0].shape[1] < k:  # fewer candidates than k in total: pad
+        pad = k - picked[0].shape[1]
+        picked = [np.pad(a, ((0, 0), (0, pad)), constant_values=v) for a, v in zip(picked, (np.inf, -1, -1))]
+    return picked[0], picked[1], picked[2]
+
+
+class SearchRouter:
+    """Routes the serving generation's queries to every shard of one gallery (module docstring).
+
+    serving:   the generation whose queries are searched (usually the deployed one).
+    models:    generation name → model; needs ``serving``, every shard's generation and every
+               generation on an adapter path (``comparison_path``).
+    parents:   generation name → parent (None for roots).
+    shards:    the gallery's shard rows (``LineageStore.shards``); empty shards are ignored.
+    criterion: the compatibility criterion over recorded values (None: admit every shard that has
+               a comparison path; for tests and galleries without recorded evaluations).
+    load_index: index URI → index object (``orchestrator.index.load_index``).
+    """
+
+    def __init__(self, serving: str, models: Mapping[str, CompatibleModel], parents: Mapping[str, str | None],
+                 shards: Sequence[ShardRecord], criterion: CompatibilityCriterion | None,
+                 load_index: Callable[[str], Any], on_incompatible: OnIncompatible = "refuse"):
+        if on_incompatible not in ("refuse", "skip"):
+            raise ValueError(f"on_incompatible must be 'refuse' or 'skip', got {on_incompatible!r}")
+        shards = [s for s in shards if s.n_items and s.generation is not None]
+        if not shards:
+            raise ValueError("the gallery has no embedded shards to search")
+        self.serving, self.models = serving, models
+        self.gallery = shards[0].gallery
+        self.routes: list[ShardRoute] = []
+        self.skipped: list[SkippedShard] = []
+        paths: dict[str, ComparisonPath | str] = {}
+        for generation in sorted({s.generation for s in shards}):
+            paths[generation] = self._path(generation, models, parents, criterion)
+        for shard in sorted(shards, key=lambda s: s.index):
+            path = paths[shard.generation]
+            if isinstance(path, str):
+                self.skipped.append(SkippedShard(shard.gallery, shard.index, shard.generation, int(shard.n_items), path))
+                continue
+            if shard.index_uri is None:
+                raise ValueError(f"gallery {shard.gallery!r} shard {shard.index} ({shard.generation}) has no index file "
+                                 "in the lineage")
+            self.routes.append(ShardRoute(shard, path, load_index(shard.index_uri)))
+        if self.skipped and on_incompatible == "refuse":
+            raise IncompatibleShards(serving, self.gallery, self.skipped)
+        if not self.routes:
+            raise IncompatibleShards(serving, self.gallery, self.skipped)
+
+    def _path(self, generation: str, models, parents, criterion: CompatibilityCriterion | None) -> ComparisonPath | str:
+        """The comparison path to ``generation``'s shards, or the reason they are not searched."""
+        if criterion is not None:
+            verdict = criterion.verdict(self.serving, generation)
+            if not verdict.admitted:
+                return verdict.reason
+        try:
+            return comparison_path(self.serving, generation, models, parents)
+        except IncomparableGenerations as error:
+            return error.reason
+
+    @property
+    def model(self) -> CompatibleModel:
+        """The serving generation's model (encodes the queries)."""
+        return self.models[self.serving]
+
+    @property
+    def searchable_items(self) -> int:
+        return sum(int(r.shard.n_items) for r in self.routes)
+
+    def paths(self) -> dict[str, str]:
+        """Generation → how its shards are searched (``same``, ``direct``, ``queries mapped by …``)."""
+        return {r.shard.generation: r.path.note for r in self.routes}
+
+    def search(self, queries: torch.Tensor | np.ndarray, k: int, chunk: int = DEFAULT_QUERY_CHUNK) -> SearchResult:
+        """Global top-``k`` of each of the (Q, D) serving-generation query embeddings."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        queries = torch.as_tensor(queries)
+        if queries.ndim != 2:
+            raise ValueError(f"queries must be a (Q, D) matrix of {self.serving!r} embeddings, got shape {tuple(queries.shape)}")
+        parts = [self._search_chunk(queries[start:start + chunk], k) for start in range(0, len(queries), chunk)]
+        if not parts:
+            parts = [(np.zeros((0, k)), np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.int64))]
+        distances, ids, shards = (np.concatenate([p[i] for p in parts]) for i in range(3))
+        return SearchResult(self.serving, ids, distances, shards,
+                            {r.shard.index: r.shard.generation for r in self.routes}, self.paths(), list(self.skipped))
+
+    def _search_chunk(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        mapped: dict[tuple[str, int], np.ndarray] = {}  # once per (generation, index width)
+        distances, ids, sources = [], [], []
+        for route in self.routes:
+            key = (route.shard.generation, int(route.index.dim))
+            if key not in mapped:
+                mapped[key] = route.path.map_queries(queries, key[1]).double().numpy()
+            found_distances, found_ids = route.index.search(mapped[key], min(k, max(route.index.ntotal, 1)))
+            distances.append(found_distances)
+            ids.append(found_ids)
+            sources.append(route.shard.index)
+        return merge_top_k(distances, ids, sources, k)

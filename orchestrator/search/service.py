@@ -1,0 +1,96 @@
+"""A search router opened from the lineage: the deployed generation, its models and the shards.
+
+``open_router(store, gallery)`` reads who serves (``LineageStore.current_deployment`` unless a
+generation is named), the gallery's shard rows, the generation tree and the recorded
+compatibility values, loads the models it needs (checksums checked against the lineage) and the
+shards' indexes, and returns a ``SearchRouter``. ``SearchService`` adds the query encoder of a
+pipeline file (its image size and the training split's normalisation, as the gallery was
+embedded) for image queries.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from orchestrator.index import ShardIndex
+from orchestrator.lineage import LineageStore
+from orchestrator.models.bundle import CompatibleModel
+from orchestrator.search.admission import CompatibilityCriterion
+from orchestrator.search.router import OnIncompatible, SearchResult, SearchRouter
+from orchestrator.storage import load_generation
+
+
+def open_router(store: LineageStore, gallery: str, serving: str | None = None, *, metric: str = "map",
+                dataset: str | None = None, on_incompatible: OnIncompatible = "refuse",
+                storage_options: Mapping[str, Any] | None = None) -> SearchRouter:
+    """The router of ``gallery`` for ``serving`` (None: the deployed generation); see the module
+    docstring. ValueError names what is missing (no deployment, unknown gallery or generation)."""
+    if serving is None:
+        deployment = store.current_deployment()
+        if deployment is None:
+            raise ValueError("no generation is deployed yet: run the pipeline first, or name the serving generation")
+        serving = deployment.generation
+    records = {g.name: g for g in store.list_generations()}
+    if serving not in records:
+        raise ValueError(f"serving generation {serving!r} is not in the lineage (known: {sorted(records)})")
+    if gallery not in {g.name for g in store.galleries()}:
+        raise ValueError(f"gallery {gallery!r} is not in the lineage (known: {sorted(g.name for g in store.galleries())})")
+    shards = store.shards(gallery)
+    parents = {name: record.parent for name, record in records.items()}
+    needed = {serving} | {s.generation for s in shards if s.generation}
+    ancestor = parents.get(serving)
+    while ancestor is not None:  # an adapter path runs through the serving generation's ancestors
+        needed.add(ancestor)
+        ancestor = parents.get(ancestor)
+    models: dict[str, CompatibleModel] = {}
+    for name in sorted(needed):
+        record = records[name]
+        if record.checkpoint_uri is None:
+            raise ValueError(f"generation {name!r} has no checkpoint in the lineage (status {record.status})")
+        models[name], _card = load_generation(record.checkpoint_uri, expected_sha256=record.sha256,
+                                              storage_options=storage_options)
+    criterion = CompatibilityCriterion.from_records(store.compatibility_values(dataset), metric, dataset)
+    return SearchRouter(serving, models, parents, shards, criterion,
+                        lambda uri: ShardIndex.load(uri, storage_options), on_incompatible)
+
+
+@dataclass
+class SearchService:
+    """A router plus the serving generation's image encoder.
+
+    normalisation: per-channel (mean, std) of the training split; image_size: the pipeline's.
+    """
+
+    router: SearchRouter
+    image_size: int
+    normalisation: tuple[Sequence[float], Sequence[float]]
+
+    def encode(self, images: np.ndarray) -> torch.Tensor:
+        """(N, H, W, 3) uint8 images → (N, D) embeddings of the serving generation."""
+        from orchestrator.search.queries import encode_images
+
+        mean, std = self.normalisation
+        return encode_images(self.router.model, images, self.image_size, mean, std)
+
+    def search_images(self, images: np.ndarray, k: int) -> SearchResult:
+        return self.router.search(self.encode(images), k)
+
+
+def service_for_pipeline(config, serving: str | None = None, *, metric: str = "map",
+                         on_incompatible: OnIncompatible = "refuse",
+                         train_images: Callable[[], Any] | None = None) -> SearchService:
+    """The search service of a validated ``PipelineConfig``: its lineage, gallery, evaluation
+    split (the criterion's dataset) and query preprocessing (normalisation of its training split)."""
+    from orchestrator.data import channel_statistics, load_source
+
+    store = LineageStore(config.lineage)
+    router = open_router(store, config.gallery.name, serving, metric=metric, dataset=config.data.eval_split,
+                         on_incompatible=on_incompatible)
+    images = train_images() if train_images is not None else load_source(
+        config.data.source, **config.data.loader_kwargs(config.data.train_split))
+    size = config.data.image_size or int(images.images.shape[1])
+    return SearchService(router, size, channel_statistics(images))

@@ -1,0 +1,59 @@
+"""Query files: images and embeddings read without pickle, errors naming the file."""
+import numpy as np
+import pytest
+from PIL import Image
+
+from orchestrator.search.queries import read_query_file
+
+
+def test_npy_images_grey_or_rgb_and_float_embeddings(tmp_path):
+    grey = np.arange(2 * 4 * 4, dtype=np.uint8).reshape(2, 4, 4)
+    np.save(tmp_path / "grey.npy", grey)
+    batch = read_query_file([tmp_path / "grey.npy"])
+    assert batch.images.shape == (2, 4, 4, 3) and (batch.images[..., 2] == grey).all() and batch.embeddings is None
+    np.save(tmp_path / "emb.npy", np.ones((3, 5), np.float32))
+    assert read_query_file([str(tmp_path / "emb.npy")]).embeddings.shape == (3, 5)
+
+
+def test_npz_carries_labels_and_ids_for_evaluation(tmp_path):
+    np.savez(tmp_path / "q.npz", embeddings=np.zeros((2, 3)), labels=np.array([1, 2]), ids=np.array([10, 11]))
+    batch = read_query_file([tmp_path / "q.npz"])
+    assert batch.labels.tolist() == [1, 2] and batch.ids.tolist() == [10, 11] and len(batch) == 2
+    np.savez(tmp_path / "bad.npz", embeddings=np.zeros((2, 3)), labels=np.array([1, 2, 3]))
+    with pytest.raises(ValueError, match=r"bad.npz: 'labels' must be an integer array of shape \(2,\)"):
+        read_query_file([tmp_path / "bad.npz"])
+
+
+def test_image_files_are_stacked_and_must_share_a_size(tmp_path):
+    for name, size in (("a.png", 6), ("b.png", 6), ("c.png", 7)):
+        Image.fromarray(np.full((size, size, 3), 200, np.uint8)).save(tmp_path / name)
+    batch = read_query_file([tmp_path / "a.png", tmp_path / "b.png"])
+    assert batch.images.shape == (2, 6, 6, 3) and (batch.images == 200).all()
+    with pytest.raises(ValueError, match="query images must share one size"):
+        read_query_file([tmp_path / "a.png", tmp_path / "c.png"])
+
+
+@pytest.mark.parametrize("array, message", [
+    (np.zeros((2, 3, 3, 4), np.uint8), r"shape \(N, H, W, 3\) or \(N, H, W\)"),
+    (np.zeros((2, 3), np.int32), "expected uint8 images"),
+    (np.array([[np.nan, 1.0]]), "NaN or infinite"),
+])
+def test_bad_arrays_name_the_file(tmp_path, array, message):
+    np.save(tmp_path / "q.npy", array)
+    with pytest.raises(ValueError, match=message) as raised:
+        read_query_file([tmp_path / "q.npy"])
+    assert "q.npy" in str(raised.value)
+
+
+def test_object_arrays_are_refused_without_unpickling(tmp_path):
+    np.save(tmp_path / "evil.npy", np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(ValueError, match="allow_pickle"):
+        read_query_file([tmp_path / "evil.npy"])
+
+
+def test_missing_files_and_mixed_kinds_are_errors(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        read_query_file([tmp_path / "nope.npy"])
+    (tmp_path / "x.txt").write_text("1")
+    with pytest.raises(ValueError, match="give one .npy/.npz file or image files"):
+        read_query_file([tmp_path / "x.txt"])

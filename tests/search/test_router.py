@@ -1,0 +1,197 @@
+"""The search router: per-shard FAISS search along each generation's comparison path, merged into
+one top-k; checked against brute-force rankings computed here with the spaces' distances."""
+from datetime import datetime, timezone
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery
+from orchestrator.geometry import lorentz
+from orchestrator.geometry.spaces import pairwise_distance
+from orchestrator.index import ShardIndex, build_index
+from orchestrator.lineage.records import CompatibilityRecord, ShardRecord
+from orchestrator.methods import create_method
+from orchestrator.search import CompatibilityCriterion, IncompatibleShards, SearchRouter, merge_top_k
+from orchestrator.search.evaluation import evaluate_search
+from vector_models import vector_model
+
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def model(method="independent", seed=0, **params):
+    return vector_model(create_method(method, params), in_dim=6, embed_dim=8, num_classes=3, seed=seed)
+
+
+def shard_record(tmp_path, index, generation, ids, embeddings, space="cosine", curv=1.0):
+    uri = str(tmp_path / f"shard-{index}.index")
+    build_index(embeddings, space, "flat", ids, curv=curv).save(uri)
+    return ShardRecord("gallery", index, len(ids), generation, None, uri, None, NOW)
+
+
+def criterion(values, metric="map"):
+    return CompatibilityCriterion.from_records(
+        [CompatibilityRecord(q, g, metric, v, "test") for (q, g), v in values.items()], metric)
+
+
+def brute_force_top_k(distances, ids, k):
+    order = np.lexsort((ids[None, :].repeat(len(distances), 0), distances), axis=1)[:, :k]
+    return np.take_along_axis(distances, order, axis=1), ids[order]
+
+
+# --- merging --------------------------------------------------------------------------------------
+
+def test_merge_top_k_equals_one_sort_of_all_candidates_and_ignores_shard_order():
+    rng = np.random.default_rng(0)
+    q, k = 7, 5
+    parts = []
+    for shard in range(4):
+        ids = rng.choice(1000, size=(q, 3 + shard), replace=False) + 1000 * shard
+        distances = np.sort(rng.integers(0, 6, size=ids.shape).astype(float), axis=1)  # many ties
+        parts.append((distances, ids, shard))
+    distances, ids, sources = merge_top_k(*zip(*[(d, i, s) for d, i, s in parts]), k=k)
+    every_d = np.concatenate([p[0] for p in parts], axis=1)
+    every_i = np.concatenate([p[1] for p in parts], axis=1)
+    for row in range(q):
+        expected = sorted(zip(every_d[row], every_i[row]))[:k]
+        assert list(zip(distances[row], ids[row])) == expected
+        assert all(i // 1000 == s for i, s in zip(ids[row], sources[row]))
+    reversed_parts = parts[::-1]
+    again = merge_top_k(*zip(*[(d, i, s) for d, i, s in reversed_parts]), k=k)
+    np.testing.assert_array_equal(again[1], ids)
+
+
+def test_merge_top_k_pads_missing_slots_with_minus_one_and_infinity():
+    distances, ids, sources = merge_top_k([np.array([[0.5]])], [np.array([[42]])], [3], k=3)
+    assert ids.tolist() == [[42, -1, -1]] and sources.tolist() == [[3, -1, -1]]
+    assert distances[0, 0] == 0.5 and np.isinf(distances[0, 1:]).all()
+
+
+# --- routing --------------------------------------------------------------------------------------
+
+def test_three_generations_direct_and_adapter_paths_equal_the_brute_force_ranking(tmp_path):
+    rng = np.random.default_rng(1)
+    n, k = 60, 10
+    ids = np.arange(n) * 3 + 7
+    g0_emb, g1_emb, g2_emb = (rng.normal(size=(n, 8)).astype(np.float32) for _ in range(3))
+    models = {"g0": model(seed=0), "g1": model(seed=1), "g2": model(seed=2)}
+    backward = nn.Linear(8, 8, bias=False)
+    models["g2"].adapters["backward"] = backward  # g2 reaches g1 through B; g2 → g0 is direct (same space)
+    parents = {"g0": None, "g1": "g0", "g2": "g1"}
+    parts = {"g0": np.arange(0, 20), "g1": np.arange(20, 35), "g2": np.arange(35, n)}
+    shards = [shard_record(tmp_path, 0, "g0", ids[parts["g0"]][:12], g0_emb[parts["g0"]][:12]),
+              shard_record(tmp_path, 1, "g0", ids[parts["g0"]][12:], g0_emb[parts["g0"]][12:]),
+              shard_record(tmp_path, 2, "g1", ids[parts["g1"]], g1_emb[parts["g1"]]),
+              shard_record(tmp_path, 3, "g2", ids[parts["g2"]], g2_emb[parts["g2"]])]
+    router = SearchRouter("g2", models, parents, shards, None, ShardIndex.load)
+    queries = torch.from_numpy(rng.normal(size=(9, 8)).astype(np.float32))
+    result = router.search(queries, k)
+
+    with torch.no_grad():
+        mapped = backward(queries)
+    columns = [pairwise_distance("cosine", queries.double(), torch.from_numpy(g0_emb[parts["g0"]]).double()),
+               pairwise_distance("cosine", mapped.double(), torch.from_numpy(g1_emb[parts["g1"]]).double()),
+               pairwise_distance("cosine", queries.double(), torch.from_numpy(g2_emb[parts["g2"]]).double())]
+    all_ids = np.concatenate([ids[parts[g]] for g in ("g0", "g1", "g2")])
+    expected_d, expected_ids = brute_force_top_k(torch.cat(columns, dim=1).numpy(), all_ids, k)
+    np.testing.assert_array_equal(result.ids, expected_ids)
+    np.testing.assert_allclose(result.distances, expected_d, rtol=1e-6, atol=1e-7)
+    generation_of_id = {int(i): g for g in parts for i in ids[parts[g]]}
+    assert [[generation_of_id[int(i)] for i in row] for row in result.ids] == result.generations().tolist()
+    assert router.paths() == {"g0": "direct", "g1": "queries mapped by the backward adapter", "g2": "same"}
+
+
+def test_lorentz_shards_of_two_generations_rank_by_geodesic_distance(tmp_path):
+    rng = np.random.default_rng(2)
+    curv = 0.7
+    points = lorentz.expmap0(torch.cat([torch.zeros(50, 1), torch.randn(50, 5, dtype=torch.float64)], 1), curv)
+    ids = np.arange(50) + 100
+    models = {"a": model("hbct", seed=0, curv=curv), "b": model("hbct", seed=1, curv=curv)}
+    shards = [shard_record(tmp_path, 0, "a", ids[:30], points[:30].numpy(), "lorentz", curv),
+              shard_record(tmp_path, 1, "b", ids[30:], points[30:].numpy(), "lorentz", curv)]
+    queries = lorentz.expmap0(torch.cat([torch.zeros(6, 1), torch.randn(6, 5, dtype=torch.float64)], 1), curv)
+    router = SearchRouter("b", models, {"a": None, "b": "a"}, shards, None, ShardIndex.load)
+    result = router.search(queries, 8)
+    expected_d, expected_ids = brute_force_top_k(lorentz.pairwise_distance(queries, points, curv).numpy(), ids, 8)
+    np.testing.assert_array_equal(result.ids, expected_ids)
+    np.testing.assert_allclose(result.distances, expected_d, rtol=1e-6)  # the index stores float32
+
+
+def test_search_evaluation_over_the_whole_gallery_equals_the_mixed_gallery_evaluation(tmp_path):
+    rng = np.random.default_rng(3)
+    n = 45
+    ids, labels = np.arange(n) + 500, rng.integers(0, 4, n)
+    old = rng.normal(size=(n, 8)).astype(np.float32)
+    new = (old + 0.4 * rng.normal(size=(n, 8))).astype(np.float32)
+    models, parents = {"g0": model(seed=1), "g1": model(seed=2)}, {"g0": None, "g1": "g0"}
+    first, second = np.arange(0, 28), np.arange(28, n)
+    shards = [shard_record(tmp_path, 0, "g0", ids[first], old[first]),
+              shard_record(tmp_path, 1, "g1", ids[second], new[second])]
+    router = SearchRouter("g1", models, parents, shards, None, ShardIndex.load)
+    searched = evaluate_search(router, torch.from_numpy(new), labels, ids, labels, query_ids=ids, ks=(1, 5))
+    as_files = [ShardEmbeddings(ids[p], labels[p], e[p], np.full(len(p), np.nan, np.float32), g, "cosine", 1.0)
+                for p, e, g in ((first, old, "g0"), (second, new, "g1"))]
+    expected = evaluate_mixed_gallery("g1", torch.from_numpy(new), labels, ids, as_files, models, parents, ks=(1, 5))
+    assert searched.result.cmc == pytest.approx(expected.cmc)
+    assert searched.result.mean_ap == pytest.approx(expected.mean_ap)
+    assert searched.k == n and searched.searched_items == n
+
+
+# --- refusal --------------------------------------------------------------------------------------
+
+def two_generation_gallery(tmp_path):
+    rng = np.random.default_rng(4)
+    ids, labels = np.arange(20), np.repeat(np.arange(4), 5)
+    emb = rng.normal(size=(20, 8)).astype(np.float32)
+    shards = [shard_record(tmp_path, 0, "g0", ids[:12], emb[:12]), shard_record(tmp_path, 1, "g1", ids[12:], emb[12:])]
+    return ids, labels, emb, shards, {"g0": model(seed=0), "g1": model(seed=1)}, {"g0": None, "g1": "g0"}
+
+
+def test_a_shard_below_the_criterion_is_refused_with_both_values(tmp_path):
+    _ids, _labels, _emb, shards, models, parents = two_generation_gallery(tmp_path)
+    values = {("g1", "g0"): 0.61, ("g0", "g0"): 0.64, ("g1", "g1"): 0.9}
+    with pytest.raises(IncompatibleShards) as raised:
+        SearchRouter("g1", models, parents, shards, criterion(values), ShardIndex.load)
+    message = str(raised.value)
+    assert "shard 0 (12 items of g0)" in message and "below the compatibility criterion" in message
+    assert "0.6100" in message and "0.6400" in message and "--skip-incompatible" in message
+    assert [s.index for s in raised.value.shards] == [0]
+
+
+def test_a_tie_fails_the_criterion_and_an_unrecorded_pair_is_refused(tmp_path):
+    assert not criterion({("g1", "g0"): 0.5, ("g0", "g0"): 0.5}).verdict("g1", "g0").admitted
+    _ids, _labels, _emb, shards, models, parents = two_generation_gallery(tmp_path)
+    with pytest.raises(IncompatibleShards, match=r"no compatibility recorded \(map on 'test'\) for g1 → g0"):
+        SearchRouter("g1", models, parents, shards, criterion({("g0", "g0"): 0.6}), ShardIndex.load)
+
+
+def test_a_pair_without_a_common_distance_is_refused(tmp_path):
+    ids, _labels, emb, shards, models, parents = two_generation_gallery(tmp_path)
+    models["g0"] = model("independent", seed=0, space="euclidean")
+    values = {("g1", "g0"): 0.9, ("g0", "g0"): 0.5}
+    with pytest.raises(IncompatibleShards, match="no common distance: cosine"):
+        SearchRouter("g1", models, parents, shards, criterion(values), ShardIndex.load)
+
+
+def test_skip_serves_the_compatible_shards_and_counts_the_hidden_items_as_misses(tmp_path):
+    ids, labels, emb, shards, models, parents = two_generation_gallery(tmp_path)
+    values = {("g1", "g0"): 0.1, ("g0", "g0"): 0.6}
+    router = SearchRouter("g1", models, parents, shards, criterion(values), ShardIndex.load, on_incompatible="skip")
+    result = router.search(torch.from_numpy(emb), 20)
+    assert set(result.ids[result.ids >= 0].tolist()) == set(ids[12:].tolist())
+    assert [s.index for s in result.skipped] == [0] and router.searchable_items == 8
+    evaluation = evaluate_search(router, torch.from_numpy(emb[12:]), labels[12:], ids, labels, query_ids=ids[12:])
+    # independent: with only shard 1 searchable, each query's relevant items in shard 0 are never found
+    hidden = np.array([np.sum(labels[:12] == label) for label in labels[12:]])
+    total = np.array([np.sum(labels == label) - 1 for label in labels[12:]])
+    assert evaluation.result.mean_ap <= float(np.mean(1 - hidden / total)) + 1e-12
+    assert "shard 0 (12 items of g0)" in evaluation.as_row()["skipped"]
+
+
+def test_an_adapter_narrower_than_the_gallery_index_is_refused_at_search(tmp_path):
+    ids, _labels, emb, shards, models, parents = two_generation_gallery(tmp_path)
+    models["g1"].adapters["backward"] = nn.Linear(8, 5, bias=False)
+    router = SearchRouter("g1", models, parents, shards, None, ShardIndex.load)
+    with pytest.raises(ValueError, match="adapted queries have 5 coordinates but the gallery's index holds 8"):
+        router.search(torch.from_numpy(emb), 3)
