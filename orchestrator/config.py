@@ -546,7 +546,11 @@ class GallerySpec(_Strict):
     split:            the split of that source that forms the gallery.
     num_shards:       shards are the unit of backfill, lineage and indexing (initial count: an
                       item-level partial backfill moves its items into new shards).
-    index:            the FAISS index type built per shard.
+    index:            the index kind built per shard (``orchestrator.index.ALL_KINDS``): float
+                      ``flat`` / ``ivf`` / ``hnsw``, bit-plane ``binary`` / ``binary_weighted`` /
+                      ``binary_two_stage`` / ``binary_ivf``, or ``pq`` / ``opq`` / ``binary_opq``.
+    index_options:    that kind's build options (``orchestrator.index.OPTIONS[index]``, e.g.
+                      ``{bits: 2}``); names are checked here, values when the index is built.
     embedding:        batch size, actor-pool size and resources of the Ray Data embedding.
     """
 
@@ -555,8 +559,21 @@ class GallerySpec(_Strict):
     options: dict[str, Any] | None = None
     split: str = "test"
     num_shards: int = Field(4, ge=1)
-    index: Literal["flat", "ivf", "hnsw"] = "flat"
+    index: str = "flat"
+    index_options: dict[str, Any] = Field(default_factory=dict)
     embedding: EmbeddingSpec = Field(default_factory=EmbeddingSpec)
+
+    @model_validator(mode="after")
+    def _check_index(self) -> GallerySpec:
+        from orchestrator.index import ALL_KINDS, OPTIONS
+
+        if self.index not in ALL_KINDS:
+            _raise_problems([_problem(("index",), f"must be one of {', '.join(ALL_KINDS)}", self.index)])
+        unknown = sorted(set(self.index_options) - set(OPTIONS[self.index]))
+        _raise_problems([_problem(("index_options", name), f"is not an option of index {self.index!r} "
+                                  f"(its options: {', '.join(OPTIONS[self.index]) or 'none'})", self.index_options[name])
+                         for name in unknown])
+        return self
 
     @field_validator("source")
     @classmethod

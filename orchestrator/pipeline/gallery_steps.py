@@ -42,7 +42,7 @@ from orchestrator.distributed.embed import EmbeddingSettings, embed_with_ray_dat
 from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery, read_shard, shard_file_uris, shard_members, write_shard
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import Space
-from orchestrator.index import ShardIndex, build_index
+from orchestrator.index import build_index, load_index
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import ShardAssignment, ShardRecord
 from orchestrator.methods.base import embed_dataset_with_ids
@@ -253,7 +253,8 @@ class GalleryUpdater:
         """Write a shard's Parquet file and FAISS index; returns (embeddings URI, index URI, sha256)."""
         embeddings_uri, index_uri = shard_file_uris(self.root, index, shard.generation, shard.ids)
         digest = write_shard(embeddings_uri, shard)
-        build_index(shard.embeddings, shard.space, self.spec.index, shard.ids, curv=shard.curv).save(index_uri)
+        build_index(shard.embeddings, shard.space, self.spec.index, shard.ids, curv=shard.curv,
+                    **self.spec.index_options).save(index_uri)
         return embeddings_uri, index_uri, digest
 
     def _commit(self, entry: PlanEntry, shard: ShardEmbeddings, plan: GalleryPlan, key: str) -> None:
@@ -313,7 +314,7 @@ class GalleryUpdater:
         criterion = CompatibilityCriterion.from_records(
             self.store.compatibility_values(self.config.data.eval_split), self.config.search.criterion_metric,
             self.config.data.eval_split)
-        router = SearchRouter(generation, models, parents, shards, criterion, ShardIndex.load, on_incompatible="skip")
+        router = SearchRouter(generation, models, parents, shards, criterion, load_index, on_incompatible="skip")
         for skipped in router.skipped:
             self.say(f"search {self.name} as {generation}: not searched: {skipped.describe()}")
         evaluation = evaluate_search(router, queries, query_labels, self.images.ids, self.images.labels,

@@ -34,8 +34,10 @@ from orchestrator.models.bundle import CompatibleModel
 from orchestrator.search.admission import CompatibilityCriterion
 
 OnIncompatible = Literal["refuse", "skip"]
-#: Queries searched per call of each shard index (bounds the (chunk, shards·k) merge buffers).
-DEFAULT_QUERY_CHUNK = 4096
+#: Queries per call of each shard index: at most this many, and few enough that the merge buffers
+#: ((chunk, shards·k) distances, ids and sources, 24 bytes a slot) stay within MERGE_BUDGET_BYTES.
+MAX_QUERY_CHUNK = 4096
+MERGE_BUDGET_BYTES = 1 << 29
 
 
 @dataclass(frozen=True)
@@ -198,10 +200,11 @@ class SearchRouter:
         """Generation → how its shards are searched (``same``, ``direct``, ``queries mapped by …``)."""
         return {r.shard.generation: r.path.note for r in self.routes}
 
-    def search(self, queries: torch.Tensor | np.ndarray, k: int, chunk: int = DEFAULT_QUERY_CHUNK) -> SearchResult:
+    def search(self, queries: torch.Tensor | np.ndarray, k: int) -> SearchResult:
         """Global top-``k`` of each of the (Q, D) serving-generation query embeddings."""
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be a positive int, got {k!r}")
+        chunk = max(1, min(MAX_QUERY_CHUNK, MERGE_BUDGET_BYTES // (24 * k * len(self.routes))))
         queries = torch.as_tensor(queries)
         if queries.ndim != 2:
             raise ValueError(f"queries must be a (Q, D) matrix of {self.serving!r} embeddings, got shape {tuple(queries.shape)}")

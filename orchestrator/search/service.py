@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from orchestrator.index import ShardIndex
+from orchestrator.index import load_index
 from orchestrator.lineage import LineageStore
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.search.admission import CompatibilityCriterion
@@ -55,7 +55,7 @@ def open_router(store: LineageStore, gallery: str, serving: str | None = None, *
                                               storage_options=storage_options)
     criterion = CompatibilityCriterion.from_records(store.compatibility_values(dataset), metric, dataset)
     return SearchRouter(serving, models, parents, shards, criterion,
-                        lambda uri: ShardIndex.load(uri, storage_options), on_incompatible)
+                        lambda uri: load_index(uri, storage_options), on_incompatible)
 
 
 @dataclass

@@ -233,3 +233,13 @@ def test_split_options_for_sources_without_splits(tmp_path):
                                                       "(used: gallery, test, train) [line 2]")
     assert load_pipeline(write(tmp_path, fixed.replace(", extra: {root: d}", ""))).gallery_loader_kwargs() == (
         "image_folder", {"root": "c", "image_size": 32})
+
+
+def test_gallery_index_kind_and_option_names(tmp_path):
+    message = errors_of(write(tmp_path, VALID + "gallery: {index: binary_flat}\n"))
+    assert "gallery.index: must be one of flat, ivf, hnsw, binary," in message and '(got "binary_flat") [line 10]' in message
+    message = errors_of(write(tmp_path, VALID + "gallery: {index: binary, index_options: {bits: 2, nprobe: 4}}\n"))
+    assert "gallery.index_options.nprobe: is not an option of index 'binary' (its options: bits, clip_percentile)" in message
+    assert "bits" not in message.split("nprobe")[0]  # the valid option is not reported
+    config = load_pipeline(write(tmp_path, VALID + "gallery: {index: binary_weighted, index_options: {bits: 3}}\n", "ok.yaml"))
+    assert config.gallery.index == "binary_weighted" and config.gallery.index_options == {"bits": 3}
