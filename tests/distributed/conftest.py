@@ -1,7 +1,8 @@
-"""One local Ray (2 CPUs) for the distributed tests, started once for the package and stopped
-after its last test (before the modules that start clusters of their own). Its workers get the
-environment ``orchestrator run`` gives a local Ray (``connect``): Ray Train's controller polls its
-workers every 0.2 s instead of 2 s."""
+"""The local Ray (2 CPUs) of the distributed tests: one per module, stopped after the module's last
+test. Not wider: without an ``__init__.py`` a "package" fixture lives until the session ends, and a
+Ray left running makes the cluster scripts of later tests wait for it (examples/cluster_walkthrough.sh).
+Its workers get the environment ``orchestrator run`` gives a local Ray (``connect``): Ray Train's
+controller polls its workers every 0.2 s instead of 2 s."""
 from __future__ import annotations
 
 import pytest
@@ -10,7 +11,7 @@ import ray
 from orchestrator.distributed.runtime import WORKER_ENV_VARS
 
 
-@pytest.fixture(scope="package")
+@pytest.fixture(scope="module")
 def local_ray():
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": WORKER_ENV_VARS})

@@ -4,7 +4,7 @@ finished generation written as safetensors + card, and resumption after a killed
 Every Ray Train run pays the start of a controller and of its worker processes (seconds each on
 2 cores), so the parent generation the children align to is trained through Ray Train once for
 the module (``parent``) and shared by the tests that need a parent; each child is its own run.
-The local Ray is ``local_ray`` of tests/distributed/conftest.py."""
+The local Ray is ``local_ray`` of tests/distributed/conftest.py (one per module)."""
 from __future__ import annotations
 
 import json
