@@ -43,6 +43,7 @@ import cosine_anchor  # noqa: E402  (registers the method `cosine_anchor` in thi
 import yaml  # noqa: E402
 
 from orchestrator.config import load_pipeline  # noqa: E402
+from orchestrator.distributed.runtime import WORKER_ENV_VARS  # noqa: E402
 from orchestrator.methods.registry import PLUGINS_ENV  # noqa: E402
 from orchestrator.pipeline.runner import run_pipeline  # noqa: E402
 
@@ -70,6 +71,8 @@ def start_ray(address: str | None, plugins: str) -> None:
 
     runtime_env = {"py_modules": [cosine_anchor], "env_vars": {PLUGINS_ENV: plugins}}
     if address is None and not os.environ.get("RAY_ADDRESS"):
+        # a local Ray gets the worker environment `connect` gives one (Ray Train polls every 0.2 s)
+        runtime_env["env_vars"] = {**WORKER_ENV_VARS, **runtime_env["env_vars"]}
         ray.init(include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
     else:
         ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)

@@ -1,9 +1,9 @@
-"""Gallery embedding through a Ray Data actor pool equals the local embedding path."""
+"""Gallery embedding through a Ray Data actor pool equals the local embedding path (the local Ray:
+``local_ray`` of tests/distributed/conftest.py)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-import ray
 import torch
 
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
@@ -12,13 +12,6 @@ from orchestrator.geometry import lorentz
 from orchestrator.methods import create_method, embed_dataset
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.storage import save_generation
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
 
 
 def test_actor_pool_embeddings_equal_the_local_ones(local_ray, tmp_path):

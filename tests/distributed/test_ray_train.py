@@ -1,16 +1,21 @@
 """Generations trained through Ray Train: DDP workers, parent loaded from its checkpoint,
-finished generation written as safetensors + card, and resumption after a killed worker."""
+finished generation written as safetensors + card, and resumption after a killed worker.
+
+Every Ray Train run pays the start of a controller and of its worker processes (seconds each on
+2 cores), so the parent generation the children align to is trained through Ray Train once for
+the module (``parent``) and shared by the tests that need a parent; each child is its own run.
+The local Ray is ``local_ray`` of tests/distributed/conftest.py (one per module)."""
 from __future__ import annotations
 
 import json
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
-import ray
 import torch
 
 from orchestrator.data import channel_statistics, load_digits
@@ -19,13 +24,9 @@ from orchestrator.storage import load_card, load_generation
 from orchestrator.training.seeds import derive_seed
 
 ENCODER = {"arch": "test_resnet", "embed_dim": 16}
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
+# test_convnext uses LayerNorm, so a model and a frozen copy give identical outputs in train and
+# eval mode (BatchNorm would not): test_init_from_parent_and_replacement_start_points needs that
+CONVNEXT = {"arch": "test_convnext", "embed_dim": 16}
 
 
 @pytest.fixture(scope="module")
@@ -33,46 +34,58 @@ def digits_stats():
     return channel_statistics(load_digits("train"))
 
 
-def job(name, method, out, stats, epochs=2, **kwargs):
+@dataclass(frozen=True)
+class Parent:
+    uri: str
+    sha256: str
+    metrics: dict
+
+
+@pytest.fixture(scope="module")
+def parent(local_ray, digits_stats, tmp_path_factory) -> Parent:
+    """g0: independent, test_convnext, the old classes (0-4), 2 epochs on one Ray Train worker."""
+    out = tmp_path_factory.mktemp("parent")
+    train = load_digits("train")
+    old_ids = train.ids[train.labels < 5].tolist()
+    metrics = train_generation_with_ray(job("g0", "independent", out, digits_stats, train_ids=old_ids, encoder=CONVNEXT),
+                                        ScalingSettings(num_workers=1), storage_path=str(out / "ray"))
+    return Parent(str(out / "g0"), load_card(str(out / "g0")).sha256, metrics)
+
+
+def job(name, method, out, stats, epochs=2, encoder=ENCODER, **kwargs):
     mean, std = stats
-    return GenerationJob(name=name, method=method, method_params={}, encoder=ENCODER,
+    return GenerationJob(name=name, method=method, method_params={}, encoder=encoder,
                          training={"epochs": epochs, "batch_size": 64, "lr": 0.05, "augment": False},
                          num_classes=10, data_source="digits", output_uri=str(out / name),
                          mean=mean, std=std, **kwargs)
 
 
-def test_parent_and_ddp_child_through_ray_train(local_ray, digits_stats, tmp_path):
-    train = load_digits("train")
-    old_ids = train.ids[train.labels < 5].tolist()
-    metrics = train_generation_with_ray(job("g0", "independent", tmp_path, digits_stats, train_ids=old_ids),
-                                        ScalingSettings(num_workers=1), storage_path=str(tmp_path / "ray"))
+def test_parent_and_ddp_child_through_ray_train(local_ray, digits_stats, parent, tmp_path):
+    metrics = parent.metrics
     assert metrics["epoch"] == 1 and metrics["lr"] == pytest.approx(0.025)  # cosine step of epoch 1 of 2
     assert metrics["samples"] == 576  # 633 old-class items, 9 full batches of 64
-    g0_card = load_card(str(tmp_path / "g0"))
-    assert g0_card.seen_classes == [0, 1, 2, 3, 4] and g0_card.parent is None
+    g0_card = load_card(parent.uri)
+    assert g0_card.seen_classes == [0, 1, 2, 3, 4] and g0_card.parent is None and g0_card.sha256 == parent.sha256
 
-    child = job("g1", "bct", tmp_path, digits_stats, epochs=1, parent_name="g0",
-                parent_uri=str(tmp_path / "g0"), parent_sha256=g0_card.sha256)
+    child = job("g1", "bct", tmp_path, digits_stats, epochs=1, encoder=CONVNEXT, parent_name="g0",
+                parent_uri=parent.uri, parent_sha256=parent.sha256)
     metrics = train_generation_with_ray(child, ScalingSettings(num_workers=2), storage_path=str(tmp_path / "ray"))
     assert {"loss/base", "loss/influence"} <= set(metrics)
     assert metrics["loss"] == pytest.approx(metrics["loss/base"] + metrics["loss/influence"])
     # two DDP workers each see half of the 1,258 training items (DistributedSampler, 9 full batches)
     assert metrics["samples"] == 576
     g1, card = load_generation(str(tmp_path / "g1"))
-    g0, _ = load_generation(str(tmp_path / "g0"))
+    g0, _ = load_generation(parent.uri)
     assert card.parent == "g0" and card.method.name == "bct" and card.seen_classes == list(range(10))
     changed = [not torch.equal(a, b) for (name, a), (_, b) in zip(g0.state_dict().items(), g1.state_dict().items())
                if name.startswith("encoder.") and a.is_floating_point()]
     assert all(changed)
 
 
-def test_a_wrong_parent_hash_fails_the_run(local_ray, digits_stats, tmp_path):
-    train = load_digits("train")
-    train_generation_with_ray(job("g0", "independent", tmp_path, digits_stats, epochs=1,
-                                  train_ids=train.ids[:128].tolist()),
-                              ScalingSettings(num_workers=1, max_failures=0), storage_path=str(tmp_path / "ray"))
-    bad = job("g1", "l2", tmp_path, digits_stats, epochs=1, parent_name="g0",
-              parent_uri=str(tmp_path / "g0"), parent_sha256="0" * 64)
+def test_a_wrong_parent_hash_fails_the_run(local_ray, digits_stats, parent, tmp_path):
+    assert parent.sha256 != "0" * 64
+    bad = job("g1", "l2", tmp_path, digits_stats, epochs=1, encoder=CONVNEXT, parent_name="g0",
+              parent_uri=parent.uri, parent_sha256="0" * 64)
     with pytest.raises(RuntimeError, match="g1"):
         train_generation_with_ray(bad, ScalingSettings(num_workers=1, max_failures=0),
                                   storage_path=str(tmp_path / "ray"))
@@ -118,38 +131,37 @@ def test_killed_worker_resumes_from_the_last_epoch_checkpoint(local_ray, digits_
     assert card.name == "g0" and np.isfinite(metrics["loss"])
 
 
-def test_init_from_parent_and_replacement_start_points(local_ray, digits_stats, tmp_path):
+def test_init_from_parent_and_replacement_start_points(local_ray, digits_stats, parent, tmp_path):
     """init_from_parent starts from the parent's weights; a replacement (replaces) starts from its
     pretrained checkpoint, and that checkpoint, not the parent, is the frozen model it aligns to.
 
-    test_convnext uses LayerNorm, so a model and a frozen copy give identical outputs in train and
-    eval mode (BatchNorm would not): a learning rate of 1e-9 keeps the l2 term at ~0 exactly when
-    the frozen model is the starting point."""
+    The parent is test_convnext (LayerNorm: a model and a frozen copy give identical outputs in
+    train and eval mode): a learning rate of 1e-9 keeps the l2 term at ~0 exactly when the frozen
+    model is the starting point."""
     from safetensors.torch import save_file
 
-    convnext = {"arch": "test_convnext", "embed_dim": 16}
     quiet = {"epochs": 1, "batch_size": 64, "lr": 1e-9, "momentum": 0.0, "weight_decay": 0.0, "augment": False}
     train = load_digits("train")
-    ids = train.ids[:256].tolist()
+    ids = train.ids[train.labels < 5][:256].tolist()  # the parent's classes: same seen_classes buffer
 
     def run(name, method, **fields):
         base = job(name, method, tmp_path, digits_stats, train_ids=ids)
-        spec = GenerationJob(**{**base.__dict__, "encoder": convnext, "seed": derive_seed(0, name), **fields})
+        spec = GenerationJob(**{**base.__dict__, "encoder": CONVNEXT, "seed": derive_seed(0, name), **fields})
         return train_generation_with_ray(spec, ScalingSettings(num_workers=1), storage_path=str(tmp_path / "ray"))
 
-    run("g0", "independent", training={**quiet, "lr": 0.05})
-    parent, parent_card = load_generation(str(tmp_path / "g0"))
-    lineage = {"parent_name": "g0", "parent_uri": str(tmp_path / "g0"), "parent_sha256": parent_card.sha256}
+    parent_model, parent_card = load_generation(parent.uri)
+    assert parent_card.encoder["arch"] == "test_convnext"
+    lineage = {"parent_name": "g0", "parent_uri": parent.uri, "parent_sha256": parent.sha256}
 
     assert run("g1", "l2", training=quiet, init_from_parent=True, **lineage)["loss/l2"] < 1e-6
     child, _ = load_generation(str(tmp_path / "g1"))
-    for (name, a), (_, b) in zip(parent.state_dict().items(), child.state_dict().items()):
+    for (name, a), (_, b) in zip(parent_model.state_dict().items(), child.state_dict().items()):
         assert torch.allclose(a, b, atol=1e-6), name
 
-    backbone = {k.removeprefix("encoder.backbone."): v.contiguous() for k, v in parent.state_dict().items()
+    backbone = {k.removeprefix("encoder.backbone."): v.contiguous() for k, v in parent_model.state_dict().items()
                 if k.startswith("encoder.backbone.")}
     save_file(backbone, str(tmp_path / "third_party.safetensors"))
-    pretrained = {**convnext, "pretrained": str(tmp_path / "third_party.safetensors")}
+    pretrained = {**CONVNEXT, "pretrained": str(tmp_path / "third_party.safetensors")}
     replaced = run("g2", "l2", training=quiet, replaces=True, encoder=pretrained, **lineage)
     aligned_to_parent = run("g3", "l2", training=quiet, encoder=pretrained, **lineage)
     assert replaced["loss/l2"] < 1e-6  # aligned to its own starting checkpoint

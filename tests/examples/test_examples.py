@@ -63,5 +63,11 @@ def test_cluster_walkthrough_submits_the_pipeline_and_prints_the_lineage(tmp_pat
     lineage = result.stdout.split("--- lineage", 1)[1]
     assert re.search(r"^\s*(?:[│├└─ ]*)g2\s+hbct\s+trained\b.*\[serving\]$", lineage, re.MULTILINE), lineage
     assert re.search(r"^g0-old\s+hbct\s+trained\b", lineage, re.MULTILINE), lineage
-    assert (run_dir / "lineage.db").is_file()
+    store = LineageStore(f"sqlite:///{run_dir / 'lineage.db'}")
+    try:
+        assert [(g.name, g.status) for g in store.list_generations()] == [
+            ("g0-old", "trained"), ("g1", "trained"), ("g2", "trained"), ("phi-star", "trained")]
+        assert store.current_deployment().generation == "g2"
+    finally:
+        store.close()
     assert not any(run_dir.glob("ray_token*")), "the token must not be left in the run folder"

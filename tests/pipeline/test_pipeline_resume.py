@@ -34,12 +34,13 @@ GENERATIONS = ["g0-old", "g1", "g2", "phi-star"]
 
 
 def small_pipeline(tmp_path: Path) -> Path:
-    """pipelines/lifelong.yaml with short training, backfill curves, storage under tmp_path."""
+    """pipelines/lifelong.yaml with one epoch per generation (nothing here depends on model quality),
+    backfill curves, storage under tmp_path."""
     config = yaml.safe_load((REPO / "pipelines" / "lifelong.yaml").read_text())
     config["storage"] = str(tmp_path / "run")
     config["evaluation"]["backfill_curves"] = True
     for generation in config["generations"]:
-        generation["training"] = {**generation["training"], "epochs": 2}
+        generation["training"] = {**generation["training"], "epochs": 1}
     path = tmp_path / "lifelong_small.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path

@@ -31,7 +31,7 @@ def two_generation_pipeline(tmp_path: Path) -> Path:
     config["data"]["scenario"] = "extended_class"
     config["evaluation"] = {"reference": None, "backfill_curves": True}
     for generation in config["generations"]:
-        generation["training"] = {**generation["training"], "epochs": 2}
+        generation["training"] = {**generation["training"], "epochs": 1}
     config["lineage"] = f"sqlite:///{tmp_path / 'lineage.db'}"
     path = tmp_path / "lifelong_s3.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))

@@ -1,0 +1,19 @@
+"""The local Ray (2 CPUs) of the distributed tests: one per module, stopped after the module's last
+test. Not wider: without an ``__init__.py`` a "package" fixture lives until the session ends, and a
+Ray left running makes the cluster scripts of later tests wait for it (examples/cluster_walkthrough.sh).
+Its workers get the environment ``orchestrator run`` gives a local Ray (``connect``): Ray Train's
+controller polls its workers every 0.2 s instead of 2 s."""
+from __future__ import annotations
+
+import pytest
+import ray
+
+from orchestrator.distributed.runtime import WORKER_ENV_VARS
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": WORKER_ENV_VARS})
+    yield
+    ray.shutdown()
