@@ -61,6 +61,7 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -196,21 +197,33 @@ def build_searcher(name: str, points: np.ndarray) -> Searcher:
 # --------------------------------------------------------------------------- timing
 
 
-def time_searches(searcher: Searcher, queries: np.ndarray, single: int, batch: int, k: int = K) -> dict[str, Any]:
-    """Queries per second: ``single`` calls of one query each, then one call of ``batch`` queries.
-    One single-query call before each regime warms up (not timed)."""
+def time_searches(searcher: Searcher, queries: np.ndarray, single: int, batch: int, single_budget_s: float,
+                  k: int = K) -> dict[str, Any]:
+    """Queries per second: up to ``single`` calls of one query each (stopping once ``single_budget_s``
+    seconds have passed, after at least 10 calls), then one call of ``batch`` queries. One
+    single-query call before each regime warms up (not timed)."""
     prepared = searcher.prepare(queries)
     searcher.search(prepared[:1], k)
+    calls = 0
     started = time.perf_counter()
-    for i in range(single):
-        searcher.search(prepared[i % len(queries):i % len(queries) + 1], k)
+    while calls < single and (calls < 10 or time.perf_counter() - started < single_budget_s):
+        row = calls % len(queries)
+        searcher.search(prepared[row:row + 1], k)
+        calls += 1
     single_s = time.perf_counter() - started
     searcher.search(prepared[:1], k)
     started = time.perf_counter()
     searcher.search(prepared[:batch], k)
     batch_s = time.perf_counter() - started
-    return {"single_calls": single, "single_s": single_s, "single_qps": single / single_s,
+    return {"single_calls": calls, "single_s": single_s, "single_qps": calls / single_s,
             "batch_queries": batch, "batch_s": batch_s, "batch_qps": batch / batch_s}
+
+
+def median_timing(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each rate over repeated ``time_searches`` runs (the runs are kept alongside)."""
+    return {"single_calls": runs[0]["single_calls"], "batch_queries": runs[0]["batch_queries"],
+            "single_qps": statistics.median(run["single_qps"] for run in runs),
+            "batch_qps": statistics.median(run["batch_qps"] for run in runs), "runs": runs}
 
 
 def add_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -226,19 +239,26 @@ def add_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def measure_size(n: int, dim: int, methods: tuple[str, ...], single: int, batch: int, seed: int = 0) -> list[dict[str, Any]]:
-    """One row per method for a gallery of ``n`` generated points (built, timed, then freed)."""
+def measure_size(n: int, dim: int, methods: tuple[str, ...], single: int, batch: int, repeat: int = 1,
+                 single_budget_s: float = 30.0, seed: int = 0) -> list[dict[str, Any]]:
+    """One row per method for a gallery of ``n`` generated points: every method is built, then all are
+    timed ``repeat`` times, interleaved (method 1, 2, ..., 1, 2, ...) so that a change of machine load
+    hits all of them; the rates are the medians."""
     points = generated_points(n, dim, seed)
     queries = generated_points(max(single, batch), dim, seed + 1)
-    rows = []
+    searchers = []
     for name in methods:
-        searcher = build_searcher(name, points)
-        timing = time_searches(searcher, queries, single, batch)
-        rows.append({"method": name, "label": LABELS[name], "n": n, "memory_bytes": searcher.memory_bytes,
-                     "item_bytes": searcher.item_bytes, "build_s": searcher.build_s, **timing})
-        print(f"  N={n:,} {LABELS[name]:<28} built {searcher.build_s:6.1f} s, single {timing['single_qps']:10.1f} q/s, "
-              f"batched {timing['batch_qps']:10.1f} q/s", flush=True)
-        del searcher
+        searchers.append(build_searcher(name, points))
+        print(f"  N={n:,} {LABELS[name]:<28} built in {searchers[-1].build_s:.1f} s", flush=True)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in methods}
+    for r in range(repeat):
+        for searcher in searchers:
+            runs[searcher.name].append(time_searches(searcher, queries, single, batch, single_budget_s))
+            last = runs[searcher.name][-1]
+            print(f"  N={n:,} run {r + 1}/{repeat} {LABELS[searcher.name]:<28} single {last['single_qps']:10.1f} q/s "
+                  f"({last['single_calls']} calls), batched {last['batch_qps']:10.1f} q/s", flush=True)
+    rows = [{"method": s.name, "label": LABELS[s.name], "n": n, "memory_bytes": s.memory_bytes,
+             "item_bytes": s.item_bytes, "build_s": s.build_s, **median_timing(runs[s.name])} for s in searchers]
     return add_ratios(rows)
 
 
@@ -343,14 +363,16 @@ def targets(speed: dict[int, list[dict[str, Any]]], quality: list[dict[str, Any]
 
 
 def format_speed(n: int, rows: list[dict[str, Any]], dim: int) -> str:
-    header = (f"{'method':<29}{'B/item':>8}{'memory MB':>11}{'× smaller':>11}{'single q/s':>12}{'×':>8}"
+    """The table of one gallery size; ``calls``: single-query calls per timing run."""
+    header = (f"{'method':<29}{'B/item':>8}{'memory MB':>11}{'× smaller':>11}{'calls':>7}{'single q/s':>12}{'×':>8}"
               f"{'batched q/s':>13}{'×':>8}{'build s':>9}")
-    lines = [f"N = {n:,} ({dim}-d, k = {K}; single: {rows[0]['single_calls']} calls of 1 query; batched: 1 call of "
-             f"{rows[0]['batch_queries']} queries)", header, "-" * len(header)]
+    lines = [f"N = {n:,} ({dim}-d, k = {K}; single: calls of 1 query; batched: 1 call of {rows[0]['batch_queries']} "
+             f"queries; median of {len(rows[0]['runs'])} run(s))", header, "-" * len(header)]
     for row in rows:
         lines.append(f"{row['label']:<29}{row['item_bytes']:>8.1f}{row['memory_bytes'] / 1e6:>11.2f}"
-                     f"{row['times_smaller']:>10.2f}×{row['single_qps']:>12.1f}{row['single_ratio']:>7.2f}×"
-                     f"{row['batch_qps']:>13.1f}{row['batch_ratio']:>7.2f}×{row['build_s']:>9.1f}")
+                     f"{row['times_smaller']:>10.2f}×{row['single_calls']:>7d}{row['single_qps']:>12.1f}"
+                     f"{row['single_ratio']:>7.2f}×{row['batch_qps']:>13.1f}{row['batch_ratio']:>7.2f}×"
+                     f"{row['build_s']:>9.1f}")
     return "\n".join(lines)
 
 
@@ -396,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=128, help="embedding dimension (generated data and the model)")
     parser.add_argument("--single", type=int, default=200, help="single-query calls per method")
     parser.add_argument("--batch", type=int, default=1000, help="queries of the one batched call per method")
+    parser.add_argument("--single-budget", type=float, default=30.0,
+                        help="seconds after which a method's single-query calls stop (after at least 10)")
+    parser.add_argument("--repeat", type=int, default=1, help="timing runs per method (interleaved; medians)")
     parser.add_argument("--methods", type=parse_methods, default=METHODS, help=f"comma-separated subset of {list(METHODS)}")
     parser.add_argument("--quality-epochs", type=int, default=10, help="epochs of the binary_hyperbolic model")
     parser.add_argument("--quality-limit", type=int, default=None, help="train on the first N digits only (smoke runs)")
@@ -410,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
 
     count = threads()
     print(f"{count} thread(s); methods: {', '.join(args.methods)}", flush=True)
-    speed = {n: measure_size(n, args.dim, args.methods, args.single, args.batch) for n in sizes}
+    speed = {n: measure_size(n, args.dim, args.methods, args.single, args.batch, args.repeat, args.single_budget)
+             for n in sizes}
     quality = None
     train_s = None
     if not args.no_quality:
@@ -432,6 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         document = {
             "config": {"sizes": sizes, "dim": args.dim, "k": K, "curv": CURV, "single": args.single, "batch": args.batch,
+                       "single_budget_s": args.single_budget, "repeat": args.repeat,
                        "methods": list(args.methods), "quality_epochs": args.quality_epochs,
                        "quality_limit": args.quality_limit, "threads": count},
             "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(), "faiss": faiss.__version__,

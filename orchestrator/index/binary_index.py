@@ -86,6 +86,12 @@ class BinaryIndex(CompressedIndex):
         self.vectors = vectors
         self.nprobe: int | None = None
         self.set_search_params(nprobe=nprobe)
+        if isinstance(index, faiss.IndexBinaryFlat):
+            # FAISS's counting-sort k-NN for plain codes, its heap for the 2.5× longer weighted ones:
+            # measured at 10^5 items, 256-bit codes: 0.14-0.16 ms vs 0.15-0.25 ms per query (k = 50),
+            # 0.19-0.24 vs 0.37-0.44 ms (two-stage, k = 500); 640-bit codes: 0.48-0.62 vs 0.37 ms.
+            # Not serialised by FAISS, so set on every construction.
+            index.use_heap = codes == "weighted"
 
     @property
     def ntotal(self) -> int:

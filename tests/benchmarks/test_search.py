@@ -74,6 +74,19 @@ def test_leave_one_out(bench):
     np.testing.assert_array_equal(bench.leave_one_out(found, np.array([7, 8, 0]), 2), [[3, 9], [4, 2], [1, 5]])
 
 
+def test_single_query_budget_and_medians(bench):
+    calls = []
+    searcher = bench.Searcher("euclidean_flat", lambda q, k: calls.append(len(q)), np.asarray, 10, 1.0, 0.0)
+    timing = bench.time_searches(searcher, np.zeros((30, 2)), single=25, batch=7, single_budget_s=0.0)
+    assert timing["single_calls"] == 10 and timing["batch_queries"] == 7  # budget spent: stop after 10 calls
+    assert calls == [1] + [1] * 10 + [1, 7]  # warm-ups of one query before each regime
+    assert timing["single_qps"] == pytest.approx(10 / timing["single_s"])
+    assert bench.time_searches(searcher, np.zeros((3, 2)), single=25, batch=2, single_budget_s=60.0)["single_calls"] == 25
+    runs = [{"single_calls": 10, "batch_queries": 7, "single_qps": q, "batch_qps": b} for q, b in [(3, 9), (1, 7), (2, 8)]]
+    median = bench.median_timing(runs)
+    assert (median["single_qps"], median["batch_qps"], median["runs"]) == (2, 8, runs)
+
+
 def test_ratios_and_targets(bench):
     rows = [
         {"method": "euclidean_flat", "single_qps": 100.0, "batch_qps": 1000.0, "memory_bytes": 512_000},
@@ -99,14 +112,16 @@ def test_ratios_and_targets(bench):
 
 def test_main_quick_writes_the_tables_and_json(bench, tmp_path, capsys):
     out = tmp_path / "search.json"
-    assert bench.main(["--quick", "--sizes", "600", "--single", "5", "--batch", "8", "--quality-limit", "128",
+    assert bench.main(["--quick", "--sizes", "600", "--single", "5", "--batch", "8", "--repeat", "2", "--quality-limit", "128",
                        "--methods", ",".join(FAST_METHODS), "--json", str(out)]) == 0
     document = json.loads(out.read_text())
     rows = document["speed"]["600"]
     assert [row["method"] for row in rows] == list(FAST_METHODS)
     base = rows[0]
     for row in rows:
-        assert row["n"] == 600 and row["single_calls"] == 5 and row["batch_queries"] == 8
+        assert row["n"] == 600 and row["batch_queries"] == 8 and len(row["runs"]) == 2
+        assert row["single_calls"] == 5
+        assert row["single_qps"] == pytest.approx(np.median([run["single_qps"] for run in row["runs"]]))
         assert row["single_ratio"] == pytest.approx(row["single_qps"] / base["single_qps"])
         assert row["batch_ratio"] == pytest.approx(row["batch_qps"] / base["batch_qps"])
         assert row["times_smaller"] == pytest.approx(base["memory_bytes"] / row["memory_bytes"])
