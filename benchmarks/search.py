@@ -8,7 +8,8 @@ Speed and memory (per gallery size N, generated data): N points of the Poincaré
 0.1 (the paper's c), 128-d (``--dim``): ``exp_0`` of Gaussian tangent vectors (std 0.1 per
 coordinate), float32; queries drawn the same way. Every method is built over the same points and
 searched for the ``k = 50`` nearest items (the paper's cutoff) in two regimes, side by side in the
-same run:
+same run (``--repeat R`` times each, every timing of a method right after one of the baseline, so
+that each speed ratio compares two measurements seconds apart; rates and ratios are medians):
 
   single   ``--single`` calls (default 200) with ONE query each: serving, one request at a time;
   batched  one call with ``--batch`` queries (default 1000): BLAS-batched float search.
@@ -226,14 +227,20 @@ def median_timing(runs: list[dict[str, Any]]) -> dict[str, Any]:
             "batch_qps": statistics.median(run["batch_qps"] for run in runs), "runs": runs}
 
 
-def add_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every row's speed and memory as ratios to the ``euclidean_flat`` row of the same list:
-    ``single_ratio = single_qps / base``, ``batch_ratio`` alike (× faster), ``memory_ratio = memory /
-    base memory`` and ``times_smaller = base memory / memory``."""
+def paired_ratios(runs: list[dict[str, Any]], baseline_runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Speed ratios of a method's runs to the baseline runs timed right before each of them:
+    ``single_ratio`` / ``batch_ratio`` = the median over the pairs of ``qps / baseline qps``."""
+    single = [run["single_qps"] / base["single_qps"] for run, base in zip(runs, baseline_runs, strict=True)]
+    batch = [run["batch_qps"] / base["batch_qps"] for run, base in zip(runs, baseline_runs, strict=True)]
+    return {"single_ratio": statistics.median(single), "batch_ratio": statistics.median(batch),
+            "single_ratios": single, "batch_ratios": batch}
+
+
+def add_memory_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every row's memory as ratios to the ``euclidean_flat`` row of the same list: ``memory_ratio =
+    memory / base memory`` and ``times_smaller = base memory / memory``."""
     base = next(row for row in rows if row["method"] == BASELINE)
     for row in rows:
-        row["single_ratio"] = row["single_qps"] / base["single_qps"]
-        row["batch_ratio"] = row["batch_qps"] / base["batch_qps"]
         row["memory_ratio"] = row["memory_bytes"] / base["memory_bytes"]
         row["times_smaller"] = base["memory_bytes"] / row["memory_bytes"]
     return rows
@@ -241,25 +248,36 @@ def add_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def measure_size(n: int, dim: int, methods: tuple[str, ...], single: int, batch: int, repeat: int = 1,
                  single_budget_s: float = 30.0, seed: int = 0) -> list[dict[str, Any]]:
-    """One row per method for a gallery of ``n`` generated points: every method is built, then all are
-    timed ``repeat`` times, interleaved (method 1, 2, ..., 1, 2, ...) so that a change of machine load
-    hits all of them; the rates are the medians."""
+    """One row per method for a gallery of ``n`` generated points. Every method is built, then timed
+    ``repeat`` times in turn, each time right after the baseline (euclidean_flat, pairs B M1 B M2 ...):
+    on a shared machine the load drifts over minutes, so each ratio compares two measurements
+    seconds apart (``paired_ratios``). Rates are medians over the runs (the baseline's over all its
+    runs); speed ratios are medians over the pairs."""
     points = generated_points(n, dim, seed)
     queries = generated_points(max(single, batch), dim, seed + 1)
-    searchers = []
+    searchers = {}
     for name in methods:
-        searchers.append(build_searcher(name, points))
-        print(f"  N={n:,} {LABELS[name]:<28} built in {searchers[-1].build_s:.1f} s", flush=True)
+        searchers[name] = build_searcher(name, points)
+        print(f"  N={n:,} {LABELS[name]:<28} built in {searchers[name].build_s:.1f} s", flush=True)
+    others = [name for name in methods if name != BASELINE]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in methods}
+    pairs: dict[str, list[dict[str, Any]]] = {name: [] for name in others}
     for r in range(repeat):
-        for searcher in searchers:
-            runs[searcher.name].append(time_searches(searcher, queries, single, batch, single_budget_s))
-            last = runs[searcher.name][-1]
-            print(f"  N={n:,} run {r + 1}/{repeat} {LABELS[searcher.name]:<28} single {last['single_qps']:10.1f} q/s "
-                  f"({last['single_calls']} calls), batched {last['batch_qps']:10.1f} q/s", flush=True)
-    rows = [{"method": s.name, "label": LABELS[s.name], "n": n, "memory_bytes": s.memory_bytes,
-             "item_bytes": s.item_bytes, "build_s": s.build_s, **median_timing(runs[s.name])} for s in searchers]
-    return add_ratios(rows)
+        for name in others or [BASELINE]:
+            for timed in dict.fromkeys((BASELINE, name)):
+                runs[timed].append(time_searches(searchers[timed], queries, single, batch, single_budget_s))
+                last = runs[timed][-1]
+                print(f"  N={n:,} run {r + 1}/{repeat} {LABELS[timed]:<28} single {last['single_qps']:10.1f} q/s "
+                      f"({last['single_calls']} calls), batched {last['batch_qps']:10.1f} q/s", flush=True)
+            if name != BASELINE:
+                pairs[name].append(runs[BASELINE][-1])
+    rows = []
+    for name, searcher in searchers.items():
+        ratios = {"single_ratio": 1.0, "batch_ratio": 1.0} if name == BASELINE else paired_ratios(runs[name], pairs[name])
+        rows.append({"method": name, "label": LABELS[name], "n": n, "memory_bytes": searcher.memory_bytes,
+                     "item_bytes": searcher.item_bytes, "build_s": searcher.build_s, **median_timing(runs[name]),
+                     **ratios})
+    return add_memory_ratios(rows)
 
 
 # --------------------------------------------------------------------------- quality
@@ -367,7 +385,8 @@ def format_speed(n: int, rows: list[dict[str, Any]], dim: int) -> str:
     header = (f"{'method':<29}{'B/item':>8}{'memory MB':>11}{'× smaller':>11}{'calls':>7}{'single q/s':>12}{'×':>8}"
               f"{'batched q/s':>13}{'×':>8}{'build s':>9}")
     lines = [f"N = {n:,} ({dim}-d, k = {K}; single: calls of 1 query; batched: 1 call of {rows[0]['batch_queries']} "
-             f"queries; median of {len(rows[0]['runs'])} run(s))", header, "-" * len(header)]
+             f"queries; q/s: median of {len(rows[-1]['runs'])} run(s); ×: median of the ratios to the baseline "
+             "timed just before)", header, "-" * len(header)]
     for row in rows:
         lines.append(f"{row['label']:<29}{row['item_bytes']:>8.1f}{row['memory_bytes'] / 1e6:>11.2f}"
                      f"{row['times_smaller']:>10.2f}×{row['single_calls']:>7d}{row['single_qps']:>12.1f}"
