@@ -8,7 +8,8 @@ Speed and memory (per gallery size N, generated data): N points of the Poincaré
 0.1 (the paper's c), 128-d (``--dim``): ``exp_0`` of Gaussian tangent vectors (std 0.1 per
 coordinate), float32; queries drawn the same way. Every method is built over the same points and
 searched for the ``k = 50`` nearest items (the paper's cutoff) in two regimes, side by side in the
-same run:
+same run (``--repeat R`` times each, every timing of a method right after one of the baseline, so
+that each speed ratio compares two measurements seconds apart; rates and ratios are medians):
 
   single   ``--single`` calls (default 200) with ONE query each: serving, one request at a time;
   batched  one call with ``--batch`` queries (default 1000): BLAS-batched float search.
@@ -61,6 +62,7 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
+import statistics  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
@@ -196,50 +198,86 @@ def build_searcher(name: str, points: np.ndarray) -> Searcher:
 # --------------------------------------------------------------------------- timing
 
 
-def time_searches(searcher: Searcher, queries: np.ndarray, single: int, batch: int, k: int = K) -> dict[str, Any]:
-    """Queries per second: ``single`` calls of one query each, then one call of ``batch`` queries.
-    One single-query call before each regime warms up (not timed)."""
+def time_searches(searcher: Searcher, queries: np.ndarray, single: int, batch: int, single_budget_s: float,
+                  k: int = K) -> dict[str, Any]:
+    """Queries per second: up to ``single`` calls of one query each (stopping once ``single_budget_s``
+    seconds have passed, after at least 10 calls), then one call of ``batch`` queries. One
+    single-query call before each regime warms up (not timed)."""
     prepared = searcher.prepare(queries)
     searcher.search(prepared[:1], k)
+    calls = 0
     started = time.perf_counter()
-    for i in range(single):
-        searcher.search(prepared[i % len(queries):i % len(queries) + 1], k)
+    while calls < single and (calls < 10 or time.perf_counter() - started < single_budget_s):
+        row = calls % len(queries)
+        searcher.search(prepared[row:row + 1], k)
+        calls += 1
     single_s = time.perf_counter() - started
     searcher.search(prepared[:1], k)
     started = time.perf_counter()
     searcher.search(prepared[:batch], k)
     batch_s = time.perf_counter() - started
-    return {"single_calls": single, "single_s": single_s, "single_qps": single / single_s,
+    return {"single_calls": calls, "single_s": single_s, "single_qps": calls / single_s,
             "batch_queries": batch, "batch_s": batch_s, "batch_qps": batch / batch_s}
 
 
-def add_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every row's speed and memory as ratios to the ``euclidean_flat`` row of the same list:
-    ``single_ratio = single_qps / base``, ``batch_ratio`` alike (× faster), ``memory_ratio = memory /
-    base memory`` and ``times_smaller = base memory / memory``."""
+def median_timing(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each rate over repeated ``time_searches`` runs (the runs are kept alongside)."""
+    return {"single_calls": runs[0]["single_calls"], "batch_queries": runs[0]["batch_queries"],
+            "single_qps": statistics.median(run["single_qps"] for run in runs),
+            "batch_qps": statistics.median(run["batch_qps"] for run in runs), "runs": runs}
+
+
+def paired_ratios(runs: list[dict[str, Any]], baseline_runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Speed ratios of a method's runs to the baseline runs timed right before each of them:
+    ``single_ratio`` / ``batch_ratio`` = the median over the pairs of ``qps / baseline qps``."""
+    single = [run["single_qps"] / base["single_qps"] for run, base in zip(runs, baseline_runs, strict=True)]
+    batch = [run["batch_qps"] / base["batch_qps"] for run, base in zip(runs, baseline_runs, strict=True)]
+    return {"single_ratio": statistics.median(single), "batch_ratio": statistics.median(batch),
+            "single_ratios": single, "batch_ratios": batch}
+
+
+def add_memory_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every row's memory as ratios to the ``euclidean_flat`` row of the same list: ``memory_ratio =
+    memory / base memory`` and ``times_smaller = base memory / memory``."""
     base = next(row for row in rows if row["method"] == BASELINE)
     for row in rows:
-        row["single_ratio"] = row["single_qps"] / base["single_qps"]
-        row["batch_ratio"] = row["batch_qps"] / base["batch_qps"]
         row["memory_ratio"] = row["memory_bytes"] / base["memory_bytes"]
         row["times_smaller"] = base["memory_bytes"] / row["memory_bytes"]
     return rows
 
 
-def measure_size(n: int, dim: int, methods: tuple[str, ...], single: int, batch: int, seed: int = 0) -> list[dict[str, Any]]:
-    """One row per method for a gallery of ``n`` generated points (built, timed, then freed)."""
+def measure_size(n: int, dim: int, methods: tuple[str, ...], single: int, batch: int, repeat: int = 1,
+                 single_budget_s: float = 30.0, seed: int = 0) -> list[dict[str, Any]]:
+    """One row per method for a gallery of ``n`` generated points. Every method is built, then timed
+    ``repeat`` times in turn, each time right after the baseline (euclidean_flat, pairs B M1 B M2 ...):
+    on a shared machine the load drifts over minutes, so each ratio compares two measurements
+    seconds apart (``paired_ratios``). Rates are medians over the runs (the baseline's over all its
+    runs); speed ratios are medians over the pairs."""
     points = generated_points(n, dim, seed)
     queries = generated_points(max(single, batch), dim, seed + 1)
-    rows = []
+    searchers = {}
     for name in methods:
-        searcher = build_searcher(name, points)
-        timing = time_searches(searcher, queries, single, batch)
+        searchers[name] = build_searcher(name, points)
+        print(f"  N={n:,} {LABELS[name]:<28} built in {searchers[name].build_s:.1f} s", flush=True)
+    others = [name for name in methods if name != BASELINE]
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in methods}
+    pairs: dict[str, list[dict[str, Any]]] = {name: [] for name in others}
+    for r in range(repeat):
+        for name in others or [BASELINE]:
+            for timed in dict.fromkeys((BASELINE, name)):
+                runs[timed].append(time_searches(searchers[timed], queries, single, batch, single_budget_s))
+                last = runs[timed][-1]
+                print(f"  N={n:,} run {r + 1}/{repeat} {LABELS[timed]:<28} single {last['single_qps']:10.1f} q/s "
+                      f"({last['single_calls']} calls), batched {last['batch_qps']:10.1f} q/s", flush=True)
+            if name != BASELINE:
+                pairs[name].append(runs[BASELINE][-1])
+    rows = []
+    for name, searcher in searchers.items():
+        ratios = {"single_ratio": 1.0, "batch_ratio": 1.0} if name == BASELINE else paired_ratios(runs[name], pairs[name])
         rows.append({"method": name, "label": LABELS[name], "n": n, "memory_bytes": searcher.memory_bytes,
-                     "item_bytes": searcher.item_bytes, "build_s": searcher.build_s, **timing})
-        print(f"  N={n:,} {LABELS[name]:<28} built {searcher.build_s:6.1f} s, single {timing['single_qps']:10.1f} q/s, "
-              f"batched {timing['batch_qps']:10.1f} q/s", flush=True)
-        del searcher
-    return add_ratios(rows)
+                     "item_bytes": searcher.item_bytes, "build_s": searcher.build_s, **median_timing(runs[name]),
+                     **ratios})
+    return add_memory_ratios(rows)
 
 
 # --------------------------------------------------------------------------- quality
@@ -343,14 +381,17 @@ def targets(speed: dict[int, list[dict[str, Any]]], quality: list[dict[str, Any]
 
 
 def format_speed(n: int, rows: list[dict[str, Any]], dim: int) -> str:
-    header = (f"{'method':<29}{'B/item':>8}{'memory MB':>11}{'× smaller':>11}{'single q/s':>12}{'×':>8}"
+    """The table of one gallery size; ``calls``: single-query calls per timing run."""
+    header = (f"{'method':<29}{'B/item':>8}{'memory MB':>11}{'× smaller':>11}{'calls':>7}{'single q/s':>12}{'×':>8}"
               f"{'batched q/s':>13}{'×':>8}{'build s':>9}")
-    lines = [f"N = {n:,} ({dim}-d, k = {K}; single: {rows[0]['single_calls']} calls of 1 query; batched: 1 call of "
-             f"{rows[0]['batch_queries']} queries)", header, "-" * len(header)]
+    lines = [f"N = {n:,} ({dim}-d, k = {K}; single: calls of 1 query; batched: 1 call of {rows[0]['batch_queries']} "
+             f"queries; q/s: median of {len(rows[-1]['runs'])} run(s); ×: median of the ratios to the baseline "
+             "timed just before)", header, "-" * len(header)]
     for row in rows:
         lines.append(f"{row['label']:<29}{row['item_bytes']:>8.1f}{row['memory_bytes'] / 1e6:>11.2f}"
-                     f"{row['times_smaller']:>10.2f}×{row['single_qps']:>12.1f}{row['single_ratio']:>7.2f}×"
-                     f"{row['batch_qps']:>13.1f}{row['batch_ratio']:>7.2f}×{row['build_s']:>9.1f}")
+                     f"{row['times_smaller']:>10.2f}×{row['single_calls']:>7d}{row['single_qps']:>12.1f}"
+                     f"{row['single_ratio']:>7.2f}×{row['batch_qps']:>13.1f}{row['batch_ratio']:>7.2f}×"
+                     f"{row['build_s']:>9.1f}")
     return "\n".join(lines)
 
 
@@ -396,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dim", type=int, default=128, help="embedding dimension (generated data and the model)")
     parser.add_argument("--single", type=int, default=200, help="single-query calls per method")
     parser.add_argument("--batch", type=int, default=1000, help="queries of the one batched call per method")
+    parser.add_argument("--single-budget", type=float, default=30.0,
+                        help="seconds after which a method's single-query calls stop (after at least 10)")
+    parser.add_argument("--repeat", type=int, default=1, help="timing runs per method (interleaved; medians)")
     parser.add_argument("--methods", type=parse_methods, default=METHODS, help=f"comma-separated subset of {list(METHODS)}")
     parser.add_argument("--quality-epochs", type=int, default=10, help="epochs of the binary_hyperbolic model")
     parser.add_argument("--quality-limit", type=int, default=None, help="train on the first N digits only (smoke runs)")
@@ -410,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
 
     count = threads()
     print(f"{count} thread(s); methods: {', '.join(args.methods)}", flush=True)
-    speed = {n: measure_size(n, args.dim, args.methods, args.single, args.batch) for n in sizes}
+    speed = {n: measure_size(n, args.dim, args.methods, args.single, args.batch, args.repeat, args.single_budget)
+             for n in sizes}
     quality = None
     train_s = None
     if not args.no_quality:
@@ -432,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json is not None:
         document = {
             "config": {"sizes": sizes, "dim": args.dim, "k": K, "curv": CURV, "single": args.single, "batch": args.batch,
+                       "single_budget_s": args.single_budget, "repeat": args.repeat,
                        "methods": list(args.methods), "quality_epochs": args.quality_epochs,
                        "quality_limit": args.quality_limit, "threads": count},
             "machine": {"cpu_count": os.cpu_count(), "python": platform.python_version(), "faiss": faiss.__version__,

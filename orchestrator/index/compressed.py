@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any, ClassVar, Mapping
 
 import numpy as np
@@ -31,7 +32,7 @@ def position_ids(ids: Any, n: int) -> np.ndarray | None:
     return None if np.array_equal(item_ids, np.arange(n)) else item_ids
 
 
-class CompressedIndex:
+class CompressedIndex(ABC):
     """Base of the compressed indexes: query checks, top-k assembly, header and serialisation.
 
     ``dim`` is the number of columns of the embeddings and queries (``d+1`` for lorentz); ``curv``
@@ -52,32 +53,36 @@ class CompressedIndex:
 
     # -- interface of the subclasses -------------------------------------------------------------
     @property
+    @abstractmethod
     def ntotal(self) -> int:
         """Number of items in the index."""
-        raise NotImplementedError
 
     @property
+    @abstractmethod
     def code_bytes(self) -> int:
         """Bytes of the code FAISS stores per item (the paper's memory: ``N × code_bytes``)."""
-        raise NotImplementedError
 
     @property
+    @abstractmethod
     def memory_bytes(self) -> int:
         """Bytes of everything a search reads: codes, item ids, trained parameters, stored vectors."""
-        raise NotImplementedError
 
+    @abstractmethod
     def search(self, queries: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
-        raise NotImplementedError
+        """``(Q, D)`` queries → ``(distances (Q, k) float64, ids (Q, k) int64)`` (module docstring)."""
 
+    @abstractmethod
     def _params(self) -> dict[str, Any]:
-        raise NotImplementedError
+        """The subclass's fields of the JSON header."""
 
+    @abstractmethod
     def _sections(self) -> dict[str, bytes]:
-        raise NotImplementedError
+        """The subclass's binary sections (FAISS bytes, stored vectors)."""
 
     @classmethod
+    @abstractmethod
     def _from_parts(cls, common: dict[str, Any], header: dict[str, Any], sections: dict[str, bytes]) -> CompressedIndex:
-        raise NotImplementedError
+        """The index from the common fields (``kind, space, curv, dim, ids``), header and sections."""
 
     # -- shared search steps ---------------------------------------------------------------------
     def _ids_bytes(self) -> int:

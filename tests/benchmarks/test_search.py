@@ -74,23 +74,48 @@ def test_leave_one_out(bench):
     np.testing.assert_array_equal(bench.leave_one_out(found, np.array([7, 8, 0]), 2), [[3, 9], [4, 2], [1, 5]])
 
 
-def test_ratios_and_targets(bench):
+def test_single_query_budget_and_medians(bench):
+    calls = []
+    searcher = bench.Searcher("euclidean_flat", lambda q, k: calls.append(len(q)), np.asarray, 10, 1.0, 0.0)
+    timing = bench.time_searches(searcher, np.zeros((30, 2)), single=25, batch=7, single_budget_s=0.0)
+    assert timing["single_calls"] == 10 and timing["batch_queries"] == 7  # budget spent: stop after 10 calls
+    assert calls == [1] + [1] * 10 + [1, 7]  # warm-ups of one query before each regime
+    assert timing["single_qps"] == pytest.approx(10 / timing["single_s"])
+    assert bench.time_searches(searcher, np.zeros((3, 2)), single=25, batch=2, single_budget_s=60.0)["single_calls"] == 25
+    runs = [{"single_calls": 10, "batch_queries": 7, "single_qps": q, "batch_qps": b} for q, b in [(3, 9), (1, 7), (2, 8)]]
+    median = bench.median_timing(runs)
+    assert (median["single_qps"], median["batch_qps"], median["runs"]) == (2, 8, runs)
+
+
+def test_paired_ratios_and_memory_ratios(bench):
+    base_runs = [{"single_qps": 100.0, "batch_qps": 1000.0}, {"single_qps": 50.0, "batch_qps": 1000.0},
+                 {"single_qps": 80.0, "batch_qps": 500.0}]
+    runs = [{"single_qps": 1000.0, "batch_qps": 2000.0}, {"single_qps": 600.0, "batch_qps": 1500.0},
+            {"single_qps": 400.0, "batch_qps": 1500.0}]
+    ratios = bench.paired_ratios(runs, base_runs)
+    assert ratios["single_ratios"] == pytest.approx([10.0, 12.0, 5.0]) and ratios["single_ratio"] == pytest.approx(10.0)
+    assert ratios["batch_ratios"] == pytest.approx([2.0, 1.5, 3.0]) and ratios["batch_ratio"] == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        bench.paired_ratios(runs, base_runs[:2])
+    rows = bench.add_memory_ratios([{"method": "euclidean_flat", "memory_bytes": 512_000},
+                                    {"method": "binary", "memory_bytes": 32_000}])
+    assert (rows[1]["memory_ratio"], rows[1]["times_smaller"], rows[0]["times_smaller"]) == (1 / 16, 16.0, 1.0)
+
+
+def test_targets(bench):
     rows = [
-        {"method": "euclidean_flat", "single_qps": 100.0, "batch_qps": 1000.0, "memory_bytes": 512_000},
-        {"method": "lorentz_flat", "single_qps": 95.0, "batch_qps": 800.0, "memory_bytes": 524_000},
-        {"method": "binary", "single_qps": 1000.0, "batch_qps": 2000.0, "memory_bytes": 32_000},
-        {"method": "binary_weighted", "single_qps": 700.0, "batch_qps": 1500.0, "memory_bytes": 80_000},
+        {"method": "euclidean_flat", "single_ratio": 1.0, "batch_ratio": 1.0, "times_smaller": 1.0},
+        {"method": "lorentz_flat", "single_ratio": 0.95, "batch_ratio": 0.8, "times_smaller": 0.98},
+        {"method": "binary", "single_ratio": 10.0, "batch_ratio": 2.0, "times_smaller": 16.0},
+        {"method": "binary_weighted", "single_ratio": 7.0, "batch_ratio": 1.5, "times_smaller": 6.4},
     ]
-    bench.add_ratios(rows)
-    assert [row["single_ratio"] for row in rows] == pytest.approx([1.0, 0.95, 10.0, 7.0])
-    assert [row["batch_ratio"] for row in rows] == pytest.approx([1.0, 0.8, 2.0, 1.5])
-    assert [row["times_smaller"] for row in rows] == pytest.approx([1.0, 512 / 524, 16.0, 6.4])
-    assert rows[2]["memory_ratio"] == pytest.approx(1 / 16)
     quality = [{"method": "lorentz_flat", "gap": 0.0}, {"method": "binary", "gap": -0.004},
                {"method": "binary_weighted", "gap": -0.002}]
     verdicts = {v["method"]: v for v in bench.targets({1000: rows}, quality)}
     assert verdicts["lorentz_flat"]["met"] and verdicts["binary"]["met"]
     assert not verdicts["binary_weighted"]["met"]  # 7× faster and 6.4× smaller
+    rows[1]["single_ratio"] = 0.89
+    assert not bench.targets({1000: rows}, quality)[0]["met"]
     assert not bench.targets({1000: rows}, [{"method": "binary", "gap": -0.02}])[1]["met"]  # mAP gap
     assert not bench.targets({1000: rows}, None)[1]["met"]  # no quality measured: not met
     text = bench.format_targets(bench.targets({1000: rows}, quality))
@@ -99,16 +124,22 @@ def test_ratios_and_targets(bench):
 
 def test_main_quick_writes_the_tables_and_json(bench, tmp_path, capsys):
     out = tmp_path / "search.json"
-    assert bench.main(["--quick", "--sizes", "600", "--single", "5", "--batch", "8", "--quality-limit", "128",
+    assert bench.main(["--quick", "--sizes", "600", "--single", "5", "--batch", "8", "--repeat", "2", "--quality-limit", "128",
                        "--methods", ",".join(FAST_METHODS), "--json", str(out)]) == 0
     document = json.loads(out.read_text())
     rows = document["speed"]["600"]
     assert [row["method"] for row in rows] == list(FAST_METHODS)
     base = rows[0]
-    for row in rows:
-        assert row["n"] == 600 and row["single_calls"] == 5 and row["batch_queries"] == 8
-        assert row["single_ratio"] == pytest.approx(row["single_qps"] / base["single_qps"])
-        assert row["batch_ratio"] == pytest.approx(row["batch_qps"] / base["batch_qps"])
+    others = len(FAST_METHODS) - 1
+    assert len(base["runs"]) == 2 * others and base["single_ratio"] == base["batch_ratio"] == 1.0
+    for j, row in enumerate(rows[1:]):
+        assert row["n"] == 600 and row["batch_queries"] == 8 and row["single_calls"] == 5 and len(row["runs"]) == 2
+        assert row["single_qps"] == pytest.approx(np.median([run["single_qps"] for run in row["runs"]]))
+        # run r of this method was paired with the baseline run timed just before it
+        paired = [base["runs"][r * others + j] for r in range(2)]
+        assert row["single_ratios"] == pytest.approx([m["single_qps"] / b["single_qps"] for m, b in zip(row["runs"], paired)])
+        assert row["batch_ratios"] == pytest.approx([m["batch_qps"] / b["batch_qps"] for m, b in zip(row["runs"], paired)])
+        assert row["single_ratio"] == pytest.approx(np.median(row["single_ratios"]))
         assert row["times_smaller"] == pytest.approx(base["memory_bytes"] / row["memory_bytes"])
     by_method = {row["method"]: row for row in rows}
     assert by_method["euclidean_flat"]["memory_bytes"] == 600 * 128 * 4
