@@ -183,3 +183,14 @@ def test_killed_driver_resumes_without_redoing_or_duplicating(tmp_path):
     for name in ("compatibility.json", "compatibility.csv", "compatibility_map.png", "gallery-digits-test.csv",
                  "backfill-digits-test-g1.png", "backfill-digits-test-g2.csv"):
         assert (reports / name).stat().st_size > 0
+    # what the search router served through the flat indexes: the exact mixed ranking when it
+    # searched every item; otherwise the report names the shards it did not search and why
+    for row in read_json(str(reports / "gallery-digits-test.json")):
+        searched, total = (int(n) for n in row["searched items"].split("/"))
+        assert total == 539
+        if searched == total:
+            assert not row["not searched"]
+            assert row["search map"] == pytest.approx(row["mixed map"], abs=1e-9)
+            assert row["search cmc@1"] == pytest.approx(row["mixed cmc@1"], abs=1e-12)
+        else:
+            assert "below the compatibility criterion" in row["not searched"]
