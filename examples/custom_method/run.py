@@ -73,7 +73,8 @@ def start_ray(address: str | None, plugins: str) -> None:
     if address is None and not os.environ.get("RAY_ADDRESS"):
         # a local Ray gets the worker environment `connect` gives one (Ray Train polls every 0.2 s)
         runtime_env["env_vars"] = {**WORKER_ENV_VARS, **runtime_env["env_vars"]}
-        ray.init(include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
+        # "local": always a new Ray of this process, never another Ray running on this machine
+        ray.init(address="local", include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
     else:
         ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
 
