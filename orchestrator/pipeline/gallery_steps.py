@@ -48,7 +48,7 @@ from orchestrator.lineage.records import ShardAssignment, ShardRecord
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.methods.lambda_orth import FORWARD_ADAPTER
 from orchestrator.pipeline.gallery_plan import GalleryPlan, PlanEntry, ShardBefore
-from orchestrator.search import CompatibilityCriterion, SearchRouter
+from orchestrator.search import CompatibilityCriterion, IncompatibleShards, SearchRouter
 from orchestrator.search.evaluation import evaluate_search
 from orchestrator.storage import join_uri, load_generation, read_json, write_json_atomic
 
@@ -314,7 +314,13 @@ class GalleryUpdater:
         criterion = CompatibilityCriterion.from_records(
             self.store.compatibility_values(self.config.data.eval_split), self.config.search.criterion_metric,
             self.config.data.eval_split)
-        router = SearchRouter(generation, models, parents, shards, criterion, load_index, on_incompatible="skip")
+        try:
+            router = SearchRouter(generation, models, parents, shards, criterion, load_index, on_incompatible="skip")
+        except IncompatibleShards as refused:  # not one shard is searchable: report that, do not fail the step
+            self.say(f"search {self.name} as {generation}: nothing searchable: {refused}")
+            return {**{m: None for m in ("cmc@1", "cmc@5", "map")}, "k": self.config.search.eval_k or len(self.images),
+                    "searched_items": 0, "gallery_items": len(self.images),
+                    "skipped": "; ".join(s.describe() for s in refused.shards), "paths": {}}
         for skipped in router.skipped:
             self.say(f"search {self.name} as {generation}: not searched: {skipped.describe()}")
         evaluation = evaluate_search(router, queries, query_labels, self.images.ids, self.images.labels,
