@@ -88,7 +88,20 @@ ray start --head \
     --num-cpus="$NUM_CPUS" \
     --disable-usage-stats
 
-# --- 5. Submit the pipeline as a job. --working-dir . ships this repository (minus .gitignore'd
+# --- 5. Authentication is on: a request with a wrong token is refused before anything runs.
+echo "--- a submission with a wrong token (must be refused)"
+if refusal="$(RAY_AUTH_TOKEN="not-the-token" ray job submit --address "$DASHBOARD" -- \
+        python3 -c 'print("this must not run")' 2>&1)"; then
+    echo "the head accepted a wrong token: token authentication is off" >&2
+    exit 1
+fi
+if ! grep -iE "authentication failed|invalid authentication token|unauthori[sz]ed" <<<"$refusal" | tail -1; then
+    echo "the submission failed, but not for its token:" >&2
+    tail -5 <<<"$refusal" >&2
+    exit 1
+fi
+
+# --- 6. Submit the pipeline as a job. --working-dir . ships this repository (minus .gitignore'd
 #        files such as runs/) to the cluster; the job's `orchestrator run` joins the cluster through
 #        the RAY_ADDRESS the job manager sets. `--set` overrides any field of the file;
 #        here the epochs of every generation. The command follows the job's log and exits
@@ -104,7 +117,7 @@ echo "--- submitting: orchestrator run ${PIPELINE} --storage ${RUN_DIR} ${SETS[*
 ray job submit --address "$DASHBOARD" --working-dir . -- \
     orchestrator run "$PIPELINE" --storage "$RUN_DIR" "${SETS[@]}"
 
-# --- 6. The lineage: which generation was trained from which, their key metrics, the serving
+# --- 7. The lineage: which generation was trained from which, their key metrics, the serving
 #        generation, the gallery shards. It reads the SQLite file under RUN_DIR (no Ray needed);
 #        add --json for a machine-readable document.
 echo "--- lineage"

@@ -1,5 +1,10 @@
 """The runnable examples: the plug-in method pipeline (examples/custom_method) and the cluster
-walkthrough (examples/cluster_walkthrough.sh). The quickstart is tested in tests/cli/test_cli.py."""
+walkthrough (examples/cluster_walkthrough.sh). The quickstart is tested in tests/cli/test_cli.py.
+
+The walkthrough is also the test of ``ray job submit --working-dir . -- orchestrator run FILE``
+against a head started with ``ray start --head`` and token authentication on, as the README tells
+users to do: the script submits the whole four-generation lifelong pipeline, and first shows that
+a submission with a wrong token is refused for its token."""
 from __future__ import annotations
 
 import os
@@ -59,6 +64,10 @@ def test_cluster_walkthrough_submits_the_pipeline_and_prints_the_lineage(tmp_pat
                             text=True, timeout=900, cwd=tmp_path, env=env)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
+    # token authentication is on: the script's submission with a wrong token was refused for it
+    refusal = result.stdout.split("--- a submission with a wrong token", 1)[1].split("--- submitting", 1)[0]
+    assert "Invalid authentication token" in refusal, refusal
+    assert "this must not run" not in output
     assert "deploy:g2: g2 serves queries" in result.stdout
     lineage = result.stdout.split("--- lineage", 1)[1]
     assert re.search(r"^\s*(?:[│├└─ ]*)g2\s+hbct\s+trained\b.*\[serving\]$", lineage, re.MULTILINE), lineage
