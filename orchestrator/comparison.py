@@ -128,10 +128,10 @@ class ComparisonPath:
         ``gallery`` → both in the space the distance is measured in, with one width: the
         gallery's (queries mapped by B on an ``adapter`` path, prefix-truncated), or the query's
         on a ``forward`` path (gallery mapped by F). IncomparableGenerations when the widths
-        differ on a path that does not truncate."""
+        differ on a path that does not truncate. The mapped side takes the other side's dtype."""
         if self.kind == "adapter":
-            return truncate_to_common(self._adapted(queries).to(gallery.device), gallery)
-        gallery = self.map_gallery(gallery).to(queries.device)
+            return truncate_to_common(self._adapted(queries).to(device=gallery.device, dtype=gallery.dtype), gallery)
+        gallery = self.map_gallery(gallery).to(device=queries.device, dtype=queries.dtype)
         if queries.shape[-1] != gallery.shape[-1]:
             raise IncomparableGenerations(self.query, self.gallery,
                                           f"no common distance: dimensions {queries.shape[-1]} vs {gallery.shape[-1]}")

@@ -126,3 +126,12 @@ def test_a_backward_adapter_takes_precedence_and_a_lone_forward_map_is_never_a_b
     assert comparison_path("g2", "g1", models, parents).kind == "forward"
     with pytest.raises(IncomparableGenerations, match="'g2' was trained independently"):
         comparison_path("g2", "g0", models, parents)
+
+
+def test_a_float64_forward_map_takes_a_float32_gallery_and_returns_the_queries_dtype():
+    models, parents = fct_lineage()
+    f1 = models["g1"].adapters["forward_map"].double()
+    q, g = torch.randn(4, 8), torch.randn(5, 8)
+    aligned_q, aligned_g = comparison_path("g1", "g0", models, parents).align(q, g)
+    assert aligned_q.dtype == aligned_g.dtype == torch.float32
+    torch.testing.assert_close(aligned_g, (g.double() @ f1.weight.detach().T).float())
