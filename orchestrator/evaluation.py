@@ -4,7 +4,8 @@ Protocol (hbct.md §11): query set = gallery set = the evaluation split; every g
 it once; for each pair (query generation t, gallery generation k ≤ t) retrieval ranks the gallery
 by the gallery generation's distance, with the query's own item left out (leave-one-out by id).
 Each pair is compared along ``orchestrator.comparison.comparison_path``: raw embeddings in a
-shared space, or queries mapped by backward adapters (λ-orthogonality, row B(φ_new)/φ_old).
+shared space, queries mapped by backward adapters (λ-orthogonality, row B(φ_new)/φ_old), or the
+older generation's gallery mapped by forward maps into the query's space (FCT, row F(φ_old)/φ_new).
 """
 from __future__ import annotations
 
@@ -90,7 +91,8 @@ def evaluate_generations(
     """Fill the compatibility matrices of ``models`` (oldest first) on ``data``.
 
     data:    items ``(image, label, id)``; serves as both query and gallery set (leave-one-out).
-    parents: generation name → parent name; used for the adapter path of λ-orthogonality.
+    parents: generation name → parent name; used for the adapter path of λ-orthogonality and the
+             forward path of FCT.
     """
     names = list(models)
     if not names:
@@ -115,7 +117,7 @@ def evaluate_generations(
             except IncomparableGenerations as reason:
                 notes[(query_name, gallery_name)] = reason.reason
                 continue
-            if path.kind == "adapter":
+            if path.kind in ("adapter", "forward"):
                 notes[(query_name, gallery_name)] = path.note
             result = retrieval_metrics(queries, gallery, labels, labels, path.space,
                                        curv=path.curv, ks=ks, query_ids=ids, gallery_ids=ids)

@@ -2,7 +2,8 @@
 
 The serving generation's queries rank ALL gallery items at once: each shard's items are compared
 along the ``comparison_path`` from the serving generation to the shard's generation (raw
-embeddings in a shared space, or queries mapped by backward adapters), and the distances of all
+embeddings in a shared space, queries mapped by backward adapters, or the shard's embeddings
+mapped by forward maps into the serving generation's space), and the distances of all
 shards form one (N_q, N_g) ranking, exactly what a search over the sharded index returns when it
 merges per-shard results by distance. A shard whose generation the serving one cannot search
 raises ``IncomparableGenerations``.

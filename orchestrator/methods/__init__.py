@@ -4,6 +4,7 @@ from orchestrator.methods import (  # noqa: F401  (importing registers each meth
     bct,
     binary_hyperbolic,
     dsimplex,
+    fct,
     hbct,
     hoc,
     hot_refresh,

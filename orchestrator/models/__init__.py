@@ -2,6 +2,7 @@
 
 from orchestrator.models.adapters import (
     AffineAdapter,
+    MLPAdapter,
     OrthogonalAdapter,
     gram_deviation,
     lambda_orthogonality_penalty,
@@ -36,6 +37,7 @@ __all__ = [
     "LoadReport",
     "LorentzLift",
     "LorentzMLR",
+    "MLPAdapter",
     "ModelOutput",
     "OrthogonalAdapter",
     "PoincareLift",

@@ -2,6 +2,7 @@
 
 - ``OrthogonalAdapter``: B_perp = expm(U - U^T), exactly orthogonal by construction (§2.3).
 - ``AffineAdapter``: B_lambda(x) = W x + b (§2.4) and the forward map F (§2.5).
+- ``MLPAdapter``: a two-layer perceptron, the forward map F of FCT (Ramanujan et al. 2022; §5).
 - ``gram_deviation`` / ``lambda_orthogonality_penalty``: D = ||W W^T - I||_F and L_λ = σ(α(D - λ))·D (eq. 6).
 - ``truncate_to_common``: prefix truncation to the smaller dimension (§2.8).
 """
@@ -81,6 +82,36 @@ class AffineAdapter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x)
+
+
+class MLPAdapter(nn.Module):
+    """Two-layer perceptron x -> W2 relu(W1 x + b1) + b2: FCT's forward transformation F (§5).
+
+    W1 (hidden_dim, in_dim), W2 (out_dim, hidden_dim); x (..., in_dim) -> (..., out_dim).
+    ``nn.Linear``'s default init for both layers (a non-linear F has no natural identity start).
+    No normalisation layer: F is fitted and applied on frozen embeddings in eval mode only, where
+    a BatchNorm (FCT's reference uses one) is a fixed affine map the linear layers can absorb.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, hidden_dim: int):
+        super().__init__()
+        self.hidden = nn.Linear(_check_dim(in_dim, "in_dim"), _check_dim(hidden_dim, "hidden_dim"))
+        self.output = nn.Linear(hidden_dim, _check_dim(out_dim, "out_dim"))
+
+    @property
+    def in_dim(self) -> int:
+        return int(self.hidden.in_features)
+
+    @property
+    def out_dim(self) -> int:
+        return int(self.output.out_features)
+
+    @property
+    def hidden_dim(self) -> int:
+        return int(self.hidden.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.output(torch.relu(self.hidden(x)))
 
 
 def gram_deviation(weight: torch.Tensor) -> torch.Tensor:

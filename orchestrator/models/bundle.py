@@ -19,7 +19,8 @@ class CompatibleModel(nn.Module):
     seen_classes: the class ids this generation was trained on (a buffer, saved with the weights);
                   BCT uses it to know which rows of an old classifier are real.
     adapters:     named extra modules trained after the encoder, e.g. λ-orthogonality's
-                  ``backward`` (new → old space) and ``forward_map`` (old → aligned space) maps
+                  ``backward`` (new → old space) and ``forward_map`` (old → aligned space) maps,
+                  or FCT's ``forward_map`` alone (parent's raw space → this generation's)
                   (``forward`` is taken by ``nn.Module``).
     """
 

@@ -315,7 +315,8 @@ class GalleryUpdater:
             self.store.compatibility_values(self.config.data.eval_split), self.config.search.criterion_metric,
             self.config.data.eval_split)
         try:
-            router = SearchRouter(generation, models, parents, shards, criterion, load_index, on_incompatible="skip")
+            router = SearchRouter(generation, models, parents, shards, criterion, load_index, on_incompatible="skip",
+                                  read_embeddings=self._read)
         except IncompatibleShards as refused:  # not one shard is searchable: report that, do not fail the step
             self.say(f"search {self.name} as {generation}: nothing searchable: {refused}")
             return {**{m: None for m in ("cmc@1", "cmc@5", "map")}, "k": self.config.search.eval_k or len(self.images),

@@ -7,6 +7,11 @@ comparison path its generation needs (``orchestrator.comparison``):
 - ``direct``: an older generation in the same space, compatible by training (BCT, HBCT, …);
 - ``adapter``: an older generation reached through backward adapters B (λ-orthogonality), the
   queries being mapped once per generation, not once per shard;
+- ``forward``: an older generation reached through forward maps F (FCT): its stored index holds
+  the old space, which the serving queries cannot search, so when the router is built the shard's
+  stored embeddings (its Parquet file, checksum checked) are mapped by F into the serving space
+  and put in an in-memory exact (``flat``) index of that space, whatever kind the stored index is
+  (``paths()`` says so); the raw queries search it;
 
 and merges the per-shard top-k lists into one global top-k (``merge_top_k``). Every index returns
 distances of its space (``orchestrator.index``), so one sort ranks them all: the same rule as the
@@ -29,6 +34,9 @@ import numpy as np
 import torch
 
 from orchestrator.comparison import ComparisonPath, IncomparableGenerations, comparison_path
+from orchestrator.gallery.shard_files import ShardEmbeddings, read_shard
+from orchestrator.geometry.spaces import Space
+from orchestrator.index import build_index
 from orchestrator.lineage.records import ShardRecord
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.search.admission import CompatibilityCriterion
@@ -38,6 +46,10 @@ OnIncompatible = Literal["refuse", "skip"]
 #: ((chunk, shards·k) distances, ids and sources, 24 bytes a slot) stay within MERGE_BUDGET_BYTES.
 MAX_QUERY_CHUNK = 4096
 MERGE_BUDGET_BYTES = 1 << 29
+#: Rows of a forward-path shard mapped by F at once when its in-memory index is built.
+MAP_GALLERY_CHUNK = 65536
+#: What ``paths()`` adds for a generation whose shards are searched in an in-memory index.
+IN_MEMORY_NOTE = "in-memory flat index of the mapped shard embeddings"
 
 
 @dataclass(frozen=True)
@@ -69,11 +81,16 @@ class IncompatibleShards(ValueError):
 
 @dataclass(frozen=True)
 class ShardRoute:
-    """One admitted shard: its lineage row, how its generation is compared, and its index."""
+    """One admitted shard: its lineage row, how its generation is compared, and its index (the
+    stored one, or on a ``forward`` path the in-memory flat index of the mapped embeddings)."""
 
     shard: ShardRecord
     path: ComparisonPath
     index: Any  # an orchestrator.index index: .dim, .ntotal, .search(queries, k)
+
+    @property
+    def note(self) -> str:
+        return f"{self.path.note}; {IN_MEMORY_NOTE}" if self.path.maps_gallery else self.path.note
 
 
 @dataclass
@@ -108,6 +125,11 @@ class SearchResult:
             out.append([{"id": int(i), "distance": float(d), "shard": int(s), "generation": self.generation_of_shard[int(s)]}
                         for i, d, s in zip(ids, distances, shards) if i >= 0])
         return out
+
+
+def _read_shard_file(shard: ShardRecord) -> ShardEmbeddings:
+    """The shard's Parquet file, its sha256 checked against the lineage row."""
+    return read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)
 
 
 def merge_top_k(distances: Sequence[np.ndarray], ids: Sequence[np.ndarray], sources: Sequence[int],
@@ -145,11 +167,14 @@ class SearchRouter:
     criterion: the compatibility criterion over recorded values (None: admit every shard that has
                a comparison path; for tests and galleries without recorded evaluations).
     load_index: index URI → index object (``orchestrator.index.load_index``).
+    read_embeddings: shard row → its stored embeddings, for shards on a ``forward`` path (default:
+               ``read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)``).
     """
 
     def __init__(self, serving: str, models: Mapping[str, CompatibleModel], parents: Mapping[str, str | None],
                  shards: Sequence[ShardRecord], criterion: CompatibilityCriterion | None,
-                 load_index: Callable[[str], Any], on_incompatible: OnIncompatible = "refuse"):
+                 load_index: Callable[[str], Any], on_incompatible: OnIncompatible = "refuse",
+                 read_embeddings: Callable[[ShardRecord], ShardEmbeddings] | None = None):
         if on_incompatible not in ("refuse", "skip"):
             raise ValueError(f"on_incompatible must be 'refuse' or 'skip', got {on_incompatible!r}")
         shards = [s for s in shards if s.n_items and s.generation is not None]
@@ -167,10 +192,14 @@ class SearchRouter:
             if isinstance(path, str):
                 self.skipped.append(SkippedShard(shard.gallery, shard.index, shard.generation, int(shard.n_items), path))
                 continue
-            if shard.index_uri is None:
+            if path.maps_gallery:
+                index = self._mapped_index(shard, path, read_embeddings or _read_shard_file)
+            elif shard.index_uri is None:
                 raise ValueError(f"gallery {shard.gallery!r} shard {shard.index} ({shard.generation}) has no index file "
                                  "in the lineage")
-            self.routes.append(ShardRoute(shard, path, load_index(shard.index_uri)))
+            else:
+                index = load_index(shard.index_uri)
+            self.routes.append(ShardRoute(shard, path, index))
         if self.skipped and on_incompatible == "refuse":
             raise IncompatibleShards(serving, self.gallery, self.skipped)
         if not self.routes:
@@ -187,6 +216,20 @@ class SearchRouter:
         except IncomparableGenerations as error:
             return error.reason
 
+    @staticmethod
+    def _mapped_index(shard: ShardRecord, path: ComparisonPath,
+                      read_embeddings: Callable[[ShardRecord], ShardEmbeddings]) -> Any:
+        """The in-memory flat index, in ``path.space``, of the shard's stored embeddings (N, D_g)
+        mapped by ``path.map_gallery`` (N, D_q), with the shard's item ids."""
+        if shard.embeddings_uri is None:
+            raise ValueError(f"gallery {shard.gallery!r} shard {shard.index} ({shard.generation}) has no embeddings "
+                             f"file in the lineage; its {path.note} needs the stored embeddings")
+        stored = read_embeddings(shard)
+        vectors = torch.from_numpy(np.ascontiguousarray(stored.embeddings))
+        mapped = torch.cat([path.map_gallery(part).float() for part in vectors.split(MAP_GALLERY_CHUNK)])
+        curv = path.curv if path.space in (Space.LORENTZ, Space.POINCARE) else 1.0
+        return build_index(mapped.numpy(), path.space, "flat", stored.ids, curv=curv)
+
     @property
     def model(self) -> CompatibleModel:
         """The serving generation's model (encodes the queries)."""
@@ -197,8 +240,9 @@ class SearchRouter:
         return sum(int(r.shard.n_items) for r in self.routes)
 
     def paths(self) -> dict[str, str]:
-        """Generation → how its shards are searched (``same``, ``direct``, ``queries mapped by …``)."""
-        return {r.shard.generation: r.path.note for r in self.routes}
+        """Generation → how its shards are searched (``same``, ``direct``, ``queries mapped by …``,
+        ``gallery mapped by …; in-memory flat index …``)."""
+        return {r.shard.generation: r.note for r in self.routes}
 
     def search(self, queries: torch.Tensor | np.ndarray, k: int) -> SearchResult:
         """Global top-``k`` of each of the (Q, D) serving-generation query embeddings."""

@@ -3,7 +3,8 @@
 ``open_router(store, gallery)`` reads who serves (``LineageStore.current_deployment`` unless a
 generation is named), the gallery's shard rows, the generation tree and the recorded
 compatibility values, loads the models it needs (checksums checked against the lineage) and the
-shards' indexes, and returns a ``SearchRouter``. ``SearchService`` adds the query encoder of a
+shards' indexes (for a shard on a forward path its embeddings file instead, mapped into the
+serving space), and returns a ``SearchRouter``. ``SearchService`` adds the query encoder of a
 pipeline file (its image size and the training split's normalisation, as the gallery was
 embedded) for image queries.
 """
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from orchestrator.gallery import read_shard
 from orchestrator.index import load_index
 from orchestrator.lineage import LineageStore
 from orchestrator.models.bundle import CompatibleModel
@@ -55,7 +57,9 @@ def open_router(store: LineageStore, gallery: str, serving: str | None = None, *
                                               storage_options=storage_options)
     criterion = CompatibilityCriterion.from_records(store.compatibility_values(dataset), metric, dataset)
     return SearchRouter(serving, models, parents, shards, criterion,
-                        lambda uri: load_index(uri, storage_options), on_incompatible)
+                        lambda uri: load_index(uri, storage_options), on_incompatible,
+                        read_embeddings=lambda shard: read_shard(shard.embeddings_uri, expected_sha256=shard.sha256,
+                                                                 storage_options=storage_options))
 
 
 @dataclass

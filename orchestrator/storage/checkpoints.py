@@ -44,6 +44,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from orchestrator.methods.base import CompatibilityMethod
+from orchestrator.methods.fct import build_forward_map
 from orchestrator.methods.lambda_orth import (
     BACKWARD_ADAPTER,
     FORWARD_ADAPTER,
@@ -51,7 +52,7 @@ from orchestrator.methods.lambda_orth import (
     build_adapters,
 )
 from orchestrator.methods.registry import create_method
-from orchestrator.models.adapters import AffineAdapter, OrthogonalAdapter
+from orchestrator.models.adapters import AffineAdapter, MLPAdapter, OrthogonalAdapter
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.storage.filesystem import (
@@ -142,18 +143,30 @@ class CheckpointCard(BaseModel):
 
 # --- adapters: describe on save, rebuild on load ---------------------------------------------------
 LAMBDA_ORTH_BUILDER = "lambda_orth"
+FCT_BUILDER = "fct"
 
 
 def describe_adapters(model: CompatibleModel) -> dict[str, dict[str, Any]]:
     """Adapter name → JSON spec from which ``rebuild_adapters`` recreates the module structure.
 
-    Known adapters: λ-orthogonality's ``backward`` / ``forward_map`` ``EmbeddingMap``s, as
-    ``{"builder": "lambda_orth", "role": "backward"|"forward", "old_dim", "new_dim", "variant",
-    "normalize_inputs"}`` (the arguments of ``lambda_orth.build_adapters``; ``old_dim`` is None
-    when there is no forward map). Any other adapter is a ValueError at save time, rather than a
-    checkpoint that cannot be loaded.
+    Known adapters:
+
+    - λ-orthogonality's ``backward`` / ``forward_map`` ``EmbeddingMap``s, as ``{"builder":
+      "lambda_orth", "role": "backward"|"forward", "old_dim", "new_dim", "variant",
+      "normalize_inputs"}`` (the arguments of ``lambda_orth.build_adapters``; ``old_dim`` is None
+      when there is no forward map);
+    - FCT's lone ``forward_map`` (no ``backward``), an ``EmbeddingMap`` around an ``MLPAdapter``
+      or an ``AffineAdapter`` with bias, as ``{"builder": "fct", "role": "forward", "old_dim",
+      "new_dim", "form": "mlp"|"affine", "hidden_dim" (None for affine), "normalize_inputs"}``
+      (the arguments of ``fct.build_forward_map``).
+
+    Any other adapter is a ValueError at save time, rather than a checkpoint that cannot be loaded.
     """
     adapters = dict(model.adapters.items())
+    if set(adapters) == {FORWARD_ADAPTER}:
+        spec = _fct_forward_spec(adapters[FORWARD_ADAPTER])
+        if spec is not None:
+            return {FORWARD_ADAPTER: spec}
     backward = _backward_shape(adapters.get(BACKWARD_ADAPTER))
     forward = _forward_shape(adapters.get(FORWARD_ADAPTER))
     if backward and forward and backward[1] != forward[1]:
@@ -166,7 +179,8 @@ def describe_adapters(model: CompatibleModel) -> dict[str, dict[str, Any]]:
         if role is None or {"backward": backward, "forward": forward}[role] is None:
             raise ValueError(
                 f"cannot checkpoint adapter {name!r} of type {type(module).__name__}: only λ-orthogonality's "
-                f"{BACKWARD_ADAPTER!r} / {FORWARD_ADAPTER!r} EmbeddingMaps (lambda_orth.build_adapters) are rebuildable"
+                f"{BACKWARD_ADAPTER!r} / {FORWARD_ADAPTER!r} EmbeddingMaps (lambda_orth.build_adapters) and FCT's "
+                f"lone {FORWARD_ADAPTER!r} (fct.build_forward_map) are rebuildable"
             )
         specs[name] = {
             "builder": LAMBDA_ORTH_BUILDER,
@@ -177,6 +191,21 @@ def describe_adapters(model: CompatibleModel) -> dict[str, dict[str, Any]]:
             "normalize_inputs": bool(module.normalize_input),
         }
     return specs
+
+
+def _fct_forward_spec(module: nn.Module) -> dict[str, Any] | None:
+    """The ``fct`` builder spec of a forward map made by ``fct.build_forward_map``, else None."""
+    if not isinstance(module, EmbeddingMap):
+        return None
+    inner = module.map
+    if isinstance(inner, MLPAdapter):
+        form, old_dim, new_dim, hidden = "mlp", inner.in_dim, inner.out_dim, inner.hidden_dim
+    elif isinstance(inner, AffineAdapter) and inner.bias is not None:
+        (new_dim, old_dim), form, hidden = inner.weight.shape, "affine", None
+    else:
+        return None
+    return {"builder": FCT_BUILDER, "role": "forward", "old_dim": int(old_dim), "new_dim": int(new_dim), "form": form,
+            "hidden_dim": hidden, "normalize_inputs": bool(module.normalize_input)}
 
 
 def _backward_shape(module: nn.Module | None) -> tuple[str, int] | None:
@@ -202,6 +231,10 @@ def _forward_shape(module: nn.Module | None) -> tuple[int, int] | None:
 def rebuild_adapters(model: CompatibleModel, specs: Mapping[str, Mapping[str, Any]]) -> None:
     """Add freshly built adapters described by ``specs`` (``describe_adapters``) to ``model``, in place."""
     for name, spec in specs.items():
+        if spec.get("builder") == FCT_BUILDER and spec.get("role") == "forward":
+            model.adapters[name] = build_forward_map(int(spec["old_dim"]), int(spec["new_dim"]), spec["form"],
+                                                     int(spec.get("hidden_dim") or 1), bool(spec["normalize_inputs"]))
+            continue
         if spec.get("builder") != LAMBDA_ORTH_BUILDER or spec.get("role") not in ("backward", "forward"):
             raise ValueError(f"unknown adapter spec for {name!r}: {dict(spec)!r}")
         new_dim = int(spec["new_dim"])

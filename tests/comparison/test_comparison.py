@@ -66,3 +66,72 @@ def test_different_spaces_without_adapters_are_refused_with_both_names():
     with pytest.raises(IncomparableGenerations, match="K=2"):
         comparison_path("h2", "hyp", {"hyp": models["hyp"], "h2": hyp_other_curvature}, {})
     assert comparison_path("h2", "hyp", {"hyp": models["hyp"], "h2": model("hbct", seed=4)}, {}).kind == "direct"
+
+
+# --- forward maps (FCT) ---------------------------------------------------------------------------
+def fct_lineage():
+    """g0 ← g1 ← g2, g1 and g2 FCT generations (a lone forward map each), plus g3, a BCT-like child of
+    g2 (no adapter), and s1, an FCT sibling of g1."""
+    models = {name: model(seed=seed) for seed, name in enumerate(("g0", "g1", "g2", "g3", "s1"))}
+    for seed, name in ((21, "g1"), (22, "g2"), (23, "s1")):
+        models[name].adapters["forward_map"] = linear(seed)
+    return models, {"g0": None, "g1": "g0", "g2": "g1", "g3": "g2", "s1": "g0"}
+
+
+def test_forward_maps_are_chained_over_the_gallery_into_the_query_space():
+    models, parents = fct_lineage()
+    f1, f2 = models["g1"].adapters["forward_map"], models["g2"].adapters["forward_map"]
+    q, g = torch.randn(4, 8), torch.randn(5, 8)
+    one_hop = comparison_path("g1", "g0", models, parents)
+    assert one_hop.kind == "forward" and one_hop.maps_gallery and one_hop.note == "gallery mapped by the forward map F"
+    aligned_q, aligned_g = one_hop.align(q, g)
+    assert torch.equal(aligned_q, q)
+    torch.testing.assert_close(aligned_g, g @ f1.weight.detach().T)
+    two_hops = comparison_path("g2", "g0", models, parents)
+    assert two_hops.kind == "forward" and two_hops.note == "gallery mapped by the forward chain of 2 maps F"
+    torch.testing.assert_close(two_hops.align(q, g)[1], g @ f1.weight.detach().T @ f2.weight.detach().T)
+    torch.testing.assert_close(two_hops.map_gallery(g), g @ f1.weight.detach().T @ f2.weight.detach().T)
+    assert torch.equal(two_hops.map_queries(q, 8), q)  # an index over the mapped gallery is in the query space
+    # the distance is measured in the query generation's space
+    assert (two_hops.space, two_hops.curv) == (models["g2"].space, models["g2"].curv)
+    # F's output width must be the query's: a mismatch is refused, not truncated
+    models["g1"].adapters["forward_map"] = linear(24, width=6)
+    with pytest.raises(IncomparableGenerations, match="dimensions 8 vs 6"):
+        comparison_path("g1", "g0", models, parents).align(q, g)
+
+
+def test_raw_embeddings_across_an_fct_generation_are_refused():
+    models, parents = fct_lineage()
+    for query, gallery, independent in [("g0", "g1", "g1"), ("g1", "s1", "g1"), ("g3", "g0", "g2"),
+                                        ("g3", "g1", "g2"), ("g0", "g3", "g2")]:
+        with pytest.raises(IncomparableGenerations, match=f"generation '{independent}' was trained independently"):
+            comparison_path(query, gallery, models, parents)
+    # a child compatible by training with the FCT generation compares with it directly
+    assert comparison_path("g3", "g2", models, parents).kind == "direct"
+    # without the lineage an FCT generation is not assumed to share anyone's space
+    with pytest.raises(IncomparableGenerations, match="'g1' was trained independently"):
+        comparison_path("g1", "g0", models, {})
+
+
+def test_a_backward_adapter_takes_precedence_and_a_lone_forward_map_is_never_a_backward_one():
+    models, parents = fct_lineage()
+    models["g1"].adapters["backward"] = b1 = linear(31)  # g1 is now a λ-orth generation (B and F)
+    path = comparison_path("g1", "g0", models, parents)
+    assert path.kind == "adapter" and path.gallery_maps == ()
+    q, g = torch.randn(4, 8), torch.randn(5, 8)
+    aligned_q, aligned_g = path.align(q, g)
+    torch.testing.assert_close(aligned_q, q @ b1.weight.detach().T)
+    assert torch.equal(aligned_g, g)
+    # g2 (lone F) over g1 (B and F): forward one hop; g2 → g0 has no chain of lone forward maps
+    assert comparison_path("g2", "g1", models, parents).kind == "forward"
+    with pytest.raises(IncomparableGenerations, match="'g2' was trained independently"):
+        comparison_path("g2", "g0", models, parents)
+
+
+def test_a_float64_forward_map_takes_a_float32_gallery_and_returns_the_queries_dtype():
+    models, parents = fct_lineage()
+    f1 = models["g1"].adapters["forward_map"].double()
+    q, g = torch.randn(4, 8), torch.randn(5, 8)
+    aligned_q, aligned_g = comparison_path("g1", "g0", models, parents).align(q, g)
+    assert aligned_q.dtype == aligned_g.dtype == torch.float32
+    torch.testing.assert_close(aligned_g, (g.double() @ f1.weight.detach().T).float())

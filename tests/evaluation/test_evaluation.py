@@ -95,3 +95,24 @@ def test_compatibility_summary_uses_the_reference_and_the_table_form_of_p_up():
 def test_no_models_is_an_error():
     with pytest.raises(ValueError, match="no models"):
         evaluate_generations({}, random_images())
+
+
+def test_an_fct_cross_cell_is_the_old_gallery_mapped_by_f_and_the_raw_pair_is_refused():
+    from orchestrator.methods.fct import build_forward_map
+
+    data = random_images()
+    models = {"old": tiny_model("independent", seed=1), "new": tiny_model("fct", seed=2)}
+    torch.manual_seed(3)
+    forward = models["new"].adapters["forward_map"] = build_forward_map(8, 8, "mlp", 16, True)
+    report = evaluate_generations(models, data, parents={"new": "old"})
+    old_emb, new_emb = (embed_dataset(models[name], data)[0].embedding for name in ("old", "new"))
+    unit = old_emb / old_emb.norm(dim=1, keepdim=True)
+    hidden = torch.clamp(unit @ forward.map.hidden.weight.detach().T + forward.map.hidden.bias.detach(), min=0)
+    mapped = hidden @ forward.map.output.weight.detach().T + forward.map.output.bias.detach()
+    expected = retrieval_metrics(new_emb, mapped, data.labels, data.labels, "cosine", query_ids=data.ids, gallery_ids=data.ids)
+    assert report.value("new", "old", "cmc@1") == pytest.approx(expected.cmc[1])
+    assert report.value("new", "old", "map") == pytest.approx(expected.mean_ap)
+    assert report.notes[("new", "old")] == "gallery mapped by the forward map F"
+    # without the lineage, the FCT generation's raw embeddings are not compared with the old ones
+    report = evaluate_generations(models, data)
+    assert math.isnan(report.value("new", "old")) and "trained independently" in report.notes[("new", "old")]

@@ -68,3 +68,28 @@ def test_a_shard_of_an_incomparable_generation_is_refused():
     models = {"cos": model(seed=1), "hyp": model("hbct", seed=2)}
     with pytest.raises(IncomparableGenerations, match="'hyp' cannot search generation 'cos'"):
         evaluate_mixed_gallery("hyp", torch.randn(10, 9), labels, ids, shards, models, {})
+
+
+def test_an_fct_generation_maps_the_old_shards_by_f_into_its_space():
+    from orchestrator.methods.fct import build_forward_map
+
+    rng = np.random.default_rng(3)
+    n = 30
+    ids, labels = np.arange(n), rng.integers(0, 3, n)
+    old = rng.normal(size=(n, 6)).astype(np.float32)
+    new = rng.normal(size=(n, 8)).astype(np.float32)
+    g0 = vector_model(create_method("independent"), in_dim=6, embed_dim=6, num_classes=3, seed=1)
+    g1 = model("fct", seed=2)
+    torch.manual_seed(4)
+    g1.adapters["forward_map"] = forward = build_forward_map(6, 8, "affine", 1, False)
+    with torch.no_grad():
+        forward.map.linear.weight.normal_()
+        forward.map.linear.bias.normal_()
+    shards = split(ids[:12], labels[:12], old[:12], "g0") + split(ids[12:], labels[12:], new[12:], "g1", parts=1)
+    queries = torch.from_numpy(new)
+    result = evaluate_mixed_gallery("g1", queries, labels, ids, shards, {"g0": g0, "g1": g1}, {"g1": "g0"}, ks=(1,))
+    mapped = torch.from_numpy(old[:12]) @ forward.map.weight.detach().T + forward.map.bias.detach()
+    expected = retrieval_metrics(queries, torch.cat([mapped, queries[12:]]), labels, labels, "cosine", ks=(1,),
+                                 query_ids=ids, gallery_ids=ids)
+    assert result.cmc == pytest.approx(expected.cmc) and result.mean_ap == pytest.approx(expected.mean_ap)
+    assert result.items_by_generation == {"g0": 12, "g1": 18}

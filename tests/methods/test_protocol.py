@@ -25,7 +25,7 @@ from image_data import LabelShiftedImages
 
 FIRST_TIER = {
     "independent", "l2", "bct", "hot_refresh", "hoc", "hbct", "ndpp", "odpp", "dsimplex", "lambda_orth",
-    "binary_hyperbolic",
+    "binary_hyperbolic", "fct",
 }
 NUM_CLASSES = 4
 EMBED_DIM = 8  # dsimplex: K = embed_dim + 1 = 9 >= 4 classes; binary_hyperbolic: 8 >= 4 - 1
@@ -47,6 +47,7 @@ TERMS = {
     "dsimplex": {"base", "infonce"},
     "lambda_orth": {"base"},
     "binary_hyperbolic": {"base", "alignment"},
+    "fct": {"base"},
 }
 
 
@@ -153,7 +154,7 @@ def test_method_protocol_end_to_end(name):
 
     model = _build(method, seed=2)
     assert model.space is method.space
-    if name == "lambda_orth":
+    if name in ("lambda_orth", "fct"):
         assert len(model.adapters) == 0
     initial = {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
     assert initial, "the model has no trainable parameter"
@@ -188,6 +189,11 @@ def test_method_protocol_end_to_end(name):
         with torch.no_grad():
             b = model.adapters["backward"].map.matrix
             torch.testing.assert_close(b @ b.T, torch.eye(EMBED_DIM), atol=1e-5, rtol=0)  # B_⊥ is a rotation
+            mapped = model.adapters["forward_map"](torch.randn(5, EMBED_DIM))
+        assert mapped.shape == (5, EMBED_DIM) and torch.isfinite(mapped).all()
+    if name == "fct":
+        assert set(model.adapters) == {"forward_map"}  # F alone: no backward map
+        with torch.no_grad():
             mapped = model.adapters["forward_map"](torch.randn(5, EMBED_DIM))
         assert mapped.shape == (5, EMBED_DIM) and torch.isfinite(mapped).all()
 

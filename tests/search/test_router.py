@@ -7,14 +7,16 @@ import pytest
 import torch
 from torch import nn
 
-from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery
+from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery, write_shard
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import pairwise_distance
 from orchestrator.index import ShardIndex, build_index
 from orchestrator.lineage.records import CompatibilityRecord, ShardRecord
 from orchestrator.methods import create_method
+from orchestrator.methods.fct import build_forward_map
 from orchestrator.search import CompatibilityCriterion, IncompatibleShards, SearchRouter, merge_top_k
 from orchestrator.search.evaluation import evaluate_search
+from orchestrator.storage import ChecksumMismatch
 from vector_models import vector_model
 
 NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -195,3 +197,88 @@ def test_an_adapter_narrower_than_the_gallery_index_is_refused_at_search(tmp_pat
     router = SearchRouter("g1", models, parents, shards, None, ShardIndex.load)
     with pytest.raises(ValueError, match="adapted queries have 5 coordinates but the gallery's index holds 8"):
         router.search(torch.from_numpy(emb), 3)
+
+
+# --- forward path (FCT) ---------------------------------------------------------------------------
+
+def mlp_by_hand(forward, x):
+    """F(x) of an fct EmbeddingMap computed from its weights: W2 relu(W1 x/‖x‖ + b1) + b2."""
+    inner = forward.map
+    x = x / x.norm(dim=1, keepdim=True)
+    hidden = torch.clamp(x @ inner.hidden.weight.detach().T + inner.hidden.bias.detach(), min=0)
+    return hidden @ inner.output.weight.detach().T + inner.output.bias.detach()
+
+
+def parquet_shard_record(tmp_path, index, generation, ids, labels, embeddings, with_index=False):
+    """A shard row whose Parquet file is written (sha256 in the row); no index file unless asked."""
+    shard = ShardEmbeddings(ids, labels, embeddings, np.full(len(ids), np.nan, np.float32), generation, "cosine", 1.0)
+    uri = str(tmp_path / f"shard-{index}.parquet")
+    digest = write_shard(uri, shard)
+    index_uri = None
+    if with_index:
+        index_uri = str(tmp_path / f"shard-{index}.index")
+        build_index(embeddings, "cosine", "flat", ids).save(index_uri)
+    return ShardRecord("gallery", index, len(ids), generation, uri, index_uri, digest, NOW)
+
+
+def fct_generations():
+    torch.manual_seed(5)
+    models = {"g0": model(seed=0), "g1": model("fct", seed=1), "g2": model("fct", seed=2)}
+    models["g1"].adapters["forward_map"] = build_forward_map(8, 8, "mlp", 16, True)
+    models["g2"].adapters["forward_map"] = build_forward_map(8, 8, "mlp", 16, True)
+    return models, {"g0": None, "g1": "g0", "g2": "g1"}
+
+
+def test_forward_shards_are_mapped_by_f_into_an_in_memory_index_equal_to_the_brute_force_ranking(tmp_path):
+    rng = np.random.default_rng(6)
+    n, k = 50, 12
+    ids, labels = np.arange(n) * 2 + 1, rng.integers(0, 3, n)
+    emb = {g: rng.normal(size=(n, 8)).astype(np.float32) for g in ("g0", "g1", "g2")}
+    parts = {"g0": np.arange(0, 20), "g1": np.arange(20, 35), "g2": np.arange(35, n)}
+    models, parents = fct_generations()
+    # old shards: no index file at all (the stored index, in the old space, is of no use to g2)
+    shards = [parquet_shard_record(tmp_path, i, g, ids[parts[g]], labels[parts[g]], emb[g][parts[g]], with_index=(g == "g2"))
+              for i, g in enumerate(("g0", "g1", "g2"))]
+    router = SearchRouter("g2", models, parents, shards, None, ShardIndex.load)
+    queries = torch.from_numpy(rng.normal(size=(7, 8)).astype(np.float32))
+    result = router.search(queries, k)
+
+    f1, f2 = models["g1"].adapters["forward_map"], models["g2"].adapters["forward_map"]
+    gallery = {g: torch.from_numpy(emb[g][parts[g]]) for g in parts}
+    in_g2_space = [mlp_by_hand(f2, mlp_by_hand(f1, gallery["g0"])), mlp_by_hand(f2, gallery["g1"]), gallery["g2"]]
+    q = queries.double()
+    columns = [1 - (q / q.norm(dim=1, keepdim=True)) @ (g.double() / g.double().norm(dim=1, keepdim=True)).T for g in in_g2_space]
+    all_ids = np.concatenate([ids[parts[g]] for g in ("g0", "g1", "g2")])
+    expected_d, expected_ids = brute_force_top_k(torch.cat(columns, dim=1).numpy(), all_ids, k)
+    np.testing.assert_array_equal(result.ids, expected_ids)
+    np.testing.assert_allclose(result.distances, expected_d, rtol=1e-5, atol=1e-6)
+    assert router.paths() == {
+        "g0": "gallery mapped by the forward chain of 2 maps F; in-memory flat index of the mapped shard embeddings",
+        "g1": "gallery mapped by the forward map F; in-memory flat index of the mapped shard embeddings",
+        "g2": "same"}
+    assert result.paths == router.paths()
+
+    # the search evaluation over the whole gallery equals the exact mixed-gallery evaluation
+    as_files = [ShardEmbeddings(ids[parts[g]], labels[parts[g]], emb[g][parts[g]], np.full(len(parts[g]), np.nan, np.float32),
+                                g, "cosine", 1.0) for g in parts]
+    searched = evaluate_search(router, torch.from_numpy(emb["g2"]), labels, ids, labels, query_ids=ids, ks=(1, 5))
+    expected = evaluate_mixed_gallery("g2", torch.from_numpy(emb["g2"]), labels, ids, as_files, models, parents, ks=(1, 5))
+    assert searched.result.cmc == pytest.approx(expected.cmc)
+    assert searched.result.mean_ap == pytest.approx(expected.mean_ap)
+
+
+def test_a_forward_shard_is_read_with_its_checksum_and_an_old_serving_generation_is_refused(tmp_path):
+    rng = np.random.default_rng(7)
+    ids, labels = np.arange(10), rng.integers(0, 2, 10)
+    models, parents = fct_generations()
+    shard = parquet_shard_record(tmp_path, 0, "g0", ids, labels, rng.normal(size=(10, 8)).astype(np.float32))
+    tampered = ShardRecord(shard.gallery, 0, 10, "g0", shard.embeddings_uri, None, "0" * 64, NOW)
+    with pytest.raises(ChecksumMismatch):
+        SearchRouter("g1", models, parents, [tampered], None, ShardIndex.load)
+    no_file = ShardRecord(shard.gallery, 0, 10, "g0", None, None, None, NOW)
+    with pytest.raises(ValueError, match="has no embeddings file"):
+        SearchRouter("g1", models, parents, [no_file], None, ShardIndex.load)
+    # the parent's raw queries against the FCT generation's raw shard: no common space
+    own = parquet_shard_record(tmp_path, 1, "g1", ids, labels, rng.normal(size=(10, 8)).astype(np.float32), with_index=True)
+    with pytest.raises(IncompatibleShards, match="'g1' was trained independently"):
+        SearchRouter("g0", models, parents, [own], None, ShardIndex.load)

@@ -1,6 +1,7 @@
 """Shared helpers of the storage tests: tiny models of several methods and exact comparisons."""
 import torch
 
+from orchestrator.methods.fct import build_forward_map
 from orchestrator.methods.lambda_orth import BACKWARD_ADAPTER, FORWARD_ADAPTER, build_adapters
 from orchestrator.methods.registry import create_method
 from orchestrator.models.encoder import EncoderConfig
@@ -16,16 +17,23 @@ CASES = [
     ("lambda-orth-orthogonal", "lambda_orth", {}, dict(old_dim=6, variant="orthogonal", normalize=True)),
     ("lambda-orth-lambda", "lambda_orth", {"variant": "lambda", "space": "euclidean"},
      dict(old_dim=10, variant="lambda", normalize=False)),
+    # FCT: a lone forward map F (an MLP, or affine)
+    ("fct-mlp", "fct", {"hidden_dim": 16}, dict(old_dim=6, form="mlp", hidden_dim=16, normalize=True)),
+    ("fct-affine", "fct", {"form": "affine", "space": "euclidean"},
+     dict(old_dim=10, form="affine", hidden_dim=None, normalize=False)),
 ]
 
 
 def build_case(method_name, params, adapters, seed=0):
     """(method, model): a tiny model with random weights, non-trivial BatchNorm statistics and,
-    for lambda_orth, perturbed adapters."""
+    for lambda_orth and fct, perturbed adapters."""
     torch.manual_seed(seed)
     method = create_method(method_name, params)
     model = method.build_model(ENCODER, num_classes=4, seen_classes=[0, 1])
-    if adapters is not None:
+    if adapters is not None and "form" in adapters:
+        model.adapters[FORWARD_ADAPTER] = build_forward_map(adapters["old_dim"], ENCODER.embed_dim, adapters["form"],
+                                                            adapters["hidden_dim"] or 1, adapters["normalize"])
+    elif adapters is not None:
         backward, forward = build_adapters(adapters["old_dim"], ENCODER.embed_dim, adapters["variant"], adapters["normalize"])
         model.adapters[BACKWARD_ADAPTER] = backward
         model.adapters[FORWARD_ADAPTER] = forward
@@ -53,6 +61,9 @@ def assert_same_outputs(a, b, adapters):
     for field in ("features", "embedding", "logits"):
         assert torch.equal(getattr(out_a, field), getattr(out_b, field)), field
     if adapters is not None:
-        assert torch.equal(a.adapters[BACKWARD_ADAPTER](out_a.embedding), b.adapters[BACKWARD_ADAPTER](out_b.embedding))
+        if "form" not in adapters:
+            assert torch.equal(a.adapters[BACKWARD_ADAPTER](out_a.embedding), b.adapters[BACKWARD_ADAPTER](out_b.embedding))
+        else:
+            assert set(b.adapters) == {FORWARD_ADAPTER}
         old = torch.randn(3, adapters["old_dim"])
         assert torch.equal(a.adapters[FORWARD_ADAPTER](old), b.adapters[FORWARD_ADAPTER](old))

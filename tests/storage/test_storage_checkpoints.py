@@ -57,6 +57,10 @@ def test_card_fields(case, tmp_path):
     assert load_card(uri) == card and checkpoint_exists(uri)
     if adapters is None:
         assert raw["adapters"] == {}
+    elif "form" in adapters:
+        assert raw["adapters"] == {"forward_map": {
+            "builder": "fct", "role": "forward", "old_dim": adapters["old_dim"], "new_dim": ENCODER.embed_dim,
+            "form": adapters["form"], "hidden_dim": adapters["hidden_dim"], "normalize_inputs": adapters["normalize"]}}
     else:
         common = {"builder": "lambda_orth", "old_dim": adapters["old_dim"], "new_dim": ENCODER.embed_dim,
                   "variant": adapters["variant"], "normalize_inputs": adapters["normalize"]}
