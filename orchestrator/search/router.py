@@ -156,6 +156,30 @@ def merge_top_k(distances: Sequence[np.ndarray], ids: Sequence[np.ndarray], sour
     return picked[0], picked[1], picked[2]
 
 
+#: Index kinds whose distances are the exact distance of the space (interchangeable in a merge).
+EXACT_KINDS = ("flat", "ivf", "hnsw")
+
+
+def _check_one_distance_unit(gallery: str, routes: Sequence["ShardRoute"]) -> None:
+    """Refuse to merge shards whose indexes return distances in different units.
+
+    The exact kinds (``EXACT_KINDS``) all return the space's distance; every other kind (bit-plane
+    Hamming, product quantisation) has units of its own, so a gallery must not mix it with another
+    kind. This happens when ``gallery.index`` changes between generations of one lineage, or when a
+    forward-path shard (searched in an exact in-memory index) meets compressed shards.
+    """
+    units: dict[str, list[str]] = {}
+    for route in routes:
+        kind = route.index.kind
+        unit = "exact" if kind in EXACT_KINDS else kind
+        units.setdefault(unit, []).append(f"shard {route.shard.index} ({route.shard.generation}, {kind})")
+    if len(units) > 1:
+        listing = "; ".join(", ".join(names) for names in units.values())
+        raise ValueError(f"gallery {gallery!r}: its shard indexes return distances in different units and cannot be "
+                         f"merged into one ranking: {listing}. Keep one gallery.index for the whole lineage "
+                         "(re-embed the other shards with a full backfill to change it)")
+
+
 class SearchRouter:
     """Routes the serving generation's queries to every shard of one gallery (module docstring).
 
@@ -204,6 +228,7 @@ class SearchRouter:
             raise IncompatibleShards(serving, self.gallery, self.skipped)
         if not self.routes:
             raise IncompatibleShards(serving, self.gallery, self.skipped)
+        _check_one_distance_unit(self.gallery, self.routes)
 
     def _path(self, generation: str, models, parents, criterion: CompatibilityCriterion | None) -> ComparisonPath | str:
         """The comparison path to ``generation``'s shards, or the reason they are not searched."""

@@ -10,7 +10,7 @@ from torch import nn
 from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery, write_shard
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import pairwise_distance
-from orchestrator.index import ShardIndex, build_index
+from orchestrator.index import ShardIndex, build_index, load_index
 from orchestrator.lineage.records import CompatibilityRecord, ShardRecord
 from orchestrator.methods import create_method
 from orchestrator.methods.fct import build_forward_map
@@ -282,3 +282,24 @@ def test_a_forward_shard_is_read_with_its_checksum_and_an_old_serving_generation
     own = parquet_shard_record(tmp_path, 1, "g1", ids, labels, rng.normal(size=(10, 8)).astype(np.float32), with_index=True)
     with pytest.raises(IncompatibleShards, match="'g1' was trained independently"):
         SearchRouter("g0", models, parents, [own], None, ShardIndex.load)
+
+
+def test_shards_whose_indexes_return_different_units_are_not_merged(tmp_path):
+    # gallery.index changed mid-lineage: g0's shard has an exact index, g1's a product-quantised one
+    rng = np.random.default_rng(5)
+    ids0, ids1 = np.arange(0, 30), np.arange(30, 60)
+    emb0, emb1 = rng.normal(size=(30, 8)).astype(np.float32), rng.normal(size=(30, 8)).astype(np.float32)
+    exact = shard_record(tmp_path, 0, "g0", ids0, emb0)
+    pq_uri = str(tmp_path / "shard-1-pq.index")
+    build_index(emb1, "cosine", "pq", ids1, pq_m=2, pq_nbits=2).save(pq_uri)
+    compressed = ShardRecord("gallery", 1, len(ids1), "g1", None, pq_uri, None, NOW)
+    models = {"g0": model(seed=0), "g1": model(seed=1)}
+    parents = {"g0": None, "g1": "g0"}
+    with pytest.raises(ValueError, match=r"different units.*shard 0 \(g0, flat\).*shard 1 \(g1, pq\).*gallery\.index"):
+        SearchRouter("g1", models, parents, [exact, compressed], None, load_index)
+    # exact kinds share the space's distance: a flat and an HNSW shard merge
+    hnsw_uri = str(tmp_path / "shard-1-hnsw.index")
+    build_index(emb1, "cosine", "hnsw", ids1).save(hnsw_uri)
+    router = SearchRouter("g1", models, parents,
+                          [exact, ShardRecord("gallery", 1, len(ids1), "g1", None, hnsw_uri, None, NOW)], None, load_index)
+    assert router.searchable_items == 60
