@@ -10,6 +10,7 @@ from orchestrator.methods import (  # noqa: F401  (importing registers each meth
     independent,
     l2,
     lambda_orth,
+    lce,
     ndpp,
     odpp,
 )
