@@ -13,6 +13,7 @@ from orchestrator.methods import (  # noqa: F401  (importing registers each meth
     lce,
     ndpp,
     odpp,
+    unibct,
 )
 from orchestrator.methods.base import CompatibilityMethod, MethodParams, TrainContext, embed_dataset
 from orchestrator.methods.registry import available_methods, create_method, method_class, register_method
