@@ -1,6 +1,7 @@
 """Compatibility methods, one file each behind the protocol in ``base.py``; importing this
 package registers all built-in methods with the registry."""
 from orchestrator.methods import (  # noqa: F401  (importing registers each method)
+    advbct,
     bct,
     binary_hyperbolic,
     dsimplex,

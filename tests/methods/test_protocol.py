@@ -27,7 +27,7 @@ FIRST_TIER = {
     "independent", "l2", "bct", "hot_refresh", "hoc", "hbct", "ndpp", "odpp", "dsimplex", "lambda_orth",
     "binary_hyperbolic",
 }
-SECOND_TIER = {"lce", "unibct"}
+SECOND_TIER = {"lce", "unibct", "advbct"}
 METHODS = FIRST_TIER | SECOND_TIER
 NUM_CLASSES = 4
 EMBED_DIM = 8  # dsimplex: K = embed_dim + 1 = 9 >= 4 classes; binary_hyperbolic: 8 >= 4 - 1
@@ -51,6 +51,7 @@ TERMS = {
     "binary_hyperbolic": {"base", "alignment"},
     "lce": {"base", "arcface", "boundary"},
     "unibct": {"base", "arcface"},
+    "advbct": {"base", "boundary", "adversarial"},
 }
 
 
