@@ -45,18 +45,21 @@ CENTRES, MAX_RADII, BOUNDED = "advbct/centres", "advbct/max_radii", "advbct/boun
 
 
 class AdvBCTParams(FlatParams):
-    """boundary_weight:      weight μ of the elastic-boundary term (the code adds it with weight 1).
+    """boundary_weight:      weight μ of the elastic-boundary term.
     adversarial_weight:   weight λ of the adversarial term, on top of its epoch decay (E − e + 1)/E.
+    grl_gamma:            γ of the gradient-reversal schedule α(p) = 2/(1 + e^{−γp}) − 1.
+    discriminator_hidden: width of D's hidden layer.
+    iqr_factor:           Tukey fence f of the old radii.
     threshold:            T, the radius the elastic boundary moves towards (chord distances of
-                          unit vectors lie in [0, 2]). Decision: 0.5, the benchmark library's
-                          default (``configs/defaults.py``, ``TRAIN.THRESHOLD``); its GLDv2
-                          AdvBCT config raises it to 1.0. On the bundled digits (old classes 0-4,
-                          12 epochs, seeds 0/1/2) T = 1.0 left the cross-test mAP at +0.018 /
-                          −0.002 / +0.026 over the old self-test, T = 0.5 at +0.055 / +0.023 /
-                          +0.043: the looser boundary lets the new classes drift.
-    grl_gamma:            γ of the gradient-reversal schedule α(p) = 2/(1 + e^{−γp}) − 1 (DANN's 10).
-    discriminator_hidden: width of D's hidden layer (the code's 100).
-    iqr_factor:           Tukey fence of the old radii (the code's 1.5·IQR).
+                          unit vectors lie in [0, 2]).
+
+    Decision: μ = λ = 1 (the code adds both terms unweighted), γ = 10 (the code's, DANN's), a
+    100-unit hidden layer and f = 1.5 are the released code's values (the spec gives none).
+    Decision: T = 0.5, the benchmark library's default (``configs/defaults.py``,
+    ``TRAIN.THRESHOLD``); its GLDv2 AdvBCT config raises it to 1.0. On the bundled digits (old
+    classes 0-4, 12 epochs, seeds 0/1/2) T = 1.0 left the cross-test mAP at +0.018 / −0.002 /
+    +0.026 over the old self-test, T = 0.5 at +0.055 / +0.023 / +0.043: the looser boundary lets
+    the new classes drift.
     """
 
     boundary_weight: float = Field(1.0, ge=0)

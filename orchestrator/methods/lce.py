@@ -33,11 +33,15 @@ CENTRES, PRESENT, RADII, BOUNDED = "lce/centres", "lce/present", "lce/radii", "l
 
 
 class LCEParams(FlatParams):
-    """lam:            weight λ of the ArcFace term through the old class centres.
-    boundary_weight: weight μ of the angular boundary term (the benchmark code adds it with weight 1).
-    scale, margin:  ArcFace s and m; defaults of the AdvBCT benchmark (``LOSS.SCALE: 30``,
-                    ``LOSS.MARGIN: 0.3``), which holds the released LCE baseline.
-    iqr_factor:     Tukey fence of the old radii (the benchmark's 1.5·IQR).
+    """lam:             weight λ of the ArcFace term through the old class centres.
+    boundary_weight: weight μ of the angular boundary term.
+    scale, margin:   ArcFace s and m.
+    iqr_factor:      Tukey fence f of the old radii.
+
+    Decision: every default is the AdvBCT benchmark's, which holds the released LCE baseline (the
+    spec gives none): λ = μ = 1 (its terms are added unweighted), s = 30, m = 0.3 (``LOSS.SCALE``,
+    ``LOSS.MARGIN``), f = 1.5 (``extract_feat.py``). On the bundled digits these defaults are
+    compatible at 12 epochs (tests/evaluation/test_learning_compatibility.py).
     """
 
     lam: float = Field(1.0, ge=0)
@@ -102,10 +106,11 @@ class LCE(SupervisedMethod):
     ArcFace term acts on the embeddings themselves and is the form the spec names.
     Decision (unseen classes, as ``bct``): a class the old model never saw gets its centre from
     the old model's embeddings of its images (BCT's synthesised row) and takes part in the ArcFace
-    term; it has no boundary (the old model never drew one), so the boundary term covers only the
-    old model's ``seen_classes`` with at least two items inside the fence (the benchmark skips
-    classes whose radius list has one entry). Classes without training images get no centre
-    (−inf logits).
+    term, which ties it to that synthesised centre. It gets no boundary (the old model never drew
+    one; ``advbct``, whose boundary is its only per-class term, synthesises one instead), so the
+    boundary covers the old model's ``seen_classes`` with at least two items inside the fence
+    (the benchmark skips classes whose radius list has one entry). Classes without training
+    images get no centre (−inf logits).
     """
 
     name = "lce"
