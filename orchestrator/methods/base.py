@@ -7,7 +7,9 @@ A method decides four things about a model generation:
 * its training objective, as a dict of named, already-weighted loss terms whose sum is minimised
   (``loss``), so that logs show every term,
 * optional hooks: ``on_train_start`` / ``on_epoch_start`` (prototype computation for NDPP / ODPP,
-  the synthesised old classifier of BCT) and ``on_train_end`` (the adapter stage of λ-orthogonality).
+  the synthesised old classifier of BCT) and ``on_train_end`` (the adapter stage of λ-orthogonality),
+* optional training-only modules trained jointly with the model (``build_auxiliary``: AdvBCT's
+  discriminator), kept out of the deployed generation.
 
 Hyperparameters are a pydantic model per method (``Params``) with the papers' defaults, so YAML,
 Tune and the CLI all validate the same typed fields and reject unknown ones.
@@ -46,6 +48,8 @@ class TrainContext:
     num_classes: size of the label space of this generation (labels are in [0, num_classes)).
     device:      where the models live.
     epoch:       0-based index of the current epoch (updated by the training loop).
+    epochs:      total number of epochs of this training (for schedules, e.g. AdvBCT's gradient
+                 reversal), or None where the caller does not say.
     batch_size:  batch size for the hooks' full passes over ``train_data``.
     state:       per-method scratch space (prototypes, synthesised classifiers, ...).
     """
@@ -56,6 +60,7 @@ class TrainContext:
     num_classes: int
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     epoch: int = 0
+    epochs: int | None = None
     batch_size: int = 256
     state: dict[str, Any] = field(default_factory=dict)
 
@@ -151,13 +156,26 @@ class CompatibilityMethod(ABC):
     def build_head(self, embed_dim: int, num_classes: int) -> nn.Module:
         """The classification head trained with the base loss, over ``num_classes`` labels."""
 
+    def build_auxiliary(self, embed_dim: int, num_classes: int) -> dict[str, nn.Module]:
+        """Training-only modules this method trains jointly with the model (default: none).
+
+        They become ``model.auxiliary`` (built after the encoder and head, so those draw the same
+        random initialisation as without them): the optimiser, DDP and epoch checkpoints see them
+        like any other weight; ``loss`` reaches them as ``ctx.new_model.auxiliary[name]``. A
+        deployed generation never contains them (``CompatibleModel.deployable_state_dict``).
+        Under DDP every auxiliary parameter must take part in every step's loss.
+        """
+        return {}
+
     def build_model(
         self, encoder_config: EncoderConfig, num_classes: int, seen_classes: torch.Tensor
     ) -> CompatibleModel:
-        """A fresh model of this method: encoder (backbone, projection, lift) plus head."""
+        """A fresh model of this method: encoder (backbone, projection, lift), head and the
+        method's training-only auxiliary modules."""
         encoder = Encoder(encoder_config, self.build_lift())
         head = self.build_head(encoder_config.embed_dim, num_classes)
-        return CompatibleModel(encoder, head, seen_classes=seen_classes)
+        auxiliary = self.build_auxiliary(encoder_config.embed_dim, num_classes)
+        return CompatibleModel(encoder, head, seen_classes=seen_classes, auxiliary=auxiliary)
 
     # --- objective --------------------------------------------------------------------------
     @abstractmethod

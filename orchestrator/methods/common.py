@@ -1,6 +1,8 @@
-"""Pieces several methods share: the supervised base objective and class means."""
+"""Pieces several methods share: the supervised base objective, class means, ArcFace logits and
+outlier-fenced class radii."""
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 import torch
@@ -11,6 +13,7 @@ from torch import nn
 from orchestrator.geometry.spaces import Space
 from orchestrator.methods.base import CompatibilityMethod, MethodParams
 from orchestrator.models.heads import LinearHead, LorentzMLR
+from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.lifts import build_lift
 from orchestrator.models.outputs import ModelOutput
 
@@ -95,3 +98,76 @@ def require_parent(ctx_old: ModelOutput | None, method_name: str) -> ModelOutput
         raise ValueError(f"method {method_name!r} needs the parent generation's output")
     return ctx_old
 
+
+
+def arcface_logits(
+    embeddings: torch.Tensor,
+    weights: torch.Tensor,
+    labels: torch.Tensor,
+    scale: float,
+    margin: float,
+    present: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """ArcFace logits (additive angular margin, Deng et al. 2019), as the LCE / UniBCT baselines use them.
+
+    embeddings: (B, d) points (L2-normalised here).
+    weights:    (C, d) class directions, e.g. old prototypes (L2-normalised here; zero rows stay 0).
+    labels:     (B,) int64 targets in [0, C).
+    scale, margin: s and m.
+    present:    optional (C,) bool; columns of classes marked False are −inf (no prototype).
+
+    With cos θ_ij = ê_i · ŵ_j:  logits_ij = s · cos(θ_ij + m) for j = y_i, s · cos θ_ij otherwise,
+    so m = 0 gives the scaled cosine softmax. The target is computed as cos θ·cos m − sin θ·sin m
+    (exact, sin θ = √(1 − cos²θ) ≥ 0 on [0, π]). Decision (the released code adds m to the angle
+    unguarded): the target angle is capped at π, i.e. the target logit is −s once θ > π − m, so it
+    never grows again as the embedding turns further away (continuous, non-increasing in θ).
+    Returns (B, C).
+    """
+    if labels.shape != (embeddings.shape[0],):
+        raise ValueError(f"labels must have shape ({embeddings.shape[0]},), got {tuple(labels.shape)}")
+    if embeddings.shape[1] != weights.shape[1]:
+        raise ValueError(f"embeddings have dimension {embeddings.shape[1]}, class weights {weights.shape[1]}: "
+                         "new and old embedding dimensions must match")
+    cosine = F.normalize(embeddings, dim=1) @ F.normalize(weights, dim=1).T  # (B, C)
+    target = cosine.gather(1, labels.unsqueeze(1)).clamp(-1.0, 1.0)
+    # sin θ; the floor keeps the gradient finite at θ = 0 (cos θ = 1)
+    sine = (1.0 - target * target).clamp_min(1e-12).sqrt()
+    shifted = target * math.cos(margin) - sine * math.sin(margin)
+    shifted = torch.where(target > -math.cos(margin), shifted, torch.full_like(shifted, -1.0))
+    logits = cosine.scatter(1, labels.unsqueeze(1), shifted) * scale
+    if present is not None:
+        logits = logits.masked_fill(~present.to(logits.device).unsqueeze(0), float("-inf"))
+    return logits
+
+
+def iqr_class_radii(
+    distances: torch.Tensor, labels: torch.Tensor, num_classes: int, iqr_factor: float = 1.5
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-class radius: the largest distance of a class's items after Tukey's outlier fence.
+
+    distances: (N,) each item's distance (angle, chord, ...) to its class centre; labels (N,).
+    As the AdvBCT benchmark's old-class "meta" (its ``extract_feat.py``): a class's distances are
+    sorted, q1 = r[⌊n/4⌋], q3 = r[⌊3n/4⌋] (n ≥ 4 items, else no filtering), items outside
+    [q1 − f·IQR, q3 + f·IQR] are dropped, the radius is the largest remaining distance.
+    Returns ``(radii (num_classes,), inliers (num_classes,) int64)``; classes without items: 0, 0.
+    """
+    radii = torch.zeros(num_classes, dtype=distances.dtype, device=distances.device)
+    inliers = torch.zeros(num_classes, dtype=torch.long, device=distances.device)
+    for c in torch.unique(labels).tolist():
+        values = torch.sort(distances[labels == c]).values
+        n = values.numel()
+        if n >= 4:
+            q1, q3 = values[n // 4], values[(3 * n) // 4]
+            spread = q3 - q1
+            values = values[(values >= q1 - iqr_factor * spread) & (values <= q3 + iqr_factor * spread)]
+        radii[c] = values.max()
+        inliers[c] = values.numel()
+    return radii, inliers
+
+
+def seen_class_mask(old_model: CompatibleModel, num_classes: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """(num_classes,) bool: the classes the old model was trained on (its ``seen_classes`` buffer)."""
+    seen = torch.zeros(num_classes, dtype=torch.bool, device=device)
+    known = old_model.seen_classes.to(device)
+    seen[known[(known >= 0) & (known < num_classes)]] = True
+    return seen

@@ -1,4 +1,5 @@
-"""One model generation as a single module: encoder, classification head, optional adapters."""
+"""One model generation as a single module: encoder, classification head, optional adapters and
+training-only auxiliary modules."""
 from __future__ import annotations
 
 from typing import Iterable, Mapping
@@ -8,6 +9,9 @@ from torch import nn
 
 from orchestrator.geometry.spaces import Space
 from orchestrator.models.outputs import ModelOutput
+
+#: State-dict prefix of the training-only modules (``CompatibleModel.auxiliary``).
+AUXILIARY_PREFIX = "auxiliary."
 
 
 class CompatibleModel(nn.Module):
@@ -22,6 +26,11 @@ class CompatibleModel(nn.Module):
                   ``backward`` (new → old space) and ``forward_map`` (old → aligned space) maps,
                   or FCT's ``forward_map`` alone (parent's raw space → this generation's)
                   (``forward`` is taken by ``nn.Module``).
+    auxiliary:    named training-only modules of the method (``CompatibilityMethod.build_auxiliary``,
+                  e.g. AdvBCT's discriminator). They are part of the module while it trains, so the
+                  optimiser, DDP and the epoch checkpoints of a resumable run treat them like any
+                  other weight, but never part of a deployed generation: ``deployable_state_dict``
+                  leaves them out and a loaded generation has none. ``forward`` never calls them.
     """
 
     def __init__(
@@ -30,6 +39,7 @@ class CompatibleModel(nn.Module):
         head: nn.Module,
         seen_classes: torch.Tensor | Iterable[int],
         adapters: Mapping[str, nn.Module] | None = None,
+        auxiliary: Mapping[str, nn.Module] | None = None,
     ):
         super().__init__()
         self.encoder = encoder
@@ -39,6 +49,7 @@ class CompatibleModel(nn.Module):
                                             else seen_classes, dtype=torch.long).flatten().clone()
         )
         self.adapters = nn.ModuleDict(dict(adapters or {}))
+        self.auxiliary = nn.ModuleDict(dict(auxiliary or {}))
 
     @property
     def space(self) -> Space:
@@ -59,3 +70,17 @@ class CompatibleModel(nn.Module):
         out = self.encoder(images)
         out.logits = self.head(out.embedding)
         return out
+
+    def deployable_state_dict(self) -> dict[str, torch.Tensor]:
+        """``state_dict()`` without the training-only ``auxiliary`` modules: what a generation
+        checkpoint stores."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith(AUXILIARY_PREFIX)}
+
+    def load_generation_weights(self, state: Mapping[str, torch.Tensor]) -> None:
+        """Load a deployed generation's weights (``deployable_state_dict`` of another model) strictly,
+        except that this model's own ``auxiliary`` modules keep their initialisation (e.g. a new
+        AdvBCT generation started from its parent's weights keeps its fresh discriminator)."""
+        missing, unexpected = self.load_state_dict(state, strict=False)
+        missing = [k for k in missing if not k.startswith(AUXILIARY_PREFIX)]
+        if missing or unexpected:
+            raise RuntimeError(f"load_generation_weights: missing keys {missing}, unexpected keys {list(unexpected)}")

@@ -2,7 +2,8 @@
 
 A generation checkpoint is a folder ``<uri>/``::
 
-    model.safetensors   the CompatibleModel's state_dict (encoder, head, seen_classes, adapters)
+    model.safetensors   the CompatibleModel's state_dict (encoder, head, seen_classes, adapters;
+                        never the training-only ``auxiliary`` modules)
     card.json           what is needed to rebuild the model and check the weights (``CheckpointCard``)
 
 Write order: an existing ``card.json`` is removed first, then the weights are written atomically,
@@ -11,8 +12,9 @@ writes it again) or a complete checkpoint; a card is never left describing other
 ``load_generation`` checks the sha256 of the bytes it reads against the card anyway.
 
 Loading rebuilds the model from the card alone: ``create_method(name, params).build_model(
-EncoderConfig(**encoder, pretrained=None), num_classes, seen_classes)``, then the adapters the card
-lists, then ``load_state_dict(strict=True)`` of ``safetensors.torch.load`` of the verified bytes.
+EncoderConfig(**encoder, pretrained=None), num_classes, seen_classes)``, without the training-only
+auxiliary modules it builds, then the adapters the card lists, then ``load_state_dict(strict=True)``
+of ``safetensors.torch.load`` of the verified bytes.
 Nothing is unpickled anywhere in this module.
 
 Training state (``save_training_state`` / ``load_training_state``) is a folder ``<uri>/``::
@@ -300,7 +302,8 @@ def save_generation(
             f"model embeds in {model.space.value}"
         )
     adapters = describe_adapters(model)
-    state = {key: _cpu_copy(value) for key, value in model.state_dict().items()}
+    # the deployed generation: training-only modules (AdvBCT's discriminator, ...) stay behind
+    state = {key: _cpu_copy(value) for key, value in model.deployable_state_dict().items()}
     data = safetensors.torch.save(state, metadata={"format": "pt"})
     card = CheckpointCard(
         name=name,
@@ -376,6 +379,7 @@ def load_generation(
     # weight; a hub download or a path of the training machine must not be needed to load).
     encoder_config = card.encoder_config().model_copy(update={"pretrained": None})
     model = method.build_model(encoder_config, card.num_classes, torch.tensor(card.seen_classes, dtype=torch.long))
+    model.auxiliary.clear()  # a deployed generation has no training-only modules (none were saved)
     rebuild_adapters(model, card.adapters)
     if model.space.value != card.space:
         raise ValueError(f"{redact_uri(uri)}: card says space {card.space!r}, the rebuilt model embeds in {model.space.value!r}")

@@ -90,9 +90,10 @@ class GenerationTraining:
             parent, _card = load_generation(job.parent_uri, expected_sha256=job.parent_sha256,
                                             storage_options=job.storage_options)
             if job.init_from_parent:
-                self.model.load_state_dict(parent.state_dict())
+                self.model.load_generation_weights(parent.deployable_state_dict())
         if job.replaces:
             parent = copy.deepcopy(self.model)
+            parent.auxiliary.clear()  # the frozen starting point is a generation, not a training state
         if parent is not None:
             freeze(parent.to(self.device))
         self.parent = parent
@@ -107,7 +108,7 @@ class GenerationTraining:
         self.model.to(self.device)
         self.ctx = TrainContext(new_model=self.model, old_model=self.parent, train_data=self.plain_data,
                                 num_classes=self.model.num_classes, device=self.device,
-                                batch_size=max(self.training.batch_size, 256))
+                                epochs=self.training.epochs, batch_size=max(self.training.batch_size, 256))
         self.method.on_train_start(self.ctx)
 
     def train_epoch(self, epoch: int, rank: int = 0, world_size: int = 1) -> dict[str, float]:

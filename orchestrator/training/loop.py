@@ -132,6 +132,7 @@ def train_generation(
         train_data=plain_data,
         num_classes=model.num_classes,
         device=device,
+        epochs=config.epochs,
         batch_size=max(config.batch_size, 256),
     )
     optimizer = build_optimizer(model, config)

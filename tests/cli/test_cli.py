@@ -23,6 +23,20 @@ def test_methods_lists_every_method_with_its_parameters_and_defaults(capsys):
     assert "cosine|euclidean|lorentz" in out  # Literal choices are spelled out
 
 
+def test_methods_lists_the_second_tier_baselines(capsys):
+    assert main(["methods"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    for name, field_name, default in (("lce", "margin", "0.3"), ("unibct", "neighbours", "10"),
+                                      ("advbct", "threshold", "0.5")):
+        start = next(i for i, line in enumerate(lines) if line.startswith(f"{name}: "))
+        block = []
+        for line in lines[start + 1:]:
+            if not line.startswith(" "):
+                break
+            block.append(line)
+        assert any(re.fullmatch(rf"\s+{field_name}\s+\S+\s+default {default}", line) for line in block), name
+
+
 def test_demo_prints_the_pair_table_and_one_summary_row_per_method(capsys):
     assert main(["demo", "--epochs", "1", "--methods", "independent,l2"]) == 0
     out = capsys.readouterr().out
