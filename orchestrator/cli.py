@@ -49,7 +49,7 @@ def _demo_command(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     print(f"extended-class update on the bundled digits: old model on classes 0-4, new models on 0-9 "
           f"({', '.join(methods)}; {args.epochs} epochs each)", flush=True)
-    result = run_update_experiment(methods, settings)
+    result = run_update_experiment(methods, settings, workers=args.workers)
     print()
     print(result.report.format_table())
     print()
@@ -158,6 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--embed-dim", type=int, default=32)
     demo.add_argument("--seed", type=int, default=0)
     demo.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = torch's default)")
+    demo.add_argument("--workers", type=int, default=1,
+                      help="processes training models in parallel (one torch thread each); same results")
     demo.set_defaults(handler=_demo_command)
     return parser
 

@@ -5,13 +5,20 @@ reference φ_* and the method's new model φ_n on all classes (φ_n aligned to �
 generations are evaluated on the held-out split (query = gallery, leave-one-out) and each update
 is summarised by self / cross retrieval, the empirical criterion, P_com and P_up (hbct.md §11).
 Old and reference models are shared between methods of the same geometry.
+
+Trainings are independent given their inputs (each is seeded from the training seed, the method
+and the classes it sees), so ``run_update_experiment(..., workers=N)`` trains the old and
+reference models, then the new models, in N processes (spawned, one torch thread each) and gets
+the same weights as one process.
 """
 from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
+from concurrent.futures import Executor, Future, ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -49,11 +56,12 @@ class ExperimentSettings(BaseModel):
 @dataclass
 class UpdateResult:
     """The evaluated generations and one summary per method (keys of ``CompatibilityReport.compatibility``
-    per metric, e.g. ``summaries["bct"]["cmc@1"]["p_com"]``)."""
+    per metric, e.g. ``summaries["bct"]["cmc@1"]["p_com"]``), with the trained models."""
 
     report: CompatibilityReport
     summaries: dict[str, dict[str, dict[str, float | bool]]]
     generations: dict[str, tuple[str, str]]  # new generation → (its old generation, its reference φ_*)
+    models: dict[str, CompatibleModel]  # every trained generation by name (old, reference and new)
 
     def format_summary(self, metrics: Sequence[str] = ("cmc@1", "map")) -> str:
         header = f"{'method':<18}" + "".join(
@@ -128,38 +136,86 @@ def run_update_experiment(
     methods: Sequence[str | tuple[str, dict]],
     settings: ExperimentSettings | None = None,
     experiment: UpdateExperiment | None = None,
+    workers: int = 1,
 ) -> UpdateResult:
-    """Train φ_o, φ_* and φ_n for every method (see module docstring) and evaluate them together."""
+    """Train φ_o, φ_* and φ_n for every method (see module docstring) and evaluate them together.
+
+    workers: processes that train in parallel (1: all in this process). The old and reference
+             models train first, then the new models; the weights do not depend on ``workers``.
+             Methods registered only in this process (not importable by name, nor through
+             ``ORCHESTRATOR_PLUGINS``) need ``workers=1``.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
     experiment = experiment or UpdateExperiment(settings)
     new_arch = experiment.settings.new_arch
     models: dict[str, CompatibleModel] = {}
     parents: dict[str, str] = {}
-    trained_by_key: dict[str, str] = {}
     generations: dict[str, tuple[str, str]] = {}
 
-    def train_once(role: str, method: CompatibilityMethod, **kwargs) -> str:
+    # 1. which models to train: old / reference models once per distinct (role, method, params)
+    base_jobs: dict[str, tuple[str, CompatibilityMethod, dict[str, Any]]] = {}  # key → (name, method, kwargs)
+    new_jobs: list[tuple[str, CompatibilityMethod, str]] = []  # (label, method, old model name)
+
+    def shared(role: str, method: CompatibilityMethod, **kwargs) -> str:
         key = json.dumps([role, method.name, method.params.model_dump(mode="json")], sort_keys=True)
-        if key not in trained_by_key:
-            name = f"{role}/{method.name}" if method.name == "independent" else f"{role}/{method.name}#{len(models)}"
-            log.info("training %s", name)
-            models[name] = experiment.train(method, **kwargs)
-            trained_by_key[key] = name
-        return trained_by_key[key]
+        if key not in base_jobs:
+            name = f"{role}/{method.name}" if method.name == "independent" else f"{role}/{method.name}#{len(base_jobs)}"
+            base_jobs[key] = (name, method, kwargs)
+        return base_jobs[key][0]
 
     for entry in methods:
         name, params = (entry, {}) if isinstance(entry, str) else entry
         method = create_method(name, params)
-        old = train_once("old", method.parent_method(), classes=experiment.old_classes())
-        reference = train_once("ref", method.reference_method(), arch=new_arch)
+        old = shared("old", method.parent_method(), classes=experiment.old_classes())
+        reference = shared("ref", method.reference_method(), arch=new_arch)
         label = name if name not in generations else f"{name}#{len(generations)}"
-        log.info("training %s aligned to %s", label, old)
-        models[label] = experiment.train(method, parent=models[old], arch=new_arch)
+        new_jobs.append((label, method, old))
         parents[label] = old
         generations[label] = (old, reference)
+
+    # 2. train them: the parent-free models first, then every new model against its old model
+    with _trainer_pool(workers) as pool:
+        pending = {name: _submit(pool, experiment, method, **kwargs) for name, method, kwargs in base_jobs.values()}
+        models.update({name: future.result() for name, future in pending.items()})
+        pending = {label: _submit(pool, experiment, method, parent=models[old], arch=new_arch)
+                   for label, method, old in new_jobs}
+        models.update({label: future.result() for label, future in pending.items()})
 
     report = experiment.evaluate(models, parents)
     summaries = {
         label: {metric: report.compatibility(old, label, reference, metric) for metric in ("cmc@1", "cmc@5", "map")}
         for label, (old, reference) in generations.items()
     }
-    return UpdateResult(report, summaries, generations)
+    return UpdateResult(report, summaries, generations, models)
+
+
+class _InProcess(Executor):
+    """An executor that runs each call at once in this process (``workers=1``)."""
+
+    def submit(self, fn, /, *args, **kwargs) -> Future:
+        future: Future = Future()
+        try:
+            future.set_result(fn(*args, **kwargs))
+        except BaseException as error:  # noqa: BLE001  (re-raised by future.result())
+            future.set_exception(error)
+        return future
+
+
+def _trainer_pool(workers: int) -> Executor:
+    if workers == 1:
+        return _InProcess()
+    # spawn: a fork of a process that has used torch's thread pools can deadlock
+    return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=torch.set_num_threads, initargs=(1,))
+
+
+def _submit(pool: Executor, experiment: UpdateExperiment, method: CompatibilityMethod, **kwargs) -> Future:
+    log.info("training %s%s", method.name, " (aligned to its parent)" if kwargs.get("parent") is not None else "")
+    return pool.submit(_train, experiment, method.name, method.params.model_dump(mode="json"), kwargs)
+
+
+def _train(experiment: UpdateExperiment, method_name: str, params: dict[str, Any],
+           kwargs: dict[str, Any]) -> CompatibleModel:
+    """One training (runs in a pool process or in this one): the method is rebuilt by name."""
+    return experiment.train(create_method(method_name, params), **kwargs)

@@ -51,7 +51,8 @@ ray.init(address=os.environ["GCS"], log_to_driver=False)
 nodes = {}
 for actor in list_actors(address=os.environ["DASHBOARD"], limit=10000, detail=True):
     for kind in ("RayTrainWorker", "GenerationEmbedder"):
-        if kind in actor.class_name:
+        # node_id is None for an actor that was never placed (e.g. requested by the pool, then cancelled)
+        if kind in actor.class_name and actor.node_id is not None:
             nodes.setdefault(kind, set()).add(actor.node_id)
 print(json.dumps({k: sorted(v) for k, v in nodes.items()}))
 print(json.dumps(len([n for n in ray.nodes() if n["Alive"]])))

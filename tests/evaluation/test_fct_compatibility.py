@@ -1,7 +1,8 @@
 """FCT learned on the bundled digits: the old gallery mapped by F is searchable by the new model.
 
-The old model is trained on classes 0-4, the ``fct`` model on all ten (12 epochs, as
-``test_learning_compatibility.py``); F (the default 2-layer MLP) is fitted on the training set.
+The old model is trained on classes 0-4, the ``fct`` model on all ten (12 epochs; both from the
+session's shared experiment, ``conftest.update``); F (the default 2-layer MLP) is fitted on the
+training set.
 The compatibility evaluation computes the cross cell as F(φ_old)/φ_new, which must beat the old
 model's self-test (the empirical criterion) and equal a ranking computed here by applying F's
 weights by hand; the raw φ_new/φ_old pair is refused, and it would indeed be meaningless.
@@ -15,23 +16,20 @@ import pytest
 import torch
 
 from orchestrator.comparison import IncomparableGenerations, comparison_path
-from orchestrator.experiment import ExperimentSettings, UpdateExperiment
-from orchestrator.methods import create_method
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.metrics import retrieval_metrics
-from orchestrator.training.config import TrainConfig
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def fct_update():
-    experiment = UpdateExperiment(ExperimentSettings(
-        training=TrainConfig(epochs=12, batch_size=64, lr=0.05, augment=False, seed=0)))
-    old = experiment.train(create_method("independent"), classes=experiment.old_classes())
-    new = experiment.train(create_method("fct"), parent=old)
-    models, parents = {"old": old, "fct": new}, {"fct": "old"}
-    return experiment, models, parents, experiment.evaluate(models, parents)
+def fct_update(digits_experiment, update):
+    """(experiment, models {"old", "fct"}, parents, report) from the session's shared experiment
+    (``conftest.update``): ``fct`` and the old model it was aligned to, renamed."""
+    old_name = update.generations["fct"][0]
+    models = {"old": update.models[old_name], "fct": update.models["fct"]}
+    parents = {"fct": "old"}
+    return digits_experiment, models, parents, digits_experiment.evaluate(models, parents)
 
 
 def test_the_old_gallery_mapped_by_f_beats_the_old_self_test(fct_update):

@@ -1,0 +1,27 @@
+"""The update experiment on the bundled digits shared by this folder's learning tests.
+
+One old model on classes 0-4 per geometry, the unaligned references, and one new model per method
+on all ten classes, trained once per session (12 epochs, the library's default, seed 0) in two
+processes: ``run_update_experiment(workers=2)`` gives the weights of a single process
+(``tests/evaluation/test_experiment_workers.py``).
+"""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.experiment import ExperimentSettings, UpdateExperiment, run_update_experiment
+from orchestrator.training.config import TrainConfig
+
+SETTINGS = ExperimentSettings(training=TrainConfig(epochs=12, batch_size=64, lr=0.05, augment=False, seed=0))
+SECOND_TIER = ["lce", "unibct", "advbct"]  # share φ_o and φ_* with bct: one more training each
+LEARNED_METHODS = ["independent", "bct", "hbct", *SECOND_TIER, "fct"]
+
+
+@pytest.fixture(scope="session")
+def digits_experiment() -> UpdateExperiment:
+    return UpdateExperiment(SETTINGS)
+
+
+@pytest.fixture(scope="session")
+def update(digits_experiment):
+    return run_update_experiment(LEARNED_METHODS, experiment=digits_experiment, workers=2)
