@@ -11,7 +11,7 @@ from pydantic import Field
 from torch import nn
 
 from orchestrator.geometry.spaces import Space
-from orchestrator.methods.base import CompatibilityMethod, MethodParams
+from orchestrator.methods.base import CompatibilityMethod, MethodParams, TrainContext
 from orchestrator.models.heads import LinearHead, LorentzMLR
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.lifts import build_lift
@@ -171,3 +171,16 @@ def seen_class_mask(old_model: CompatibleModel, num_classes: int, device: torch.
     known = old_model.seen_classes.to(device)
     seen[known[(known >= 0) & (known < num_classes)]] = True
     return seen
+
+
+def paired_train_embeddings(ctx: TrainContext, method_name: str) -> tuple[ModelOutput, ModelOutput, torch.Tensor]:
+    """The frozen parent's and the trained model's outputs on the training set (no augmentation),
+    item by item: ``(old (N, ·), new (N, ·), labels (N,))`` — the data adapter stages fit on.
+    ValueError naming ``method_name`` when there is no parent or the two passes disagree on order."""
+    if ctx.old_model is None:
+        raise ValueError(f"{method_name} needs a parent generation to fit its maps to")
+    old_out, old_labels = ctx.embed_train_data(ctx.old_model)
+    new_out, new_labels = ctx.embed_train_data(ctx.new_model)
+    if not torch.equal(old_labels, new_labels):
+        raise ValueError(f"{method_name}: the parent and the new model saw the training items in different orders")
+    return old_out, new_out, new_labels

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from orchestrator.methods.base import TrainContext
-from orchestrator.methods.common import FlatParams, SupervisedMethod
+from orchestrator.methods.common import FlatParams, SupervisedMethod, paired_train_embeddings
 from orchestrator.methods.lambda_orth import FORWARD_ADAPTER, EmbeddingMap
 from orchestrator.methods.registry import register_method
 from orchestrator.models.adapters import AffineAdapter, MLPAdapter
@@ -167,12 +167,7 @@ class FCT(SupervisedMethod):
         return {"base": self.base_loss(new, labels)}
 
     def on_train_end(self, ctx: TrainContext) -> None:
-        if ctx.old_model is None:
-            raise ValueError("fct needs a parent generation to fit its forward transformation to")
-        old_out, old_labels = ctx.embed_train_data(ctx.old_model)
-        new_out, new_labels = ctx.embed_train_data(ctx.new_model)
-        if not torch.equal(old_labels, new_labels):
-            raise ValueError("fct: the parent and the new model saw the training items in different orders")
+        old_out, new_out, _labels = paired_train_embeddings(ctx, self.name)
         forward, history = fit_forward_map(old_out.embedding, new_out.embedding, self.params)
         ctx.new_model.adapters[FORWARD_ADAPTER] = forward
         ctx.state["fct_history"] = history

@@ -28,7 +28,7 @@ from pydantic import Field
 from torch import nn
 
 from orchestrator.methods.base import TrainContext
-from orchestrator.methods.common import FlatParams, SupervisedMethod, class_means
+from orchestrator.methods.common import FlatParams, SupervisedMethod, class_means, paired_train_embeddings
 from orchestrator.methods.registry import register_method
 from orchestrator.models.adapters import (
     AffineAdapter,
@@ -423,12 +423,7 @@ class LambdaOrthogonality(SupervisedMethod):
         return {"base": self.base_loss(new, labels)}
 
     def on_train_end(self, ctx: TrainContext) -> None:
-        if ctx.old_model is None:
-            raise ValueError("lambda_orth needs a parent generation to fit its adapters to")
-        old_out, old_labels = ctx.embed_train_data(ctx.old_model)
-        new_out, new_labels = ctx.embed_train_data(ctx.new_model)
-        if not torch.equal(old_labels, new_labels):
-            raise ValueError("lambda_orth: the parent and the new model saw the training items in different orders")
+        old_out, new_out, new_labels = paired_train_embeddings(ctx, self.name)
         old_emb = backward_transform(ctx.old_model, old_out.embedding)
         backward, forward, history = fit_compatibility_adapters(old_emb, new_out.embedding, new_labels, self.params)
         ctx.new_model.adapters[BACKWARD_ADAPTER] = backward
