@@ -30,6 +30,7 @@ from orchestrator.methods.common import (
     SupervisedMethod,
     class_means,
     iqr_class_radii,
+    parent_train_embeddings,
     require_parent,
 )
 from orchestrator.methods.registry import register_method
@@ -240,15 +241,13 @@ class AdvBCT(SupervisedMethod):
                 ELASTIC_BOUNDARY: ElasticBoundary(num_classes)}
 
     def on_train_start(self, ctx: TrainContext) -> None:
-        if ctx.old_model is None:
-            raise ValueError("advbct needs a parent generation")
+        old_out, labels = parent_train_embeddings(ctx, self.name)
         if ctx.epochs is None:
             raise ValueError("advbct needs the training length (TrainContext.epochs) for its schedules")
         missing = {DISCRIMINATOR, ELASTIC_BOUNDARY} - set(ctx.new_model.auxiliary)
         if missing:
             raise ValueError(f"advbct: the model has no {sorted(missing)} auxiliary module; build it with "
                              "AdvBCT.build_model")
-        old_out, labels = ctx.embed_train_data(ctx.old_model)
         centres, present, max_radii, inliers = old_class_boundaries(
             old_out.embedding, labels, ctx.num_classes, self.params.iqr_factor
         )

@@ -173,13 +173,20 @@ def seen_class_mask(old_model: CompatibleModel, num_classes: int, device: torch.
     return seen
 
 
+def parent_train_embeddings(ctx: TrainContext, method_name: str) -> tuple[ModelOutput, torch.Tensor]:
+    """The frozen parent's outputs on the training set (no augmentation): ``(old (N, ·), labels (N,))``,
+    what old class centres and prototypes are computed from. ValueError naming ``method_name`` when
+    the generation has no parent."""
+    if ctx.old_model is None:
+        raise ValueError(f"{method_name} needs a parent generation")
+    return ctx.embed_train_data(ctx.old_model)
+
+
 def paired_train_embeddings(ctx: TrainContext, method_name: str) -> tuple[ModelOutput, ModelOutput, torch.Tensor]:
     """The frozen parent's and the trained model's outputs on the training set (no augmentation),
     item by item: ``(old (N, ·), new (N, ·), labels (N,))`` — the data adapter stages fit on.
     ValueError naming ``method_name`` when there is no parent or the two passes disagree on order."""
-    if ctx.old_model is None:
-        raise ValueError(f"{method_name} needs a parent generation to fit its maps to")
-    old_out, old_labels = ctx.embed_train_data(ctx.old_model)
+    old_out, old_labels = parent_train_embeddings(ctx, method_name)
     new_out, new_labels = ctx.embed_train_data(ctx.new_model)
     if not torch.equal(old_labels, new_labels):
         raise ValueError(f"{method_name}: the parent and the new model saw the training items in different orders")

@@ -21,6 +21,7 @@ from orchestrator.methods.common import (
     arcface_logits,
     iqr_class_radii,
     normalized_class_means,
+    parent_train_embeddings,
     require_parent,
     seen_class_mask,
 )
@@ -118,9 +119,7 @@ class LCE(SupervisedMethod):
     Params = LCEParams
 
     def on_train_start(self, ctx: TrainContext) -> None:
-        if ctx.old_model is None:
-            raise ValueError("lce needs a parent generation")
-        old_out, labels = ctx.embed_train_data(ctx.old_model)
+        old_out, labels = parent_train_embeddings(ctx, self.name)
         centres, present, radii, inliers = old_class_geometry(
             old_out.embedding, labels, ctx.num_classes, self.params.iqr_factor
         )

@@ -18,7 +18,13 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from orchestrator.methods.base import TrainContext
-from orchestrator.methods.common import FlatParams, SupervisedMethod, arcface_logits, require_parent
+from orchestrator.methods.common import (
+    FlatParams,
+    SupervisedMethod,
+    arcface_logits,
+    parent_train_embeddings,
+    require_parent,
+)
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
@@ -141,9 +147,7 @@ class UniBCT(SupervisedMethod):
     Params = UniBCTParams
 
     def on_train_start(self, ctx: TrainContext) -> None:
-        if ctx.old_model is None:
-            raise ValueError("unibct needs a parent generation")
-        old_out, labels = ctx.embed_train_data(ctx.old_model)
+        old_out, labels = parent_train_embeddings(ctx, self.name)
         p = self.params
         prototypes, present = structural_prototypes(old_out.embedding, labels, ctx.num_classes,
                                                     p.neighbours, p.temperature, p.steps)
