@@ -51,6 +51,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from orchestrator.data import sources
+from orchestrator.data.gallery_sources import STREAMED_SOURCES
 from orchestrator.data.scenarios import (
     class_increment_splits,
     cumulative_classes,
@@ -190,6 +191,7 @@ _LOADERS: dict[str, Callable[..., Any]] = {
     "tiny_imagenet": sources.load_tiny_imagenet,
     "image_folder": sources.load_image_folder,
     "parquet": sources.load_parquet,
+    **STREAMED_SOURCES,  # gallery-only sources, read in pieces (orchestrator.data.gallery_sources)
 }
 _RESERVED_OPTIONS = {"split": "train_split / eval_split / gallery.split", "image_size": "data.image_size", "variant": "source"}
 # split names of the loaders that take a `split` argument (see orchestrator.data.sources)
@@ -265,7 +267,9 @@ def _check_split(source: str, split: str, split_options: Mapping[str, Any], wher
     return []
 
 
-def _source_name(source: str) -> str:
+def _source_name(source: str, streamed: bool = False) -> str:
+    if streamed and source in STREAMED_SOURCES:
+        return source
     if source not in sources.SOURCE_NAMES:
         raise ValueError(f"unknown data source{_suggest(source, sources.SOURCE_NAMES)}; known: {', '.join(sources.SOURCE_NAMES)}")
     return source
@@ -543,9 +547,15 @@ class GallerySpec(_Strict):
 
     source / options: the gallery's own data source (e.g. CIFAR-10 for the open-set evaluation of
                       stationary_dsimplex.md §7.1); None uses ``data.source`` and ``data.options``.
-    split:            the split of that source that forms the gallery.
+                      Streamed sources, for galleries of any size (never loaded whole):
+                      ``parquet_dataset`` (a Parquet file or a directory/prefix of many, local or
+                      s3://: options path, image_column, id_column, uri_column, label_column,
+                      metadata_columns, image_shape, storage_options) and ``image_files`` (image
+                      files under a directory/prefix: options path, labels: folder).
+    split:            the split of that source that forms the gallery (in-memory sources only).
     num_shards:       shards are the unit of backfill, lineage and indexing (initial count: an
-                      item-level partial backfill moves its items into new shards).
+                      item-level partial backfill moves its items into new shards); default 4.
+    items_per_shard:  instead of num_shards: as many shards as this many items per shard need.
     index:            the index kind built per shard (``orchestrator.index.ALL_KINDS``): float
                       ``flat`` / ``ivf`` / ``hnsw``, bit-plane ``binary`` / ``binary_weighted`` /
                       ``binary_two_stage`` / ``binary_ivf``, or ``pq`` / ``opq`` / ``binary_opq``.
@@ -558,7 +568,8 @@ class GallerySpec(_Strict):
     source: str | None = None
     options: dict[str, Any] | None = None
     split: str = "test"
-    num_shards: int = Field(4, ge=1)
+    num_shards: int | None = Field(None, ge=1)
+    items_per_shard: int | None = Field(None, ge=1)
     index: str = "flat"
     index_options: dict[str, Any] = Field(default_factory=dict)
     embedding: EmbeddingSpec = Field(default_factory=EmbeddingSpec)
@@ -578,7 +589,20 @@ class GallerySpec(_Strict):
     @field_validator("source")
     @classmethod
     def _check_source(cls, source: str | None) -> str | None:
-        return None if source is None else _source_name(source)
+        return None if source is None else _source_name(source, streamed=True)
+
+    @model_validator(mode="after")
+    def _one_shard_rule(self) -> GallerySpec:
+        if self.num_shards is not None and self.items_per_shard is not None:
+            _raise_problems([_problem(("items_per_shard",), "give num_shards or items_per_shard, not both",
+                                      self.items_per_shard)])
+        return self
+
+    def shard_count(self, num_items: int) -> int:
+        """The number of initial shards for a gallery of ``num_items`` items."""
+        if self.items_per_shard is not None:
+            return max(1, -(-num_items // self.items_per_shard))
+        return 4 if self.num_shards is None else self.num_shards
 
 
 class EvaluationSpec(_Strict):
@@ -746,7 +770,8 @@ class PipelineConfig(_Strict):
         problems = []
         if self.gallery.options is not None:
             problems += _check_options(source, self.gallery.options, ("gallery", "options"))
-        problems += _check_split(source, self.gallery.split, split_options, ("gallery", "split"))
+        if source not in STREAMED_SOURCES:
+            problems += _check_split(source, self.gallery.split, split_options, ("gallery", "split"))
         if not same_source or self.gallery.options is not None:
             missing = _missing_options(source, {**options, **split_options.get(self.gallery.split, {})})
             if missing:

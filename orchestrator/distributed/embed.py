@@ -1,21 +1,25 @@
 """Ray Data adapter: embed gallery items with one generation through an actor pool.
 
-The images go into Ray's object store once (``ray.put``); the dataset itself is only the row
-positions to embed, so blocks are tiny and every actor reads the images zero-copy from its node's
-object store. Each actor loads the generation once (sha256-checked checkpoint) and embeds
-batches of uint8 images; rows come out with the item id, its label, the embedding in the
-generation's space, the hyperbolic uncertainty (NaN for flat spaces) and the generation name.
-No science here: the model and the preprocessing are the same functions a local run uses.
+The items stream from the gallery source (``orchestrator.distributed.gallery_read``: read tasks
+over files or row ranges, a bounded block at a time) into an actor pool; each actor loads the
+generation once (sha256-checked checkpoint), decodes its batches (encoded bytes or raw pixels, the
+source's ``image_format``) and embeds them. Rows come out with the entry they belong to, the item
+id, its gallery row, label, URI and metadata columns, the embedding in the generation's space, the
+hyperbolic uncertainty (NaN for flat spaces) and the generation name. No science here: the model,
+the decoding and the preprocessing are the same functions a local run uses.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from orchestrator.data.gallery_sources import GallerySource, ImageFormat, MemorySource, decode_images
 from orchestrator.data.images import LabeledImages, to_model_input
+from orchestrator.distributed.gallery_read import EntryRead, RowRange, gallery_dataset
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import Space
 from orchestrator.storage import load_generation
@@ -32,43 +36,30 @@ class EmbeddingSettings:
 
 
 class GenerationEmbedder:
-    """Ray Data callable class: ``batch {"data" (B,) row positions}`` →
-    ``{"id", "label", "embedding" (B, D) float32, "uncertainty" (B,), "generation"}``.
+    """Ray Data callable class: a batch of raw items (``gallery_read`` columns: ``entry``, ``row``,
+    ``id``, ``uri``, ``label``, ``image`` bytes, metadata…) → the same columns without ``image``,
+    plus ``embedding`` (B, D) float32, ``uncertainty`` (B,) and ``generation``."""
 
-    items: a one-element list holding the ObjectRef of ``{"image" (N,H,W,3) uint8, "id" (N,),
-    "label" (N,)}`` (wrapped so that Ray hands the reference, not a copy, to the constructor)."""
-
-    def __init__(self, items: list, checkpoint_uri: str, sha256: str, name: str, image_size: int,
+    def __init__(self, checkpoint_uri: str, sha256: str, name: str, image_size: int, image_format: ImageFormat,
                  mean: tuple[float, ...], std: tuple[float, ...], storage_options: dict | None = None):
-        import ray
-
         torch.set_num_threads(1)
-        self.items = ray.get(items[0])
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.model, self.card = load_generation(checkpoint_uri, expected_sha256=sha256, map_location=self.device,
                                                 storage_options=storage_options)
-        self.name, self.image_size, self.mean, self.std = name, image_size, mean, std
+        self.name, self.image_size, self.image_format, self.mean, self.std = name, image_size, image_format, mean, std
 
     @torch.no_grad()
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        rows = np.asarray(batch["data"], dtype=np.int64)
-        images = to_model_input(self.items["image"][rows], self.image_size, self.mean, self.std).to(self.device)
-        out = self.model.encoder(images)
+        pixels = decode_images(batch["image"], self.image_format, self.image_size)
+        out = self.model.encoder(to_model_input(pixels, self.image_size, self.mean, self.std).to(self.device))
         embedding = out.embedding.float()
         if self.model.space is Space.LORENTZ:
             uncertainty = lorentz.uncertainty(embedding, self.model.curv).cpu().numpy()
         else:
             uncertainty = np.full(len(embedding), np.nan, dtype=np.float32)
-        return {
-            "id": self.items["id"][rows].astype(np.int64),
-            "label": self.items["label"][rows].astype(np.int64),
-            "embedding": embedding.cpu().numpy(),
-            "uncertainty": uncertainty.astype(np.float32),
-            "generation": np.full(len(embedding), self.name),
-        }
-
-
-_BLOCKS_PER_ACTOR = 8
+        rows = {name: values for name, values in batch.items() if name != "image"}
+        return {**rows, "embedding": embedding.cpu().numpy(), "uncertainty": uncertainty.astype(np.float32),
+                "generation": np.full(len(embedding), self.name)}
 
 
 def quiet_ray_data() -> None:
@@ -82,32 +73,25 @@ def quiet_ray_data() -> None:
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
-def embed_with_ray_data(images: LabeledImages, checkpoint_uri: str, sha256: str, name: str, image_size: int,
-                        mean: tuple[float, ...], std: tuple[float, ...],
-                        settings: EmbeddingSettings = EmbeddingSettings(),
-                        storage_options: dict | None = None, positions: np.ndarray | None = None):
-    """A lazy ``ray.data.Dataset`` of the embeddings by generation ``name`` of the items of
-    ``images`` at ``positions`` (all when None); Ray must be initialised. Consume it with
-    ``.iter_batches()``, ``.to_pandas()`` or ``.write_parquet()``."""
-    import ray
-    import ray.data
+def embed_gallery(source: GallerySource, reads: Sequence[EntryRead], checkpoint_uri: str, sha256: str, name: str,
+                  image_size: int, mean: tuple[float, ...], std: tuple[float, ...],
+                  settings: EmbeddingSettings = EmbeddingSettings(), storage_options: dict | None = None,
+                  block_rows: int | None = None):
+    """A lazy ``ray.data.Dataset`` of the embeddings by generation ``name`` of the items that
+    ``reads`` name (one ``EntryRead`` per shard update); Ray must be initialised. Consume it with
+    ``.iter_batches()``: rows of different entries interleave, each row says its ``entry``.
+
+    At most two read tasks per actor run at once, so the rows in flight (and the shard updates the
+    consumer holds open) stay bounded whatever the gallery's size."""
     from ray.data import ActorPoolStrategy
 
-    rows = np.arange(len(images), dtype=np.int64) if positions is None else np.asarray(positions, dtype=np.int64)
-    items = ray.put({"image": np.ascontiguousarray(images.images), "id": np.asarray(images.ids, dtype=np.int64),
-                     "label": np.asarray(images.labels, dtype=np.int64)})
-    # one block per batch-sized chunk (at most 64), made here: a repartition task could not be
-    # scheduled while the actor pool holds every CPU
-    # blocks of whole batches (no remainder batch per block), about _BLOCKS_PER_ACTOR per actor:
-    # every block is one actor task, whose fixed cost is paid per block, not per batch
-    batch = max(settings.batch_size, 1)
-    per_block = batch * max(1, -(-len(rows) // (batch * _BLOCKS_PER_ACTOR * settings.concurrency)))
-    blocks = [rows[start:start + per_block] for start in range(0, len(rows), per_block)] or [rows]
-    return ray.data.from_numpy(blocks).map_batches(
+    block = block_rows or max(settings.batch_size, 1) * 4
+    dataset = gallery_dataset(source, reads, block_rows=block, read_concurrency=2 * settings.concurrency)
+    return dataset.map_batches(
         GenerationEmbedder,
-        fn_constructor_kwargs={"items": [items], "checkpoint_uri": checkpoint_uri, "sha256": sha256, "name": name,
-                               "image_size": image_size, "mean": tuple(mean), "std": tuple(std),
-                               "storage_options": storage_options},
+        fn_constructor_kwargs={"checkpoint_uri": checkpoint_uri, "sha256": sha256, "name": name,
+                               "image_size": image_size, "image_format": source.image_format,
+                               "mean": tuple(mean), "std": tuple(std), "storage_options": storage_options},
         batch_size=settings.batch_size,
         compute=ActorPoolStrategy(size=settings.concurrency),
         num_cpus=settings.num_cpus,
@@ -115,3 +99,13 @@ def embed_with_ray_data(images: LabeledImages, checkpoint_uri: str, sha256: str,
         batch_format="numpy",
         zero_copy_batch=True,
     )
+
+
+def embed_with_ray_data(images: LabeledImages, checkpoint_uri: str, sha256: str, name: str, image_size: int,
+                        mean: tuple[float, ...], std: tuple[float, ...],
+                        settings: EmbeddingSettings = EmbeddingSettings(), storage_options: dict | None = None):
+    """Every item of an in-memory ``LabeledImages`` embedded by generation ``name``
+    (``embed_gallery`` over a ``MemorySource``): a lazy ``ray.data.Dataset``."""
+    source = MemorySource(images, "images")
+    return embed_gallery(source, [RowRange(0, 0, source.num_items)], checkpoint_uri, sha256, name, image_size, mean,
+                         std, settings, storage_options)

@@ -2,9 +2,13 @@
 
 Columns: ``id`` int64, ``label`` int64 (−1 when unknown), ``embedding`` fixed-size list of
 float32 (width D; Lorentz points are full (d+1)-vectors, time first), ``uncertainty`` float32
-(HBCT 1 − ‖h_s‖/h_t for Lorentz generations, NaN otherwise), ``generation`` string. The file's
-key-value metadata repeats the generation, its space and curvature, so a shard file alone says
-how to search it.
+(HBCT 1 − ‖h_s‖/h_t for Lorentz generations, NaN otherwise), ``generation`` string; then, when
+known, ``row`` int64 (the item's row in the gallery source, to read it again for a backfill) and
+the item's attributes: ``uri`` (its source file or object) and the metadata columns the gallery
+names. The file's key-value metadata repeats the generation, its space and curvature, so a shard
+file alone says how to search it.
+
+Selection files (``write_selection``) hold the ids a partial backfill chose from one shard.
 
 A shard's files are named by their content: ``shard-<index>/<generation>.<version>.parquet`` (and
 ``.index`` for its FAISS index), where the version is a hash of the sorted item ids. A re-run that
@@ -28,6 +32,7 @@ import pyarrow.parquet as pq
 from orchestrator.storage import ChecksumMismatch, join_uri, read_bytes, sha256_hex, write_bytes_atomic
 
 _META_PREFIX = b"orchestrator."
+_COLUMNS = ("id", "label", "embedding", "uncertainty", "generation", "row")
 
 
 @dataclass(frozen=True)
@@ -35,7 +40,9 @@ class ShardEmbeddings:
     """The rows of one shard file.
 
     ids (n,) int64, labels (n,) int64, embeddings (n, D) float32, uncertainty (n,) float32;
-    generation: the generation that embedded every row; space / curv: its embedding space.
+    generation: the generation that embedded every row; space / curv: its embedding space;
+    rows (n,) int64: each item's row in the gallery source (None: not recorded);
+    attributes: an Arrow table of n rows (``uri`` and metadata columns), or None.
     """
 
     ids: np.ndarray
@@ -45,6 +52,8 @@ class ShardEmbeddings:
     generation: str
     space: str
     curv: float
+    rows: np.ndarray | None = None
+    attributes: pa.Table | None = None
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -55,6 +64,8 @@ class ShardEmbeddings:
                              f"{self.labels.shape} and {self.uncertainty.shape}")
         if np.unique(self.ids).size != n:
             raise ValueError(f"shard of {self.generation!r}: item ids must be unique")
+        if (self.rows is not None and self.rows.shape != (n,)) or (self.attributes is not None and len(self.attributes) != n):
+            raise ValueError(f"shard of {self.generation!r}: rows and attributes must have {n} rows")
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -66,7 +77,9 @@ class ShardEmbeddings:
     def take(self, rows: np.ndarray) -> ShardEmbeddings:
         """The shard restricted to ``rows`` (positions, in the given order)."""
         return ShardEmbeddings(self.ids[rows], self.labels[rows], self.embeddings[rows], self.uncertainty[rows],
-                               self.generation, self.space, self.curv)
+                               self.generation, self.space, self.curv,
+                               None if self.rows is None else self.rows[rows],
+                               None if self.attributes is None else self.attributes.take(pa.array(rows, type=pa.int64())))
 
     def without(self, item_ids: np.ndarray) -> ShardEmbeddings:
         """The shard minus the items ``item_ids`` (the rest keep their order)."""
@@ -95,6 +108,10 @@ def shard_to_parquet(shard: ShardEmbeddings) -> bytes:
         "uncertainty": pa.array(np.asarray(shard.uncertainty, dtype=np.float32)),
         "generation": pa.array([shard.generation] * len(shard), type=pa.string()),
     })
+    if shard.rows is not None:
+        table = table.append_column("row", pa.array(np.asarray(shard.rows, dtype=np.int64)))
+    for name in [] if shard.attributes is None else shard.attributes.column_names:
+        table = table.append_column(name, shard.attributes.column(name))
     metadata = {_META_PREFIX + b"generation": shard.generation.encode(), _META_PREFIX + b"space": shard.space.encode(),
                 _META_PREFIX + b"curv": repr(float(shard.curv)).encode()}
     table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
@@ -121,8 +138,11 @@ def shard_from_parquet(data: bytes, uri: str = "<bytes>") -> ShardEmbeddings:
     embeddings = column.flatten().to_numpy(zero_copy_only=False).reshape(len(table), width).astype(np.float32)
     if not math.isfinite(curv) or curv <= 0:
         raise ValueError(f"{uri}: curvature must be positive, got {curv}")
+    rows = table.column("row").to_numpy().astype(np.int64) if "row" in table.column_names else None
+    extra = [c for c in table.column_names if c not in _COLUMNS]
     return ShardEmbeddings(ids.astype(np.int64), labels.astype(np.int64), embeddings,
-                           uncertainty.astype(np.float32), generation, space, curv)
+                           uncertainty.astype(np.float32), generation, space, curv, rows,
+                           table.select(extra) if extra else None)
 
 
 def write_shard(uri: str, shard: ShardEmbeddings, storage_options: Mapping[str, Any] | None = None) -> str:
@@ -141,3 +161,27 @@ def read_shard(uri: str, expected_sha256: str | None = None,
         if actual != expected_sha256:
             raise ChecksumMismatch(uri, expected_sha256, actual)
     return shard_from_parquet(data, uri)
+
+
+def read_shard_rows(uri: str, expected_sha256: str | None = None,
+                    storage_options: Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(ids (n,), source rows (n,) or None) of a shard file, its sha256 checked when given."""
+    shard = read_shard(uri, expected_sha256, storage_options)
+    return shard.ids, shard.rows
+
+
+def write_selection(uri: str, ids: np.ndarray, storage_options: Mapping[str, Any] | None = None) -> str:
+    """Write the sorted item ids a backfill chose from one shard; returns the file's sha256."""
+    buffer = io.BytesIO()
+    pq.write_table(pa.table({"id": pa.array(np.sort(np.asarray(ids, dtype=np.int64)))}), buffer)
+    write_bytes_atomic(uri, buffer.getvalue(), storage_options)
+    return sha256_hex(buffer.getvalue())
+
+
+def read_selection(uri: str, expected_sha256: str, storage_options: Mapping[str, Any] | None = None) -> np.ndarray:
+    """The ids of a selection file (sha256 checked)."""
+    data = read_bytes(uri, storage_options)
+    actual = sha256_hex(data)
+    if actual != expected_sha256:
+        raise ChecksumMismatch(uri, expected_sha256, actual)
+    return pq.read_table(io.BytesIO(data)).column("id").to_numpy().astype(np.int64)

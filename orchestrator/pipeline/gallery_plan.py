@@ -6,12 +6,14 @@ work steps that follow execute its entries; a re-run after a crash reads the com
 instead of planning again, because planning again on a half-backfilled gallery would pick
 different (more) items and overrun the budget.
 
-Entries:
-- ``embed``: (re-)embed every item of ``shard`` (first population, ``full``, whole shards of a
-  ``partial`` budget);
-- ``split``: re-embed ``item_ids`` of ``shard`` and move them to the new shard ``target``
-  (``partial`` with budget_unit ``items``: a shard keeps holding one generation, so the backfilled
-  items of a shard become a shard of their own; the source shard is rewritten without them).
+Entries (sized for galleries of any size: a range or a file, never a list of items):
+- ``embed``: (re-)embed every item of ``shard``: its gallery ``rows`` [start, stop) for the first
+  population, else the items of its file in ``before`` (``full``, whole shards of a ``partial``
+  budget);
+- ``split``: re-embed the items of ``shard`` that the ``selection`` file (URI, sha256) lists and
+  move them to the new shard ``target`` (``partial`` with budget_unit ``items``: a shard keeps
+  holding one generation, so the backfilled items of a shard become a shard of their own; the
+  source shard is rewritten without them).
 
 The plan also records the gallery before it (``before``: each shard's generation and files) and
 ``order``, every item id in backfill priority order, for the backfilling curve.
@@ -30,7 +32,9 @@ class PlanEntry:
 
     kind: Literal["embed", "split"]
     shard: int
-    item_ids: tuple[int, ...]
+    num_items: int
+    rows: tuple[int, int] | None = None
+    selection: tuple[str, str] | None = None
     target: int | None = None
 
     def step_key(self, gallery: str, generation: str) -> str:
@@ -66,20 +70,24 @@ class GalleryPlan:
 
     @property
     def num_items(self) -> int:
-        return sum(len(e.item_ids) for e in self.entries)
+        return sum(e.num_items for e in self.entries)
 
     def to_json(self) -> dict[str, Any]:
         return {"gallery": self.gallery, "generation": self.generation, "policy": self.policy,
-                "entries": [asdict(e) | {"item_ids": list(e.item_ids)} for e in self.entries],
+                "entries": [asdict(e) for e in self.entries],
                 "before": [asdict(b) for b in self.before], "order": list(self.order)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GalleryPlan:
-        entries = tuple(PlanEntry(e["kind"], int(e["shard"]), tuple(int(i) for i in e["item_ids"]), e.get("target"))
-                        for e in data["entries"])
+        entries = tuple(PlanEntry(e["kind"], int(e["shard"]), int(e["num_items"]), _pair(e.get("rows"), int),
+                                  _pair(e.get("selection"), str), e.get("target")) for e in data["entries"])
         before = tuple(ShardBefore(**b) for b in data["before"])
         return cls(data["gallery"], data["generation"], dict(data["policy"]), entries, before,
                    tuple(int(i) for i in data["order"]))
 
     def order_array(self) -> np.ndarray:
         return np.asarray(self.order, dtype=np.int64)
+
+
+def _pair(value, kind) -> tuple | None:
+    return None if value is None else (kind(value[0]), kind(value[1]))

@@ -3,12 +3,15 @@
 For every served generation, in order:
 
 1. ``plan:<gallery>:<gen>``: freeze what this generation does to the gallery (``gallery_plan``):
-   the first served generation embeds every shard; later ones follow their backfill policy
-   (``orchestrator.backfill.plan_backfill`` on priorities read from the shard files).
-2. ``embed:<gallery>/<shard>:<gen>`` / ``split:<gallery>/<shard>:<gen>``: ONE Ray Data pass
-   (``embed_with_ray_data``, an actor pool) embeds the items of every pending entry; as soon as
-   all items of an entry have arrived, its Parquet file and FAISS index are written, then its
-   shard rows move to the new generation in one lineage transaction together with the step.
+   the first served generation embeds every shard (contiguous row ranges of the source); later
+   ones follow their backfill policy, with priorities computed per shard on Ray and the exact
+   gallery-wide selection of ``orchestrator.backfill.selection`` (selection files per shard).
+2. ``embed:<gallery>/<shard>:<gen>`` / ``split:<gallery>/<shard>:<gen>``: ONE streamed Ray Data
+   pass (``embed_gallery``: read tasks over the gallery source, an actor pool) embeds the items of
+   every pending entry; as soon as all items of an entry have arrived, its Parquet file and FAISS
+   index are written, then its shard rows move to the new generation in one lineage transaction
+   together with the step. The driver holds only the entries in flight (bounded by the read
+   concurrency), never the gallery.
    Items arriving twice or never are errors, never silent. A crash leaves each shard wholly old or
    wholly new; the re-run embeds only the entries whose step has not committed.
 3. (after deployment) ``gallery-eval:<gallery>:<gen>``: retrieval quality of the served, mixed
@@ -26,20 +29,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from orchestrator.backfill import (
-    DEFAULT_FRACTIONS,
-    ShardInfo,
-    budget_count,
-    class_mean_distance_priority,
-    plan_backfill,
-    priority_order,
-    random_priority,
-    write_backfill_curve,
-)
+import pyarrow as pa
+
+from orchestrator.backfill import DEFAULT_FRACTIONS, budget_count, write_backfill_curve
+from orchestrator.backfill.selection import select_top
 from orchestrator.config import BackfillPolicy, PipelineConfig
 from orchestrator.data import ImageTensorDataset, LabeledImages, load_source
-from orchestrator.distributed.embed import EmbeddingSettings, embed_with_ray_data, quiet_ray_data
-from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery, read_shard, shard_file_uris, shard_members, write_shard
+from orchestrator.data.gallery_sources import STREAMED_SOURCES, GallerySource, MemorySource, open_gallery_source
+from orchestrator.distributed.backfill_scores import PriorityRule, ScoredGallery, ShardToScore
+from orchestrator.distributed.embed import EmbeddingSettings, embed_gallery, quiet_ray_data
+from orchestrator.distributed.gallery_read import EntryRead, RowRange, StoredItems
+from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery, read_shard, shard_file_uris, write_shard
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import Space
 from orchestrator.index import build_index, load_index
@@ -72,30 +72,42 @@ class GalleryUpdater:
         self.reports = join_uri(storage, "reports")
         self.mean, self.std = normalisation
         self._eval_images = eval_images
-        self._images: LabeledImages | None = None
+        self._source: GallerySource | None = None
         self._models: dict[str, Any] = {}
 
     # --- data ----------------------------------------------------------------------------------
     @property
+    def source(self) -> GallerySource:
+        """The gallery's items: a streamed source (Parquet dataset, image files) read in pieces, or
+        an in-memory data source's split; opened once (a listing, no image is read)."""
+        if self._source is None:
+            kind, options = self.config.gallery_source
+            if kind in STREAMED_SOURCES:
+                self._source = open_gallery_source(kind, options)
+            else:
+                source, kwargs = self.config.gallery_loader_kwargs()
+                self._source = MemorySource(load_source(source, **kwargs), f"{source}:{self.spec.split}")
+        return self._source
+
+    @property
     def images(self) -> LabeledImages:
-        """The gallery's items (ids unique), loaded once."""
-        if self._images is None:
-            source, kwargs = self.config.gallery_loader_kwargs()
-            images = load_source(source, **kwargs)
-            if np.unique(images.ids).size != len(images):
-                raise ValueError(f"gallery {self.name!r}: source {source!r} split {self.spec.split!r} has duplicate item ids")
-            self._images = images
-        return self._images
+        """The whole gallery in memory: only for in-memory data sources (evaluation-sized)."""
+        if not isinstance(self.source, MemorySource):
+            raise RuntimeError(f"gallery {self.name!r} is streamed from {self.source.description}; "
+                               "it is never loaded whole")
+        return self.source.images
 
     @property
     def image_size(self) -> int:
-        return self.config.data.image_size or int(self.images.images.shape[1])
+        if self.config.data.image_size:
+            return self.config.data.image_size
+        if isinstance(self.source, MemorySource):
+            return int(self.source.images.images.shape[1])
+        raise ValueError("data.image_size: required with a streamed gallery (the size its images are resized to)")
 
-    def _positions(self, item_ids: np.ndarray) -> np.ndarray:
-        positions = _index_of(self.images.ids, item_ids)
-        if (positions < 0).any():
-            raise ValueError(f"gallery {self.name!r}: items {item_ids[positions < 0][:5].tolist()} are not in the source")
-        return positions
+    def labelled_sample(self, max_items: int) -> LabeledImages | None:
+        """A deterministic labelled sample of at most ``max_items`` gallery items (None: no labels)."""
+        return self.source.labelled_sample(max_items, self.image_size)
 
     def _model(self, name: str):
         if name not in self._models:
@@ -113,16 +125,18 @@ class GalleryUpdater:
 
     def plan(self, generation, key: str) -> GalleryPlan:
         """Compute and store the plan of ``generation`` (a ``GenerationSpec``), committing ``key``."""
+        source = self.source
         if not any(g.name == self.name for g in self.store.galleries()):
-            self.store.upsert_gallery(self.name, f"{self.config.gallery_source[0]}:{self.spec.split}",
-                                      len(self.images), self.spec.num_shards)
+            self.store.upsert_gallery(self.name, source.description, source.num_items,
+                                      self.spec.shard_count(source.num_items))
         shards = self.store.shards(self.name)
         before = tuple(ShardBefore(s.index, s.generation, s.embeddings_uri, s.sha256, s.n_items) for s in shards)
         policy = generation.backfill
         if all(s.generation is None for s in shards):  # first population: every shard, whatever the policy
-            members = shard_members(self.images.ids, len(shards))
-            entries = tuple(PlanEntry("embed", s.index, tuple(int(i) for i in members[s.index])) for s in shards)
-            order: tuple[int, ...] = tuple(int(i) for i in np.sort(self.images.ids))
+            bounds = np.cumsum([0] + initial_shard_sizes(source.num_items, len(shards)))
+            entries = tuple(PlanEntry("embed", s.index, int(bounds[s.index + 1] - bounds[s.index]),
+                                      rows=(int(bounds[s.index]), int(bounds[s.index + 1]))) for s in shards)
+            order: tuple[int, ...] = ()
         else:
             if any(s.generation is None for s in shards):
                 raise RuntimeError(f"gallery {self.name!r}: shards {[s.index for s in shards if s.generation is None]} "
@@ -132,7 +146,7 @@ class GalleryUpdater:
         uri = join_uri(self.root, "plans", f"{generation.name}.json")
         write_json_atomic(uri, plan.to_json())
         self.store.commit_step(key, {"plan_uri": uri, "entries": len(entries), "items": plan.num_items})
-        self.say(f"{key}: {len(entries)} shard update(s), {plan.num_items} of {len(self.images)} items "
+        self.say(f"{key}: {len(entries)} shard update(s), {plan.num_items} of {source.num_items} items "
                  f"({policy.policy}{'' if policy.budget is None else f' {policy.budget:g} of the {policy.budget_unit}'}, "
                  f"order {policy.order})")
         return plan
@@ -142,60 +156,70 @@ class GalleryUpdater:
         return GalleryPlan.from_json(read_json(outputs["plan_uri"]))
 
     def _backfill_entries(self, generation, shards: list[ShardRecord]) -> tuple[tuple[PlanEntry, ...], tuple[int, ...]]:
+        """The plan's entries from priorities computed on Ray, shard by shard (``ScoredGallery``),
+        and the exact gallery-wide selection (``backfill.selection``): the same entries as the
+        in-memory ``plan_backfill`` on the same files, without the gallery in the driver."""
         policy = generation.backfill
+        curves = self.config.evaluation.backfill_curves
+        if policy.policy == "none" and not curves:
+            return (), ()
         candidates = [s for s in shards if s.generation != generation.name]
-        data = {s.index: self._read(s) for s in candidates}
-        scores = self._priorities(generation, data)
-        infos = [ShardInfo(i, d.ids, None if scores is None else scores[i]) for i, d in data.items()]
-        seed = generation.training.seed
-        plan = plan_backfill(policy, infos, seed=seed)
-        order = tuple(int(i) for i in _priority_order_of_all_items(policy, infos, seed))
-        next_index = len(shards)
-        entries = []
-        for part in plan.shards:
-            if part.whole:
-                entries.append(PlanEntry("embed", part.index, tuple(int(i) for i in np.sort(part.item_ids))))
+        scored = ScoredGallery(self._priority_rule(generation),
+                               [ShardToScore(s.index, s.embeddings_uri, s.sha256) for s in candidates])
+        ranked = sorted(scored.summaries, key=lambda x: (-x["mean"], x["index"]))  # shards by mean priority
+        order = tuple(int(i) for i in self._curve_order(scored, ranked, policy)) if curves else ()
+        if policy.policy == "none":
+            return (), order
+        if policy.policy == "full" or policy.budget_unit == "shards":
+            if policy.policy == "partial":
+                ranked = ranked[:budget_count(policy.budget, len(candidates))]
+            return tuple(PlanEntry("embed", x["index"], x["n"]) for x in ranked if x["n"]), order
+        total = sum(x["n"] for x in scored.summaries)
+        threshold, best = select_top(scored.ask(), budget_count(policy.budget, total), total)
+        if threshold is None:
+            return (), order
+        uris = [join_uri(self.root, "plans", f"{generation.name}.selection", f"shard-{s.index:05d}.parquet")
+                for s in candidates]
+        chosen = scored.write_chosen(threshold, uris)
+        picks = sorted((key, position) for position, key in enumerate(best) if key is not None)
+        entries, next_index = [], len(shards)
+        for _key, position in picks:  # shards in the order of their first pick, as plan_backfill
+            count, sha = chosen[position]
+            index = candidates[position].index
+            if sha is None:
+                entries.append(PlanEntry("embed", index, count))
             else:
-                entries.append(PlanEntry("split", part.index, tuple(int(i) for i in np.sort(part.item_ids)), next_index))
+                entries.append(PlanEntry("split", index, count, selection=(uris[position], sha), target=next_index))
                 next_index += 1
         return tuple(entries), order
 
-    def _priorities(self, generation, data: dict[int, ShardEmbeddings]) -> dict[int, np.ndarray] | None:
-        """Per-shard priority scores for the policy's order (None: seeded random, by the planner)."""
-        order = generation.backfill.order
+    def _priority_rule(self, generation) -> PriorityRule:
+        order = "random" if generation.backfill.policy == "none" else generation.backfill.order
         where = f"generation {generation.name!r} backfill.order {order!r}"
-        if generation.backfill.policy == "none" or order == "random":
-            return None
-        if order == "uncertainty":
-            for index, shard in data.items():
-                if shard.space != "lorentz":
-                    raise ValueError(f"{where}: needs hyperbolic (Lorentz) embeddings, but shard {index} holds "
-                                     f"generation {shard.generation!r} in space {shard.space!r}")
-            return {index: shard.uncertainty.astype(np.float64) for index, shard in data.items()}
-        # class_mean_distance: F(h_old) for the parent's items when the new model has a forward map
-        model = self._model(generation.name)
-        features = []
-        for index, shard in data.items():
-            if (shard.labels < 0).any():
-                raise ValueError(f"{where}: needs gallery labels; shard {index} has items without a label")
-            vectors = torch.from_numpy(shard.embeddings)
-            if FORWARD_ADAPTER in model.adapters and shard.generation == generation.parent:
-                with torch.no_grad():
-                    vectors = model.adapters[FORWARD_ADAPTER](vectors)
-            features.append(vectors)
-        widths = {f.shape[1] for f in features}
-        if len(widths) > 1:
-            raise ValueError(f"{where}: the candidate shards' embeddings have different widths {sorted(widths)}; "
-                             "class means need one space (use order 'random' or 'uncertainty')")
-        distances = class_mean_distance_priority(torch.cat(features), np.concatenate([d.labels for d in data.values()]))
-        bounds = np.cumsum([0] + [len(d) for d in data.values()])
-        return {index: distances[bounds[k]:bounds[k + 1]] for k, index in enumerate(data)}
+        forward = None
+        if order == "class_mean_distance":
+            record = self.store.get_generation(generation.name)
+            if FORWARD_ADAPTER in self._model(generation.name).adapters:
+                forward = (record.checkpoint_uri, record.sha256)
+        return PriorityRule(order, generation.training.seed, where, forward, generation.parent)
+
+    @staticmethod
+    def _curve_order(scored: ScoredGallery, ranked: list[dict[str, Any]], policy: BackfillPolicy) -> np.ndarray:
+        """Every candidate id in the order the policy backfills (the backfilling curve's x-axis):
+        whole shards by mean priority for budget_unit ``shards``, else one gallery-wide ranking."""
+        parts = scored.all_keys()
+        if policy.policy == "partial" and policy.budget_unit == "shards":
+            position = {x["index"]: k for k, x in enumerate(scored.summaries)}
+            parts = [parts[position[x["index"]]] for x in ranked]
+            return np.concatenate([p[np.lexsort((p[:, 1], p[:, 0])), 2] for p in parts]).view(np.int64)
+        keys = np.concatenate(parts)
+        return keys[np.lexsort((keys[:, 1], keys[:, 0])), 2].view(np.int64)
 
     # --- 2. execute ----------------------------------------------------------------------------
     def execute(self, plan: GalleryPlan, generation: str, run_step: Callable[[str, Callable[[], None]], None]) -> None:
-        """Embed the items of every entry whose step has not committed, in one Ray Data pass, and
-        commit each entry as soon as its items are in (``run_step(key, action)`` does the step
-        bookkeeping around ``action``)."""
+        """Embed the items of every entry whose step has not committed, in one streamed Ray Data
+        pass, and commit each entry as soon as its items are in (``run_step(key, action)`` does the
+        step bookkeeping around ``action``). The driver holds only the entries in flight."""
         pending = [e for e in plan.entries if self.store.step_status(e.step_key(self.name, generation)) != "committed"]
         skipped = len(plan.entries) - len(pending)
         if skipped:
@@ -205,49 +229,42 @@ class GalleryUpdater:
         record = self.store.get_generation(generation)
         for entry in pending:
             if entry.kind == "embed" and plan.before[entry.shard].generation is not None:
-                self.store.start_backfill(self.name, entry.shard, generation, items=len(entry.item_ids))
-        item_ids = np.concatenate([np.asarray(e.item_ids, dtype=np.int64) for e in pending])
-        entry_of = np.concatenate([np.full(len(e.item_ids), k) for k, e in enumerate(pending)])
+                self.store.start_backfill(self.name, entry.shard, generation, items=entry.num_items)
         settings = EmbeddingSettings(**self.spec.embedding.model_dump())
         quiet_ray_data()
-        self.say(f"{self.name}: embedding {item_ids.size} items of {len(pending)} shard update(s) with {generation} "
+        total = sum(e.num_items for e in pending)
+        self.say(f"{self.name}: embedding {total} items of {len(pending)} shard update(s) with {generation} "
                  f"({settings.concurrency} actor(s), batch {settings.batch_size})")
-        dataset = embed_with_ray_data(self.images, record.checkpoint_uri, record.sha256, generation, self.image_size,
-                                      self.mean, self.std, settings, positions=self._positions(item_ids))
+        dataset = embed_gallery(self.source, [self._entry_read(k, e, plan) for k, e in enumerate(pending)],
+                                record.checkpoint_uri, record.sha256, generation, self.image_size, self.mean, self.std,
+                                settings)
         received: dict[int, list[dict[str, np.ndarray]]] = {k: [] for k in range(len(pending))}
         counts = np.zeros(len(pending), dtype=np.int64)
         model = self._model(generation)
         for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
-            found = _index_of(item_ids, np.asarray(batch["id"], dtype=np.int64))
-            rows = np.where(found >= 0, entry_of[found], -1)
-            if (rows < 0).any():
-                raise RuntimeError(f"{self.name}: the embedding returned items {batch['id'][rows < 0][:5].tolist()} "
-                                   "that no pending entry asked for")
-            for k in np.unique(rows):
-                part = {name: np.asarray(values)[rows == k] for name, values in batch.items()}
+            entry_of = np.asarray(batch["entry"], dtype=np.int64)
+            for k in np.unique(entry_of).tolist():
+                part = {name: np.asarray(values)[entry_of == k] for name, values in batch.items()}
+                if k not in received:
+                    raise RuntimeError(f"{self.name}: rows of shard update {k} arrived after it was committed")
                 received[k].append(part)
                 counts[k] += len(part["id"])
                 entry = pending[k]
-                if counts[k] == len(entry.item_ids):
-                    shard = self._assemble(entry, received.pop(k), generation, model.space.value, _curvature(model))
+                if counts[k] == entry.num_items:
+                    shard = _assemble(entry, received.pop(k), generation, model.space.value, _curvature(model),
+                                      self.source.metadata_columns)
                     key = entry.step_key(self.name, generation)
-                    run_step(key, lambda entry=entry, shard=shard, key=key: self._commit(entry, shard, plan, key))
+                    run_step(key, lambda entry=entry, shard=shard, key=key: self._commit(entry, shard, key))
         incomplete = [pending[k].step_key(self.name, generation) for k in received]
         if incomplete:
             raise RuntimeError(f"{self.name}: the embedding pass ended without all items of {', '.join(incomplete)}")
 
     @staticmethod
-    def _assemble(entry: PlanEntry, parts: list[dict[str, np.ndarray]], generation: str, space: str,
-                  curv: float) -> ShardEmbeddings:
-        ids = np.concatenate([p["id"] for p in parts]).astype(np.int64)
-        if np.unique(ids).size != ids.size or set(ids.tolist()) != set(entry.item_ids):
-            raise RuntimeError(f"shard {entry.shard} of {generation}: the embedded items are not exactly the "
-                               f"planned ones ({ids.size} rows, {np.unique(ids).size} distinct, "
-                               f"{len(entry.item_ids)} planned)")
-        return ShardEmbeddings(ids, np.concatenate([p["label"] for p in parts]).astype(np.int64),
-                               np.concatenate([p["embedding"] for p in parts]).astype(np.float32),
-                               np.concatenate([p["uncertainty"] for p in parts]).astype(np.float32),
-                               generation, space, curv).sorted_by_id()
+    def _entry_read(position: int, entry: PlanEntry, plan: GalleryPlan) -> EntryRead:
+        if entry.rows is not None:
+            return RowRange(position, *entry.rows)
+        before = plan.before[entry.shard]
+        return StoredItems(position, before.embeddings_uri, before.sha256, entry.selection, entry.num_items)
 
     def _write(self, index: int, shard: ShardEmbeddings) -> tuple[str, str, str]:
         """Write a shard's Parquet file and FAISS index; returns (embeddings URI, index URI, sha256)."""
@@ -257,7 +274,7 @@ class GalleryUpdater:
                     **self.spec.index_options).save(index_uri)
         return embeddings_uri, index_uri, digest
 
-    def _commit(self, entry: PlanEntry, shard: ShardEmbeddings, plan: GalleryPlan, key: str) -> None:
+    def _commit(self, entry: PlanEntry, shard: ShardEmbeddings, key: str) -> None:
         generation = shard.generation
         if entry.kind == "embed":
             uri, index_uri, digest = self._write(entry.shard, shard)
@@ -268,8 +285,8 @@ class GalleryUpdater:
             return
         source_record = self.store.shards(self.name)[entry.shard]
         source = self._read(source_record)
-        remaining = source.without(np.asarray(entry.item_ids, dtype=np.int64))
-        if len(remaining) != len(source) - len(entry.item_ids):
+        remaining = source.without(shard.ids)
+        if len(remaining) != len(source) - len(shard):
             raise RuntimeError(f"{key}: shard {entry.shard} does not hold all the items the plan moves")
         kept = self._write(entry.shard, remaining)
         moved = self._write(entry.target, shard)
@@ -387,30 +404,33 @@ class GalleryUpdater:
         return {"points": points, **files, "order": plan.policy["order"]}
 
 
-def _index_of(haystack: np.ndarray, needles: np.ndarray) -> np.ndarray:
-    """Position in ``haystack`` (N,) unique ids of each of ``needles`` (M,), −1 where absent
-    (vectorised: a sort of the haystack and a binary search per needle)."""
-    order = np.argsort(haystack, kind="stable")
-    found = order[np.clip(np.searchsorted(haystack, needles, sorter=order), 0, len(order) - 1)]
-    return np.where(haystack[found] == needles, found, -1)
-
-
 def _curvature(model) -> float:
     """The curvature magnitude shard files record: the model's for hyperbolic spaces, 1 (unused)
     for flat ones, whose lift reports 0."""
     return model.curv if model.space in (Space.LORENTZ, Space.POINCARE) else 1.0
 
 
-def _priority_order_of_all_items(policy: BackfillPolicy, infos: list[ShardInfo], seed: int) -> np.ndarray:
-    """Every candidate item id in the order the policy backfills (the x-axis of the backfilling
-    curve): whole shards by mean priority for budget_unit ``shards``, else one gallery-wide
-    item ranking (policy ``none`` / order ``random``: the seeded random order)."""
-    if policy.policy == "partial" and policy.budget_unit == "shards":
-        whole = plan_backfill(BackfillPolicy(policy="full", order=policy.order), infos, seed=seed)
-        return whole.item_ids
-    ids = np.concatenate([info.item_ids for info in infos]).astype(np.int64)
-    if any(info.scores is None for info in infos):
-        scores = random_priority(ids, seed)
-    else:
-        scores = np.concatenate([info.scores for info in infos])
-    return ids[priority_order(scores, ids)]
+def initial_shard_sizes(num_items: int, num_shards: int) -> list[int]:
+    """The sizes of the initial shards: contiguous row blocks differing by at most one, larger
+    first (``numpy.array_split``; over rows sorted by id this is ``gallery.layout``'s id blocks)."""
+    if num_items < num_shards:
+        raise ValueError(f"{num_items} items cannot fill {num_shards} shards")
+    return [num_items // num_shards + (1 if k < num_items % num_shards else 0) for k in range(num_shards)]
+
+
+def _assemble(entry: PlanEntry, parts: list[dict[str, np.ndarray]], generation: str, space: str, curv: float,
+              metadata_columns: tuple[str, ...]) -> ShardEmbeddings:
+    """One shard update's rows (in arrival order) → its ``ShardEmbeddings``, sorted by id; the
+    rows must be exactly the planned ones (unique, and the planned range when there is one)."""
+    column = lambda name: np.concatenate([p[name] for p in parts])  # noqa: E731
+    ids, rows = column("id").astype(np.int64), column("row").astype(np.int64)
+    planned = entry.rows is None or np.array_equal(np.sort(rows), np.arange(*entry.rows))
+    if np.unique(ids).size != ids.size or not planned:
+        raise RuntimeError(f"shard {entry.shard} of {generation}: the embedded items are not exactly the planned "
+                           f"ones ({ids.size} rows, {np.unique(ids).size} distinct ids, {entry.num_items} planned)")
+    attributes = pa.table({"uri": pa.array(column("uri").tolist(), type=pa.string()),
+                           **{name: pa.array(column(name).tolist()) for name in metadata_columns}})
+    embeddings = np.stack(column("embedding")) if column("embedding").dtype == object else column("embedding")
+    return ShardEmbeddings(ids, column("label").astype(np.int64), embeddings.astype(np.float32),
+                           column("uncertainty").astype(np.float32), generation, space, curv, rows,
+                           attributes).sorted_by_id()

@@ -120,7 +120,9 @@ def test_none_full_and_partial_policies_move_the_planned_shards(local_ray, tmp_p
     assert sum(1 for _, _, to in history if to == "g4") == len(final)
 
     outputs = updater.evaluate("g4", {g.name: g.parent for g in config.generations})
-    assert outputs["mixed"]["map"] == pytest.approx(outputs["full_backfill"]["map"])  # a fully backfilled gallery
+    # a fully backfilled gallery: the actors' batches differ from the local pass's, so float32 near-ties
+    # may swap (the untrained models embed many items almost alike)
+    assert outputs["mixed"]["map"] == pytest.approx(outputs["full_backfill"]["map"], abs=1e-5)
     points = outputs["curve"]["points"]
     assert points[-1][1] == pytest.approx(outputs["full_backfill"]["map"])
     assert Path(outputs["curve"]["png"]).stat().st_size > 0

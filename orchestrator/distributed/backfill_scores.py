@@ -1,0 +1,154 @@
+"""Ray tasks of the backfill planner: per-shard priorities computed where the shard files are read,
+kept in the object store, and questioned by the exact selection of ``orchestrator.backfill.selection``.
+
+The driver never holds the gallery's embeddings or scores: each task reads one shard file
+(sha256 checked), computes its items' priorities for the policy's order and returns a small
+summary (items, mean priority) plus a reference to its ``ScoredShard``, which stays in the object
+store for the selection rounds. Class-mean distances take two passes: per-shard class sums, then
+distances to the gallery-wide means. No science here: the priority functions are the planner's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from orchestrator.backfill import random_priority
+from orchestrator.backfill.selection import Ask, ScoredShard
+from orchestrator.backfill.class_means import class_sums, distances_to_class_means
+from orchestrator.gallery.shard_files import read_shard, write_selection
+from orchestrator.storage import load_generation
+
+
+@dataclass(frozen=True)
+class ShardToScore:
+    """A candidate shard: its index and stored file."""
+
+    index: int
+    uri: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class PriorityRule:
+    """How priorities are computed: ``order`` (uncertainty | class_mean_distance | random), the seed
+    of ``random``, and for class means the model whose forward map applies to ``mapped_generation``'s
+    shards (checkpoint URI and sha256) — None when there is none."""
+
+    order: str
+    seed: int
+    where: str
+    forward_model: tuple[str, str] | None = None
+    mapped_generation: str | None = None
+
+
+def _features(rule: PriorityRule, shard) -> np.ndarray:
+    """(n, D) float64 features of a shard for class-mean distances: F(h_old) for the mapped
+    generation's shards when the new model has a forward map, the embeddings otherwise."""
+    vectors = torch.from_numpy(shard.embeddings.astype(np.float64))
+    if rule.forward_model is not None and shard.generation == rule.mapped_generation:
+        from orchestrator.methods.lambda_orth import FORWARD_ADAPTER
+
+        model, _card = load_generation(rule.forward_model[0], expected_sha256=rule.forward_model[1])
+        with torch.no_grad():
+            vectors = model.adapters[FORWARD_ADAPTER].double()(vectors)
+    return vectors.numpy()
+
+
+def _read_labelled(rule: PriorityRule, target: ShardToScore):
+    shard = read_shard(target.uri, expected_sha256=target.sha256)
+    if (shard.labels < 0).any():
+        raise ValueError(f"{rule.where}: needs gallery labels; shard {target.index} has items without a label")
+    return shard
+
+
+def _class_sums(rule: PriorityRule, target: ShardToScore) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    shard = _read_labelled(rule, target)
+    return class_sums(_features(rule, shard), shard.labels)
+
+
+def _score(rule: PriorityRule, target: ShardToScore, means: dict[int, np.ndarray] | None) -> tuple[dict[str, Any], ScoredShard]:
+    shard = read_shard(target.uri, expected_sha256=target.sha256)
+    if rule.order == "uncertainty":
+        if shard.space != "lorentz":
+            raise ValueError(f"{rule.where}: needs hyperbolic (Lorentz) embeddings, but shard {target.index} holds "
+                             f"generation {shard.generation!r} in space {shard.space!r}")
+        scores = shard.uncertainty.astype(np.float64)
+    elif rule.order == "random":
+        scores = random_priority(shard.ids, rule.seed)
+    else:
+        if (shard.labels < 0).any():
+            raise ValueError(f"{rule.where}: needs gallery labels; shard {target.index} has items without a label")
+        scores = distances_to_class_means(_features(rule, shard), shard.labels, means)
+    if not np.isfinite(scores).all():
+        raise ValueError(f"{rule.where}: shard {target.index} has non-finite priorities")
+    summary = {"index": target.index, "n": int(scores.size), "mean": float(scores.mean()) if scores.size else -np.inf}
+    return summary, ScoredShard.from_scores(target.index, shard.ids, scores)
+
+
+def _call(shard: ScoredShard, method: str, args: tuple) -> Any:
+    return getattr(shard, method)(*args)
+
+
+def _write_chosen(shard: ScoredShard, threshold: tuple[int, int], uri: str) -> tuple[int, str | None]:
+    chosen = shard.chosen(threshold)
+    if chosen.size in (0, shard.ids.size):  # nothing, or the whole shard: no selection file needed
+        return int(chosen.size), None
+    return int(chosen.size), write_selection(uri, chosen)
+
+
+class ScoredGallery:
+    """The candidate shards scored on Ray (``score``), questioned by the selection (``ask``)."""
+
+    def __init__(self, rule: PriorityRule, targets: list[ShardToScore]):
+        import ray
+
+        self._remote = ray.remote(num_cpus=0)
+        means = None
+        if rule.order == "class_mean_distance":
+            task = self._remote(_class_sums)
+            means = _combine_class_sums(ray.get([task.remote(rule, t) for t in targets]))
+        score = self._remote(_score).options(num_returns=2)
+        pairs = [score.remote(rule, t, means) for t in targets]
+        self.summaries = ray.get([summary for summary, _ in pairs])
+        self.refs = [ref for _, ref in pairs]
+
+    def ask(self) -> Ask:
+        import ray
+
+        call = self._remote(_call)
+        return lambda method, args: ray.get([call.remote(ref, method, args) for ref in self.refs])
+
+    def write_chosen(self, threshold: tuple[int, int], uris: list[str]) -> list[tuple[int, str | None]]:
+        import ray
+
+        task = self._remote(_write_chosen)
+        return ray.get([task.remote(ref, threshold, uri) for ref, uri in zip(self.refs, uris)])
+
+    def all_keys(self) -> list[np.ndarray]:
+        """Per shard, (n, 3) uint64: every candidate's key and id (the backfilling curve's order;
+        O(N) in the driver, for evaluation-sized galleries)."""
+        import ray
+
+        return ray.get([self._remote(_keys_and_ids).remote(ref) for ref in self.refs])
+
+
+def _keys_and_ids(shard: ScoredShard) -> np.ndarray:
+    return np.stack([shard.high, shard.low, shard.ids.view(np.uint64)], axis=1)
+
+
+def _combine_class_sums(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[int, np.ndarray]:
+    """Per-shard (classes, sums, counts) → gallery-wide class means {class: (D,) float64}."""
+    sums: dict[int, np.ndarray] = {}
+    counts: dict[int, int] = {}
+    for classes, part_sums, part_counts in parts:
+        for c, s, n in zip(classes.tolist(), part_sums, part_counts.tolist()):
+            sums[c] = sums[c] + s if c in sums else s.copy()
+            counts[c] = counts.get(c, 0) + n
+    widths = {s.shape[0] for s in sums.values()}
+    if len(widths) > 1:
+        raise ValueError(f"the candidate shards' embeddings have different widths {sorted(widths)}; class means "
+                         "need one space (use order 'random' or 'uncertainty')")
+    return {c: sums[c] / counts[c] for c in sums}

@@ -1,0 +1,132 @@
+"""Ray Data datasource over a gallery source: read tasks that stream the items of shard updates.
+
+Each pending shard update (an *entry* of a gallery plan) becomes one or more read tasks, and every
+block a task yields holds rows of that entry only, tagged with an ``entry`` column, so the driver
+can assemble each update as its rows arrive. What an entry reads:
+
+- ``RowRange``: gallery rows [start, stop) (a shard's first population), split into tasks of at
+  most ``rows_per_task`` rows;
+- ``StoredItems``: the items of a stored shard file (its ``row`` column; sha256 checked in the
+  task), optionally only the ids of a selection file (a partial backfill's choice), read again
+  from the source to be re-embedded by a new generation.
+
+The driver only describes the reads; the files are read inside Ray tasks (on any node), a bounded
+block at a time. A ``MemorySource`` (an in-memory data source such as the digits) is put into the
+object store once and every task reads it from there.
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+from ray.data import Datasource, ReadTask
+from ray.data.block import BlockMetadata
+
+from orchestrator.data.gallery_sources import GallerySource, MemorySource
+from orchestrator.gallery.shard_files import read_selection, read_shard_rows
+
+
+@dataclass(frozen=True)
+class RowRange:
+    """Entry ``entry`` reads gallery rows [start, stop)."""
+
+    entry: int
+    start: int
+    stop: int
+
+    @property
+    def num_rows(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class StoredItems:
+    """Entry ``entry`` reads again the items of the shard file ``shard_uri`` (sha256 ``shard_sha256``),
+    only those of the selection file ``selection`` (uri, sha256) when given; ``num_rows`` planned."""
+
+    entry: int
+    shard_uri: str
+    shard_sha256: str
+    selection: tuple[str, str] | None
+    num_rows: int
+
+
+EntryRead = RowRange | StoredItems
+
+
+def gallery_dataset(source: GallerySource, reads: Sequence[EntryRead], block_rows: int = 1024,
+                    rows_per_task: int = 65536, read_concurrency: int | None = None):
+    """A lazy ``ray.data.Dataset`` of the raw items of ``reads`` (columns of
+    ``orchestrator.data.gallery_sources`` plus ``entry``); Ray must be initialised.
+
+    read_concurrency: read tasks at once (None: Ray Data decides). Reads ask for no CPU: they are
+    I/O, and decoding happens in the embedding actors, which hold the CPUs.
+    """
+    import ray
+    import ray.data
+
+    handle = ray.put(source) if isinstance(source, MemorySource) else source
+    datasource = _GalleryDatasource(handle, tuple(reads), block_rows, rows_per_task)
+    tasks = sum(len(_split(read, rows_per_task)) for read in reads)
+    concurrency = None if read_concurrency is None else max(1, min(read_concurrency, tasks))
+    # one output block list per read task: the blocks are already bounded by block_rows
+    return ray.data.read_datasource(datasource, num_cpus=0, concurrency=concurrency, override_num_blocks=max(tasks, 1))
+
+
+def _split(read: EntryRead, rows_per_task: int) -> list[EntryRead]:
+    if isinstance(read, StoredItems):
+        return [read]
+    return [RowRange(read.entry, start, min(start + rows_per_task, read.stop))
+            for start in range(read.start, read.stop, rows_per_task)]
+
+
+class _GalleryDatasource(Datasource):
+    def __init__(self, source, reads: tuple[EntryRead, ...], block_rows: int, rows_per_task: int):
+        super().__init__()
+        self.source, self.reads, self.block_rows, self.rows_per_task = source, reads, block_rows, rows_per_task
+
+    def get_name(self) -> str:
+        return "Gallery"
+
+    def estimate_inmemory_data_size(self) -> int | None:
+        return None
+
+    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context=None):
+        tasks = []
+        for read in self.reads:
+            for piece in _split(read, self.rows_per_task):
+                metadata = BlockMetadata(num_rows=piece.num_rows, size_bytes=None, exec_stats=None, input_files=None)
+                tasks.append(ReadTask(functools.partial(_read, self.source, piece, self.block_rows), metadata))
+        return tasks
+
+
+def _read(source, read: EntryRead, block_rows: int) -> Iterator[pa.Table]:
+    """The blocks of one read task (runs in a Ray task)."""
+    import ray
+
+    if isinstance(source, ray.ObjectRef):
+        source = ray.get(source)
+    if isinstance(read, RowRange):
+        blocks = (block for fragment, lo, hi in source.pieces(read.start, read.stop)
+                  for block in source.reader(fragment).blocks(lo, hi, None, block_rows))
+    else:
+        blocks = source.read_rows(_stored_rows(source, read), block_rows)
+    for block in blocks:
+        yield block.append_column("entry", pa.array(np.full(len(block), read.entry, dtype=np.int64)))
+
+
+def _stored_rows(source: GallerySource, read: StoredItems) -> np.ndarray:
+    """The gallery rows of the items to read again: the shard's (or the selection's) items."""
+    ids, rows = read_shard_rows(read.shard_uri, read.shard_sha256)
+    if rows is None:  # a shard written before rows were recorded: only an in-memory source can map ids
+        if not isinstance(source, MemorySource):
+            raise ValueError(f"{read.shard_uri}: the shard file has no row column; re-embed the gallery")
+        rows = source.rows_of(ids)
+    if read.selection is not None:
+        rows = rows[np.isin(ids, read_selection(*read.selection))]
+    if rows.size != read.num_rows:
+        raise RuntimeError(f"{read.shard_uri}: {rows.size} items to read again, the plan says {read.num_rows}")
+    return rows
