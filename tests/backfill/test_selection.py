@@ -1,0 +1,72 @@
+"""The bounded-memory backfill selection chooses exactly the items the in-memory planner chooses:
+random galleries with ties, ±0, negative ids and every budget, split into shards, against
+``plan_backfill`` (an independent full sort); and class means summed shard by shard against the
+in-memory class-mean distances."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from orchestrator.backfill import ShardInfo, budget_count, class_mean_distance_priority, plan_backfill
+from orchestrator.backfill.class_means import class_sums, distances_to_class_means
+from orchestrator.backfill.selection import ScoredShard, in_memory_ask, kth_key, priority_keys, select_top
+from orchestrator.config import BackfillPolicy
+
+
+def random_gallery(rng, ties: bool):
+    n = int(rng.integers(1, 2000))
+    ids = rng.choice(10**12, n, replace=False).astype(np.int64) - 5 * 10**11
+    scores = rng.standard_normal(n)
+    if ties:
+        scores = np.round(scores, 1)
+        scores[rng.random(n) < 0.3] = -0.0
+    bounds = np.sort(rng.integers(0, n + 1, int(rng.integers(0, 6))))
+    return ids, scores, np.split(np.arange(n), bounds)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_selection_equals_the_in_memory_plan(seed):
+    rng = np.random.default_rng(seed)
+    ids, scores, parts = random_gallery(rng, ties=seed % 2 == 0)
+    budget = float(rng.uniform(0.0, 1.0))
+    policy = BackfillPolicy(policy="partial", budget=budget, budget_unit="items", order="uncertainty")
+    expected = plan_backfill(policy, [ShardInfo(i, ids[p], scores[p]) for i, p in enumerate(parts)])
+    shards = [ScoredShard.from_scores(i, ids[p], scores[p]) for i, p in enumerate(parts)]
+    threshold, best = select_top(in_memory_ask(shards), budget_count(budget, ids.size), ids.size,
+                                 fetch_limit=int(rng.integers(1, 64)))
+    chosen = {} if threshold is None else {s.index: s.chosen(threshold) for s in shards}
+    assert {i: c.tolist() for i, c in chosen.items() if c.size} == \
+        {s.index: np.sort(s.item_ids).tolist() for s in expected.shards}
+    first_picks = sorted((key, i) for i, key in enumerate(best) if key is not None)
+    assert [i for _, i in first_picks] == list(expected.shard_indices)  # shards in the planner's order
+
+
+def test_keys_order_like_the_planner_and_kth_key_finds_each_rank():
+    scores = np.array([0.5, -0.0, 0.0, 2.0, -3.0, 0.5, np.finfo(float).tiny])
+    ids = np.array([9, 4, -2, 7, 1, 3, 8], dtype=np.int64)
+    high, low = priority_keys(scores, ids)
+    by_key = np.lexsort((low, high))
+    by_planner = np.lexsort((ids, -scores))
+    np.testing.assert_array_equal(by_key, by_planner)
+    shards = [ScoredShard.from_scores(0, ids[:3], scores[:3]), ScoredShard.from_scores(1, ids[3:], scores[3:])]
+    for rank in range(1, ids.size + 1):
+        position = by_planner[rank - 1]
+        assert kth_key(in_memory_ask(shards), rank, ids.size, fetch_limit=1) == (int(high[position]), int(low[position]))
+
+
+def test_class_means_summed_per_shard_give_the_in_memory_distances():
+    rng = np.random.default_rng(0)
+    features = rng.standard_normal((500, 8))
+    labels = rng.integers(0, 7, 500)
+    parts = np.array_split(np.arange(500), 3)
+    totals: dict[int, list] = {}
+    for part in parts:
+        classes, sums, counts = class_sums(features[part], labels[part])
+        for c, s, n in zip(classes, sums, counts):
+            total = totals.setdefault(int(c), [0.0, 0])
+            total[0], total[1] = total[0] + s, total[1] + n
+    means = {c: s / n for c, (s, n) in totals.items()}
+    streamed = np.concatenate([distances_to_class_means(features[p], labels[p], means) for p in parts])
+    expected = class_mean_distance_priority(torch.from_numpy(features), labels)
+    np.testing.assert_allclose(streamed, expected, rtol=1e-12, atol=1e-12)

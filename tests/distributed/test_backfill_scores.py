@@ -1,0 +1,74 @@
+"""The backfill planner's Ray tasks: priorities scored shard by shard from the stored files, the
+exact selection run against them, and the chosen ids written per shard equal the in-memory
+``plan_backfill`` on the same files (uncertainty, random and class-mean orders)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from orchestrator.backfill import ShardInfo, budget_count, class_mean_distance_priority, plan_backfill, random_priority
+from orchestrator.backfill.selection import select_top
+from orchestrator.config import BackfillPolicy
+from orchestrator.distributed.backfill_scores import PriorityRule, ScoredGallery, ShardToScore
+from orchestrator.gallery import ShardEmbeddings, read_shard, write_shard
+from orchestrator.gallery.shard_files import read_selection
+from orchestrator.geometry import lorentz
+
+
+@pytest.fixture
+def stored_shards(tmp_path):
+    """Five Lorentz shards of a 3,000-item gallery with labels (rounded embeddings: many ties)."""
+    rng = np.random.default_rng(1)
+    ids = rng.permutation(10**6)[:3000].astype(np.int64)
+    tangent = torch.from_numpy(np.round(rng.standard_normal((3000, 4)), 1) * 0.5)
+    points = lorentz.expmap0(tangent, 1.0).numpy().astype(np.float32)
+    uncertainty = lorentz.uncertainty(torch.from_numpy(points), 1.0).numpy().astype(np.float32)
+    labels = rng.integers(0, 6, 3000)
+    targets = []
+    for index, part in enumerate(np.array_split(np.arange(3000), 5)):
+        uri = str(tmp_path / f"shard-{index}.parquet")
+        shard = ShardEmbeddings(ids[part], labels[part], points[part], uncertainty[part], "g0", "lorentz", 1.0)
+        targets.append(ShardToScore(index, uri, write_shard(uri, shard)))
+    return targets
+
+
+def in_memory_infos(targets, order: str, seed: int):
+    shards = [read_shard(t.uri) for t in targets]
+    if order == "uncertainty":
+        scores = [s.uncertainty.astype(np.float64) for s in shards]
+    elif order == "random":
+        scores = [random_priority(s.ids, seed) for s in shards]
+    else:
+        everything = class_mean_distance_priority(torch.from_numpy(np.concatenate([s.embeddings for s in shards])
+                                                                    .astype(np.float64)),
+                                                  np.concatenate([s.labels for s in shards]))
+        scores = np.split(everything, np.cumsum([len(s) for s in shards])[:-1])
+    return [ShardInfo(t.index, s.ids, sc) for t, s, sc in zip(targets, shards, scores)]
+
+
+@pytest.mark.parametrize("order", ["uncertainty", "random", "class_mean_distance"])
+def test_scored_on_ray_the_selection_equals_the_in_memory_plan(local_ray, stored_shards, tmp_path, order):
+    seed, budget = 7, 0.37
+    scored = ScoredGallery(PriorityRule(order, seed, f"order {order}"), stored_shards)
+    policy = BackfillPolicy(policy="partial", budget=budget, budget_unit="items", order=order)
+    expected = plan_backfill(policy, in_memory_infos(stored_shards, order, seed), seed=seed)
+    threshold, _best = select_top(scored.ask(), budget_count(budget, 3000), 3000, fetch_limit=100)
+    uris = [str(tmp_path / f"chosen-{t.index}.parquet") for t in stored_shards]
+    chosen = {}
+    for target, uri, (count, sha) in zip(stored_shards, uris, scored.write_chosen(threshold, uris)):
+        if count:
+            chosen[target.index] = (read_selection(uri, sha) if sha else np.sort(read_shard(target.uri).ids)).tolist()
+    assert chosen == {s.index: np.sort(s.item_ids).tolist() for s in expected.shards}
+    means = {x["index"]: x["mean"] for x in scored.summaries}
+    for info in in_memory_infos(stored_shards, order, seed):  # the shards' mean priorities (budget_unit shards)
+        assert means[info.index] == pytest.approx(info.scores.mean(), rel=1e-12)
+
+
+def test_an_uncertainty_order_over_flat_embeddings_is_refused_with_the_shard(local_ray, tmp_path):
+    uri = str(tmp_path / "flat.parquet")
+    shard = ShardEmbeddings(np.arange(4), np.zeros(4, dtype=np.int64), np.ones((4, 3), dtype=np.float32),
+                            np.full(4, np.nan, dtype=np.float32), "g0", "cosine", 1.0)
+    with pytest.raises(Exception, match="needs hyperbolic .* shard 0 holds generation 'g0' in space 'cosine'"):
+        ScoredGallery(PriorityRule("uncertainty", 0, "backfill.order 'uncertainty'"),
+                      [ShardToScore(0, uri, write_shard(uri, shard))])
