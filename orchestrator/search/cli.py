@@ -24,7 +24,8 @@ def add_search_command(commands: argparse._SubParsersAction) -> None:
     search.add_argument("--storage", help="storage root override, as for run")
     source = search.add_mutually_exclusive_group(required=True)
     source.add_argument("--queries", nargs="+", metavar="PATH",
-                        help=".npy/.npz of uint8 images (N,H,W[,3]) or float embeddings (N,D), or image files")
+                        help=".npy/.npz of uint8 images (N,H,W[,3]) or float embeddings (N,D), image files, "
+                             "or folders of images")
     source.add_argument("--split", help="take the queries from this split of the pipeline's data source")
     search.add_argument("--limit", type=int, default=None, help="use only the first N queries")
     search.add_argument("-k", "--k", type=int, default=10, help="results per query (default 10)")
@@ -52,13 +53,14 @@ def search_command(args: argparse.Namespace) -> int:
     config = load_pipeline(args.file, {"storage": args.storage} if args.storage else None)
     service = service_for_pipeline(config, args.serving, metric=args.criterion_metric,
                                    on_incompatible="skip" if args.skip_incompatible else "refuse")
-    embeddings, labels, ids = _queries(args, config, service)
+    embeddings, labels, ids, names = _queries(args, config, service)
     result = service.router.search(embeddings, args.k)
     report: dict[str, Any] = {
         "serving": result.serving, "gallery": config.gallery.name, "k": args.k, "paths": result.paths,
         "searched_items": service.router.searchable_items,
         "not_searched": [s.describe() for s in result.skipped],
-        "results": result.rows(),
+        "queries": names,
+        "results": result.rows(service.item_attributes),
     }
     if args.evaluate:
         report["evaluation"] = _evaluate(args, config, service, embeddings, labels, ids)
@@ -70,8 +72,9 @@ def search_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _queries(args, config, service) -> tuple[Any, np.ndarray | None, np.ndarray | None]:
-    """(embeddings (N, D), labels or None, gallery item ids or None) of the requested queries."""
+def _queries(args, config, service) -> tuple[Any, np.ndarray | None, np.ndarray | None, list[str] | None]:
+    """(embeddings (N, D), labels or None, gallery item ids or None, query names or None) of the
+    requested queries."""
     from orchestrator.data import load_source
     from orchestrator.search.queries import read_query_file
 
@@ -80,8 +83,8 @@ def _queries(args, config, service) -> tuple[Any, np.ndarray | None, np.ndarray 
         if args.limit is not None:
             images = images.subset(np.arange(min(args.limit, len(images))))
         same_items = config.gallery.source is None and args.split == config.gallery.split
-        return service.encode(images.images), images.labels, images.ids if same_items else None
-    batch = read_query_file(args.queries)
+        return service.encode(images.images), images.labels, images.ids if same_items else None, None
+    batch = read_query_file(args.queries, service.image_size)
     stop = len(batch) if args.limit is None else min(args.limit, len(batch))
     if batch.embeddings is not None:
         embeddings = batch.embeddings[:stop]
@@ -89,16 +92,20 @@ def _queries(args, config, service) -> tuple[Any, np.ndarray | None, np.ndarray 
         embeddings = service.encode(batch.images[:stop])
     labels = None if batch.labels is None else batch.labels[:stop]
     ids = None if batch.ids is None else batch.ids[:stop]
-    return embeddings, labels, ids
+    return embeddings, labels, ids, None if batch.names is None else list(batch.names[:stop])
 
 
 def _evaluate(args, config, service, embeddings, labels, ids) -> dict[str, Any]:
     from orchestrator.data import load_source
+    from orchestrator.data.gallery_sources import STREAMED_SOURCES
     from orchestrator.search.evaluation import evaluate_search
 
     if labels is None:
         raise ValueError("--evaluate needs query labels: use --split, or an .npz with a 'labels' array")
     source, kwargs = config.gallery_loader_kwargs()
+    if source in STREAMED_SOURCES:
+        raise ValueError(f"--evaluate ranks the whole gallery in memory; gallery {config.gallery.name!r} is streamed "
+                         f"from {source}: the pipeline's gallery-eval step scores a labelled sample of it instead")
     gallery = load_source(source, **kwargs)
     if args.eval_k is not None and args.eval_k < 5:
         raise ValueError(f"--eval-k must be at least 5 (CMC@5 is reported), got {args.eval_k}")
@@ -112,9 +119,10 @@ def _format(report: dict[str, Any], ids: np.ndarray | None) -> str:
     lines += [f"not searched: {line}" for line in report["not_searched"]]
     for number, hits in enumerate(report["results"]):
         name = f"query {number}" + ("" if ids is None else f" (item {int(ids[number])})")
+        name += "" if report["queries"] is None else f" {report['queries'][number]}"
         lines.append(f"{name}:")
         lines += [f"  {rank:>3}. item {hit['id']:<8} distance {hit['distance']:.4f}  shard {hit['shard']:<3} "
-                  f"{hit['generation']}" for rank, hit in enumerate(hits, 1)]
+                  f"{hit['generation']}" + (f"  {hit['uri']}" if "uri" in hit else "") for rank, hit in enumerate(hits, 1)]
     if "evaluation" in report:
         row = report["evaluation"]
         lines.append(f"evaluation over the top {row['k']}: cmc@1 {row['cmc@1']:.4f}  cmc@5 {row['cmc@5']:.4f}  "

@@ -9,7 +9,9 @@ Query files (``read_query_file``):
   embeddings of the serving generation;
 - ``.npz``: the same under the key ``images`` or ``embeddings`` (optional ``labels`` (N,) int and
   ``ids`` (N,) int for evaluation);
-- ``.png`` / ``.jpg`` / ``.jpeg``: one image per file (any number of files).
+- ``.png`` / ``.jpg`` / ``.jpeg``: one image per file (any number of files), or a folder of them
+  (every image below it, sorted by path); each query is named by its file, and images of other
+  sizes are resized to the pipeline's image size (``image_size``).
 Loaded with ``allow_pickle=False``: a query file can never run code.
 """
 from __future__ import annotations
@@ -30,12 +32,14 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
 
 @dataclass(frozen=True)
 class QueryBatch:
-    """Queries read from files: images (N, H, W, 3) uint8 or embeddings (N, D); optional labels/ids (N,)."""
+    """Queries read from files: images (N, H, W, 3) uint8 or embeddings (N, D); optional labels/ids (N,)
+    and names (the image file of each query)."""
 
     images: np.ndarray | None = None
     embeddings: np.ndarray | None = None
     labels: np.ndarray | None = None
     ids: np.ndarray | None = None
+    names: tuple[str, ...] | None = None
 
     def __len__(self) -> int:
         return len(self.images if self.images is not None else self.embeddings)
@@ -64,22 +68,24 @@ def as_rgb_images(array: np.ndarray, where: str) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-def read_query_file(paths: Sequence[str | Path]) -> QueryBatch:
-    """Queries from one ``.npy``/``.npz`` file or from image files (module docstring)."""
+def read_query_file(paths: Sequence[str | Path], image_size: int | None = None) -> QueryBatch:
+    """Queries from one ``.npy``/``.npz`` file, image files or folders of images (module docstring);
+    ``image_size``: resize images of other sizes to it (None: they must share one size)."""
     paths = [Path(p) for p in paths]
     if not paths:
         raise ValueError("no query file given")
+    paths = [f for p in paths for f in (_images_under(p) if p.is_dir() else [p])]
     for path in paths:
         if not path.is_file():
             raise ValueError(f"query file {str(path)!r} does not exist")
     suffixes = {p.suffix.lower() for p in paths}
     if suffixes <= set(IMAGE_SUFFIXES):
-        images = [_read_image(p) for p in paths]
+        images = [_read_image(p, image_size) for p in paths]
         sizes = {image.shape for image in images}
         if len(sizes) > 1:
             raise ValueError(f"query images must share one size, got {sorted(sizes)} "
                              f"({', '.join(str(p) for p in paths)})")
-        return QueryBatch(images=np.stack(images))
+        return QueryBatch(images=np.stack(images), names=tuple(str(p) for p in paths))
     if len(paths) != 1 or suffixes - {".npy", ".npz"}:
         raise ValueError(f"queries: give one .npy/.npz file or image files ({', '.join(IMAGE_SUFFIXES)}), "
                          f"got {[str(p) for p in paths]}")
@@ -115,8 +121,18 @@ def _batch_from_array(array: np.ndarray, where: str) -> QueryBatch:
                      f"got {array.dtype} {array.shape}")
 
 
-def _read_image(path: Path) -> np.ndarray:
+def _images_under(folder: Path) -> list[Path]:
+    found = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    if not found:
+        raise ValueError(f"query folder {str(folder)!r} holds no images ({', '.join(IMAGE_SUFFIXES)})")
+    return found
+
+
+def _read_image(path: Path, image_size: int | None = None) -> np.ndarray:
     from PIL import Image
 
     with Image.open(path) as image:
-        return np.asarray(image.convert("RGB"), dtype=np.uint8)
+        rgb = image.convert("RGB")
+    if image_size is not None and rgb.size != (image_size, image_size):
+        rgb = rgb.resize((image_size, image_size), Image.Resampling.BILINEAR)
+    return np.asarray(rgb, dtype=np.uint8)

@@ -118,11 +118,17 @@ class SearchResult:
                           dtype=object)
         return lookup[self.shards + 1]
 
-    def rows(self) -> list[list[dict[str, Any]]]:
-        """Per query, its hits as dicts (id, distance, shard, generation), missing slots dropped."""
+    def rows(self, attributes: Callable[[int, np.ndarray], Mapping[int, dict[str, Any]]] | None = None
+             ) -> list[list[dict[str, Any]]]:
+        """Per query, its hits as dicts (id, distance, shard, generation), missing slots dropped;
+        with ``attributes`` ((shard index, hit ids) → {item id: {"uri": …, metadata…}}) each hit also
+        carries its item's source URI and metadata."""
+        lookup = {int(s): attributes(int(s), np.unique(self.ids[self.shards == s]))
+                  for s in np.unique(self.shards[self.shards >= 0])} if attributes else {}
         out = []
         for ids, distances, shards in zip(self.ids, self.distances, self.shards):
-            out.append([{"id": int(i), "distance": float(d), "shard": int(s), "generation": self.generation_of_shard[int(s)]}
+            out.append([{"id": int(i), "distance": float(d), "shard": int(s), "generation": self.generation_of_shard[int(s)],
+                         **lookup.get(int(s), {}).get(int(i), {})}
                         for i, d, s in zip(ids, distances, shards) if i >= 0])
         return out
 

@@ -83,6 +83,17 @@ class SearchService:
     def search_images(self, images: np.ndarray, k: int) -> SearchResult:
         return self.router.search(self.encode(images), k)
 
+    def item_attributes(self, shard_index: int, ids: np.ndarray) -> dict[int, dict[str, Any]]:
+        """{item id: {"uri": …, metadata…}} of the items ``ids`` of a searched shard, read from its
+        file (sha256 checked against the lineage); empty when the shard recorded no attributes."""
+        record = next(r.shard for r in self.router.routes if r.shard.index == shard_index)
+        stored = read_shard(record.embeddings_uri, expected_sha256=record.sha256)
+        if stored.attributes is None:
+            return {}
+        rows = np.flatnonzero(np.isin(stored.ids, ids))
+        table = stored.attributes.take(rows).to_pydict()
+        return {int(stored.ids[row]): {name: values[k] for name, values in table.items()} for k, row in enumerate(rows)}
+
 
 def service_for_pipeline(config, serving: str | None = None, *, metric: str = "map",
                          on_incompatible: OnIncompatible = "refuse",

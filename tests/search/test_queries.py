@@ -33,6 +33,25 @@ def test_image_files_are_stacked_and_must_share_a_size(tmp_path):
         read_query_file([tmp_path / "a.png", tmp_path / "c.png"])
 
 
+def test_a_folder_of_images_is_read_in_path_order_named_and_resized(tmp_path):
+    rng = np.random.default_rng(0)
+    written = {}
+    for name, size in (("b/2.jpg", 9), ("a/1.png", 6), ("a/0.png", 6)):
+        (tmp_path / "q" / name).parent.mkdir(parents=True, exist_ok=True)
+        written[name] = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+        Image.fromarray(written[name]).save(tmp_path / "q" / name, quality=100)
+    (tmp_path / "q" / "notes.txt").write_text("not an image")
+    batch = read_query_file([tmp_path / "q"], image_size=6)
+    assert batch.names == tuple(str(tmp_path / "q" / n) for n in ("a/0.png", "a/1.png", "b/2.jpg"))
+    assert batch.images.shape == (3, 6, 6, 3)
+    np.testing.assert_array_equal(batch.images[0], written["a/0.png"])  # PNG at the size: unchanged
+    resized = np.asarray(Image.open(tmp_path / "q" / "b/2.jpg").convert("RGB").resize((6, 6), Image.Resampling.BILINEAR))
+    np.testing.assert_array_equal(batch.images[2], resized)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="query folder .*empty' holds no images"):
+        read_query_file([tmp_path / "empty"])
+
+
 @pytest.mark.parametrize("array, message", [
     (np.zeros((2, 3, 3, 4), np.uint8), r"shape \(N, H, W, 3\) or \(N, H, W\)"),
     (np.zeros((2, 3), np.int32), "expected uint8 images"),
