@@ -63,17 +63,20 @@ def gallery_dataset(source: GallerySource, reads: Sequence[EntryRead], block_row
     ``orchestrator.data.gallery_sources`` plus ``entry``); Ray must be initialised.
 
     read_concurrency: read tasks at once (None: Ray Data decides). Reads ask for no CPU: they are
-    I/O, and decoding happens in the embedding actors, which hold the CPUs.
+    I/O, and decoding happens in the embedding actors, which hold the CPUs. A row-range task
+    carries only the readers of its fragments; the source itself (its whole listing) goes into the
+    object store once, for the tasks that read stored items again and for in-memory sources.
     """
     import ray
     import ray.data
 
-    handle = ray.put(source) if isinstance(source, MemorySource) else source
-    datasource = _GalleryDatasource(handle, tuple(reads), block_rows, rows_per_task)
-    tasks = sum(len(_split(read, rows_per_task)) for read in reads)
-    concurrency = None if read_concurrency is None else max(1, min(read_concurrency, tasks))
-    # one output block list per read task: the blocks are already bounded by block_rows
-    return ray.data.read_datasource(datasource, num_cpus=0, concurrency=concurrency, override_num_blocks=max(tasks, 1))
+    pieces = [piece for read in reads for piece in _split(read, rows_per_task)]
+    needs_source = isinstance(source, MemorySource) or any(isinstance(p, StoredItems) for p in pieces)
+    datasource = _GalleryDatasource(source, ray.put(source) if needs_source else None, tuple(pieces), block_rows)
+    concurrency = None if read_concurrency is None else max(1, min(read_concurrency, len(pieces)))
+    # one task per piece, its blocks already bounded by block_rows: no further splitting
+    return ray.data.read_datasource(datasource, num_cpus=0, concurrency=concurrency,
+                                    override_num_blocks=max(len(pieces), 1))
 
 
 def _split(read: EntryRead, rows_per_task: int) -> list[EntryRead]:
@@ -84,9 +87,9 @@ def _split(read: EntryRead, rows_per_task: int) -> list[EntryRead]:
 
 
 class _GalleryDatasource(Datasource):
-    def __init__(self, source, reads: tuple[EntryRead, ...], block_rows: int, rows_per_task: int):
+    def __init__(self, source: GallerySource, source_ref, pieces: tuple[EntryRead, ...], block_rows: int):
         super().__init__()
-        self.source, self.reads, self.block_rows, self.rows_per_task = source, reads, block_rows, rows_per_task
+        self.source, self.source_ref, self.pieces, self.block_rows = source, source_ref, pieces, block_rows
 
     def get_name(self) -> str:
         return "Gallery"
@@ -96,26 +99,44 @@ class _GalleryDatasource(Datasource):
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context=None):
         tasks = []
-        for read in self.reads:
-            for piece in _split(read, self.rows_per_task):
-                metadata = BlockMetadata(num_rows=piece.num_rows, size_bytes=None, exec_stats=None, input_files=None)
-                tasks.append(ReadTask(functools.partial(_read, self.source, piece, self.block_rows), metadata))
+        for piece in self.pieces:
+            if isinstance(piece, StoredItems):
+                read = functools.partial(_read_stored, self.source_ref, piece, self.block_rows)
+            elif isinstance(self.source, MemorySource):
+                read = functools.partial(_read_range_of, self.source_ref, piece, self.block_rows)
+            else:
+                readers = [(self.source.reader(f), lo, hi) for f, lo, hi in self.source.pieces(piece.start, piece.stop)]
+                read = functools.partial(_read_fragments, readers, piece.entry, self.block_rows)
+            metadata = BlockMetadata(num_rows=piece.num_rows, size_bytes=None, exec_stats=None, input_files=None)
+            tasks.append(ReadTask(read, metadata))
         return tasks
 
 
-def _read(source, read: EntryRead, block_rows: int) -> Iterator[pa.Table]:
-    """The blocks of one read task (runs in a Ray task)."""
+def _tagged(blocks: Iterator[pa.Table], entry: int) -> Iterator[pa.Table]:
+    for block in blocks:
+        yield block.append_column("entry", pa.array(np.full(len(block), entry, dtype=np.int64)))
+
+
+def _read_fragments(readers: list, entry: int, block_rows: int) -> Iterator[pa.Table]:
+    """A row-range task: local rows [lo, hi) of each of its fragments (runs in a Ray task)."""
+    yield from _tagged((block for reader, lo, hi in readers for block in reader.blocks(lo, hi, None, block_rows)), entry)
+
+
+def _read_range_of(source_ref, read: RowRange, block_rows: int) -> Iterator[pa.Table]:
+    """A row-range task over a source kept in the object store (in-memory sources)."""
     import ray
 
-    if isinstance(source, ray.ObjectRef):
-        source = ray.get(source)
-    if isinstance(read, RowRange):
-        blocks = (block for fragment, lo, hi in source.pieces(read.start, read.stop)
-                  for block in source.reader(fragment).blocks(lo, hi, None, block_rows))
-    else:
-        blocks = source.read_rows(_stored_rows(source, read), block_rows)
-    for block in blocks:
-        yield block.append_column("entry", pa.array(np.full(len(block), read.entry, dtype=np.int64)))
+    source = ray.get(source_ref)
+    yield from _tagged((block for fragment, lo, hi in source.pieces(read.start, read.stop)
+                        for block in source.reader(fragment).blocks(lo, hi, None, block_rows)), read.entry)
+
+
+def _read_stored(source_ref, read: StoredItems, block_rows: int) -> Iterator[pa.Table]:
+    """A task reading a stored shard's items again (runs in a Ray task)."""
+    import ray
+
+    source = ray.get(source_ref)
+    yield from _tagged(source.read_rows(_stored_rows(source, read), block_rows), read.entry)
 
 
 def _stored_rows(source: GallerySource, read: StoredItems) -> np.ndarray:
