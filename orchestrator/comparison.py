@@ -43,12 +43,8 @@ import torch
 from torch import nn
 
 from orchestrator.geometry.spaces import Space
-from orchestrator.models.adapters import truncate_to_common
+from orchestrator.models.adapters import BACKWARD_ADAPTER, FORWARD_ADAPTER, truncate_to_common
 from orchestrator.models.bundle import CompatibleModel
-
-BACKWARD_ADAPTER = "backward"
-#: λ-orthogonality's and FCT's forward map F (``orchestrator.methods.lambda_orth.FORWARD_ADAPTER``).
-FORWARD_ADAPTER = "forward_map"
 
 
 class IncomparableGenerations(ValueError):

@@ -60,11 +60,11 @@ from orchestrator.data.scenarios import (
     stratified_sample,
 )
 from orchestrator.methods.registry import available_methods, create_method, method_class
+from orchestrator.metrics import METRICS
 from orchestrator.models.encoder import HUB, EncoderConfig
 from orchestrator.training.config import TrainConfig
 
 NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
-METRICS = ("cmc@1", "cmc@5", "map")
 STORAGE_SCHEMES = ("file", "s3", "memory")
 LINEAGE_SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2")
 ScenarioName = Literal["extended_class", "extended_data", "new_architecture", "both", "multi_step", "custom"]
@@ -166,18 +166,6 @@ class RaySettings(_Strict):
         if self.gpus_per_worker > 0 and not self.use_gpu:
             _raise_problems([_problem(("gpus_per_worker",), "GPUs per worker need use_gpu: true", self.gpus_per_worker)])
         return self
-
-    @property
-    def gpus(self) -> float:
-        """GPUs reserved per worker: ``gpus_per_worker``, or 1 with ``use_gpu`` and none given."""
-        if not self.use_gpu:
-            return 0.0
-        return self.gpus_per_worker or 1.0
-
-    @property
-    def resources_per_worker(self) -> dict[str, float]:
-        """``{"CPU": ..., "GPU": ...}`` for Ray Train's ``ScalingConfig.resources_per_worker``."""
-        return {"CPU": self.cpus_per_worker, "GPU": self.gpus}
 
 
 # --------------------------------------------------------------------------- data
@@ -633,7 +621,7 @@ class SearchSpec(_Strict):
                       mAP and equals the exact mixed-gallery number for flat indexes.
     """
 
-    criterion_metric: Literal["cmc@1", "cmc@5", "map"] = "map"
+    criterion_metric: Literal[METRICS] = "map"  # type: ignore[valid-type]
     eval_k: int | None = Field(None, ge=5)
 
 

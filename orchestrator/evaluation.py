@@ -19,7 +19,7 @@ from torch.utils.data import Dataset
 
 from orchestrator.comparison import IncomparableGenerations, comparison_path
 from orchestrator.methods.base import embed_dataset_with_ids
-from orchestrator.metrics import p_com, p_up, retrieval_metrics
+from orchestrator.metrics import retrieval_metrics, update_summary
 from orchestrator.models.bundle import CompatibleModel
 
 
@@ -28,7 +28,7 @@ class CompatibilityReport:
     """Retrieval quality of every (query generation, gallery generation) pair.
 
     names:    generation names, oldest first.
-    matrices: metric name ("cmc@1", "cmc@5", "map") → (T, T) array, row = query generation,
+    matrices: metric name (``metrics.METRICS``) → (T, T) array, row = query generation,
               column = gallery generation; NaN above the diagonal and for pairs with no common
               distance (different spaces or curvatures, no adapter).
     """
@@ -40,20 +40,15 @@ class CompatibilityReport:
     def value(self, query: str, gallery: str, metric: str = "cmc@1") -> float:
         return float(self.matrices[metric][self.names.index(query), self.names.index(gallery)])
 
-    def compatibility(self, old: str, new: str, reference: str | None = None, metric: str = "cmc@1") -> dict[str, float | bool]:
-        """Self/cross values of an update old → new, the empirical criterion (cross > old self),
-        and, given the unaligned ``reference`` φ_*, P_com (HBCT eq. 14) and P_up (table form)."""
-        summary: dict[str, float | bool] = {
-            "self": self.value(new, new, metric),
-            "cross": self.value(new, old, metric),
-            "old_self": self.value(old, old, metric),
-        }
-        summary["compatible"] = bool(summary["cross"] > summary["old_self"])
+    def compatibility(self, old: str, new: str, reference: str | None = None, metric: str = "cmc@1") -> dict[str, float | bool | None]:
+        """``metrics.update_summary`` of the update old → new (self/cross values, the empirical
+        criterion, and, given the unaligned ``reference`` φ_*, P_com and P_up), with the reference's
+        self-test as ``reference_self``."""
+        ref_self = None if reference is None else self.value(reference, reference, metric)
+        summary = update_summary(self.value(new, new, metric), self.value(new, old, metric),
+                                 self.value(old, old, metric), ref_self)
         if reference is not None:
-            ref_self = self.value(reference, reference, metric)
             summary["reference_self"] = ref_self
-            summary["p_com"] = p_com(summary["cross"], summary["old_self"], ref_self)
-            summary["p_up"] = p_up(summary["self"], ref_self)
         return summary
 
     def rows(self) -> list[dict[str, float | str]]:

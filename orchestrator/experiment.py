@@ -28,6 +28,7 @@ from orchestrator.data import ImageTensorDataset, LabeledImages, channel_statist
 from orchestrator.data.scenarios import extended_class
 from orchestrator.evaluation import CompatibilityReport, evaluate_generations
 from orchestrator.methods import CompatibilityMethod, create_method
+from orchestrator.metrics import KEY_METRICS, METRICS
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
@@ -63,7 +64,7 @@ class UpdateResult:
     generations: dict[str, tuple[str, str]]  # new generation → (its old generation, its reference φ_*)
     models: dict[str, CompatibleModel]  # every trained generation by name (old, reference and new)
 
-    def format_summary(self, metrics: Sequence[str] = ("cmc@1", "map")) -> str:
+    def format_summary(self, metrics: Sequence[str] = KEY_METRICS) -> str:
         header = f"{'method':<18}" + "".join(
             f"{m + ' ' + col:>14}" for m in metrics for col in ("self", "cross", "P_com", "P_up")
         ) + f"{'compatible':>12}"
@@ -184,7 +185,7 @@ def run_update_experiment(
 
     report = experiment.evaluate(models, parents)
     summaries = {
-        label: {metric: report.compatibility(old, label, reference, metric) for metric in ("cmc@1", "cmc@5", "map")}
+        label: {metric: report.compatibility(old, label, reference, metric) for metric in METRICS}
         for label, (old, reference) in generations.items()
     }
     return UpdateResult(report, summaries, generations, models)

@@ -6,7 +6,7 @@ one of the order functions below; a HIGHER score means "re-embed earlier":
 
 - ``uncertainty_priority``: hyperbolic uncertainty of the old Lorentz embedding (HBCT §5, §14);
 - ``class_mean_distance_priority``: distance to the class mean in the forward-transformed space
-  (λ-orthogonality §2.11; the one implementation is ``lambda_orth.class_mean_distances``);
+  (λ-orthogonality §2.11; the one implementation is ``methods.common.class_mean_distances``);
 - ``random_priority``: a seeded per-item pseudo-random number (FCT / FastFill's random baseline).
 
 FastFill's own order is NOT provided. FastFill (Jaeckle et al. 2023) orders by the uncertainty that
@@ -33,7 +33,7 @@ import torch
 
 from orchestrator.config import BackfillPolicy
 from orchestrator.geometry import lorentz
-from orchestrator.methods.lambda_orth import class_mean_distances
+from orchestrator.methods.common import class_mean_distances
 
 __all__ = [
     "BackfillPlan",
@@ -152,10 +152,10 @@ def class_mean_distance_priority(
     """λ-orthogonality order (§2.11): distance of each item to its class mean, farthest first.
 
     Shapes: ``forward_embeddings`` (N, n) the forward-transformed old gallery F(h_k) (use
-    ``orchestrator.methods.lambda_orth.forward_transform(model, h_old)``; for a method without a
-    forward map, the old gallery itself), ``labels`` (N,) class ids -> (N,) float64 distances
+    ``model.adapters[FORWARD_ADAPTER](h_old)``, the slot of ``orchestrator.models.adapters``; for a
+    method without a forward map, the old gallery itself), ``labels`` (N,) class ids -> (N,) float64 distances
     (``l2``: ‖F(h_i) − μ_{y_i}‖₂, ``cosine``: 1 − cos). Items least representative of their class
-    are backfilled first. Delegates to ``lambda_orth.class_mean_distances`` (one implementation,
+    are backfilled first. Delegates to ``methods.common.class_mean_distances`` (one implementation,
     also behind ``lambda_orth.backfill_order``).
     """
     f = torch.as_tensor(forward_embeddings)

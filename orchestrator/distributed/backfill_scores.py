@@ -19,6 +19,7 @@ from orchestrator.backfill import random_priority
 from orchestrator.backfill.selection import Ask, ScoredShard
 from orchestrator.backfill.class_means import class_sums, distances_to_class_means
 from orchestrator.gallery.shard_files import read_shard, write_selection
+from orchestrator.models.adapters import FORWARD_ADAPTER
 from orchestrator.storage import load_generation
 
 
@@ -49,8 +50,6 @@ def _features(rule: PriorityRule, shard) -> np.ndarray:
     generation's shards when the new model has a forward map, the embeddings otherwise."""
     vectors = torch.from_numpy(shard.embeddings.astype(np.float64))
     if rule.forward_model is not None and shard.generation == rule.mapped_generation:
-        from orchestrator.methods.lambda_orth import FORWARD_ADAPTER
-
         model, _card = load_generation(rule.forward_model[0], expected_sha256=rule.forward_model[1])
         with torch.no_grad():
             vectors = model.adapters[FORWARD_ADAPTER].double()(vectors)

@@ -12,8 +12,7 @@ from typing import Any, Optional, Sequence
 
 from orchestrator.lineage.records import CandidateRecord, CompatibilityRecord, GenerationRecord
 from orchestrator.lineage.store import LineageStore
-
-KEY_METRICS: tuple[str, ...] = ("cmc@1", "map")
+from orchestrator.metrics import KEY_METRICS
 
 
 def metric_label(metric: str) -> str:

@@ -83,6 +83,35 @@ def class_means(embeddings: torch.Tensor, labels: torch.Tensor, num_classes: int
     return means, present
 
 
+def class_mean_distances(
+    forward_old_embeddings: torch.Tensor, labels: torch.Tensor, distance: Literal["l2", "cosine"] = "l2"
+) -> torch.Tensor:
+    """Per-item distance (N,) of F(h_i^k) to its class mean μ_{y_i} (lambda_orthogonality.md §2.11):
+    the backfill priority.
+
+    forward_old_embeddings: (N, n) the forward-adapted gallery F(h_k); labels: (N,) class ids.
+    μ_c = mean of F(h_i^k) over the items of class c (over the whole given gallery); d_i =
+    ‖F(h_i^k) − μ_{y_i}‖₂ (``l2``, the paper's default "MSE") or 1 − cos(F(h_i^k), μ_{y_i})
+    (``cosine``, App. G). The single implementation behind ``lambda_orth.backfill_order`` and
+    ``orchestrator.backfill.class_mean_distance_priority``.
+    """
+    if forward_old_embeddings.dim() != 2 or labels.shape != (forward_old_embeddings.shape[0],):
+        raise ValueError(
+            "forward_old_embeddings must be (N, n) and labels (N,), got "
+            f"{tuple(forward_old_embeddings.shape)} and {tuple(labels.shape)}"
+        )
+    if distance not in ("l2", "cosine"):
+        raise ValueError(f"distance must be 'l2' or 'cosine', got {distance!r}")
+    classes, index = torch.unique(labels, return_inverse=True)
+    means, _ = class_means(forward_old_embeddings, index, classes.numel())
+    item_means = means[index]
+    if distance == "l2":
+        gap = (forward_old_embeddings - item_means).norm(dim=1)
+    else:
+        gap = 1.0 - F.cosine_similarity(forward_old_embeddings, item_means, dim=1)
+    return gap
+
+
 def normalized_class_means(embeddings: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Class means of L2-normalised embeddings, re-normalised (prototype_perturbation.md §2 choice).
 

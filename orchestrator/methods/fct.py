@@ -15,8 +15,8 @@ meaning — the two models were trained independently — and are refused, not c
 items are stored as h^t; FCT has no ordering of its own and is evaluated with a random backfilling
 order (§2.11; ``backfill.order: random``).
 
-F is stored as ``model.adapters["forward_map"]`` (``FORWARD_ADAPTER``, the key λ-orthogonality
-uses), ALONE: a generation with a forward map and no ``backward`` adapter is how the comparison
+F is stored as ``model.adapters["forward_map"]`` (``orchestrator.models.adapters.FORWARD_ADAPTER``,
+the slot λ-orthogonality uses), ALONE: a generation with a forward map and no ``backward`` adapter is how the comparison
 rules recognise "trained independently of its parent, reachable from it through F only".
 """
 from __future__ import annotations
@@ -29,9 +29,8 @@ from pydantic import Field
 
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import FlatParams, SupervisedMethod, paired_train_embeddings
-from orchestrator.methods.lambda_orth import FORWARD_ADAPTER, EmbeddingMap
 from orchestrator.methods.registry import register_method
-from orchestrator.models.adapters import AffineAdapter, MLPAdapter
+from orchestrator.models.adapters import FORWARD_ADAPTER, AffineAdapter, EmbeddingMap, MLPAdapter
 from orchestrator.models.outputs import ModelOutput
 
 

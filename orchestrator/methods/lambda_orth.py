@@ -8,9 +8,9 @@ training, two small maps are fitted on the frozen models' embeddings of the trai
 - the forward map F: R^d → R^n (old → backward-aligned space), affine (§2.5);
 
 jointly, with L = w1·L_F + w2·L_B + w3·L_C (+ L_λ for B_λ) (eq. 10, §2.9). They are stored as
-``model.adapters["backward"]`` and ``model.adapters["forward_map"]`` (``BACKWARD_ADAPTER``,
-``FORWARD_ADAPTER``; "forward" itself cannot be a key of an ``nn.ModuleDict``, whose ``forward``
-method it would shadow).
+``model.adapters["backward"]`` and ``model.adapters["forward_map"]`` (the slots
+``BACKWARD_ADAPTER``, ``FORWARD_ADAPTER`` of ``orchestrator.models.adapters``), each an
+``EmbeddingMap`` around the fitted adapter, which checkpoints describe through the adapter registry.
 
 Retrieval (§2.10): a query of this generation is ``B(h_t)``; against the parent's UNTOUCHED
 gallery h_k it is compared on the common prefix, ``truncate_to_common(backward_transform(new, q),
@@ -28,10 +28,18 @@ from pydantic import Field
 from torch import nn
 
 from orchestrator.methods.base import TrainContext
-from orchestrator.methods.common import FlatParams, SupervisedMethod, class_means, paired_train_embeddings
+from orchestrator.methods.common import (
+    FlatParams,
+    SupervisedMethod,
+    class_mean_distances,
+    paired_train_embeddings,
+)
 from orchestrator.methods.registry import register_method
 from orchestrator.models.adapters import (
+    BACKWARD_ADAPTER,
+    FORWARD_ADAPTER,
     AffineAdapter,
+    EmbeddingMap,
     OrthogonalAdapter,
     gram_deviation,
     lambda_orthogonality_penalty,
@@ -39,10 +47,6 @@ from orchestrator.models.adapters import (
 )
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.outputs import ModelOutput
-
-
-BACKWARD_ADAPTER = "backward"
-FORWARD_ADAPTER = "forward_map"
 
 
 class LambdaOrthParams(FlatParams):
@@ -98,22 +102,6 @@ class LambdaOrthParams(FlatParams):
     def inputs_normalized(self) -> bool:
         """Whether the adapters work on L2-normalised embeddings (resolves the ``None`` default)."""
         return self.space == "cosine" if self.normalize_inputs is None else self.normalize_inputs
-
-
-class EmbeddingMap(nn.Module):
-    """A fitted adapter ``map`` applied to embeddings, L2-normalised first when ``normalize_input``.
-
-    x (N, in_dim) → map(x / ‖x‖ or x) (N, out_dim). The flag is a saved buffer, so a checkpoint
-    carries it; ``map`` is the ``OrthogonalAdapter`` / ``AffineAdapter`` itself.
-    """
-
-    def __init__(self, adapter: nn.Module, normalize_input: bool):
-        super().__init__()
-        self.map = adapter
-        self.register_buffer("normalize_input", torch.tensor(bool(normalize_input)))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.map(F.normalize(x, dim=-1) if bool(self.normalize_input) else x)
 
 
 def build_adapters(old_dim: int, new_dim: int, variant: str, normalize_inputs: bool) -> tuple[EmbeddingMap, EmbeddingMap]:
@@ -356,34 +344,6 @@ def forward_transform(model: CompatibleModel, old_embeddings: torch.Tensor) -> t
             f"forward_transform: the model has no {FORWARD_ADAPTER!r} adapter (not a fitted lambda_orth generation)"
         )
     return model.adapters[FORWARD_ADAPTER](old_embeddings)
-
-
-def class_mean_distances(
-    forward_old_embeddings: torch.Tensor, labels: torch.Tensor, distance: Literal["l2", "cosine"] = "l2"
-) -> torch.Tensor:
-    """Per-item distance (N,) of F(h_i^k) to its class mean μ_{y_i} (§2.11): the backfill priority.
-
-    forward_old_embeddings: (N, n) the forward-adapted gallery F(h_k); labels: (N,) class ids.
-    μ_c = mean of F(h_i^k) over the items of class c (over the whole given gallery); d_i =
-    ‖F(h_i^k) − μ_{y_i}‖₂ (``l2``, the paper's default "MSE") or 1 − cos(F(h_i^k), μ_{y_i})
-    (``cosine``, App. G). The single implementation behind ``backfill_order`` and
-    ``orchestrator.backfill.class_mean_distance_priority``.
-    """
-    if forward_old_embeddings.dim() != 2 or labels.shape != (forward_old_embeddings.shape[0],):
-        raise ValueError(
-            "forward_old_embeddings must be (N, n) and labels (N,), got "
-            f"{tuple(forward_old_embeddings.shape)} and {tuple(labels.shape)}"
-        )
-    if distance not in ("l2", "cosine"):
-        raise ValueError(f"distance must be 'l2' or 'cosine', got {distance!r}")
-    classes, index = torch.unique(labels, return_inverse=True)
-    means, _ = class_means(forward_old_embeddings, index, classes.numel())
-    item_means = means[index]
-    if distance == "l2":
-        gap = (forward_old_embeddings - item_means).norm(dim=1)
-    else:
-        gap = 1.0 - F.cosine_similarity(forward_old_embeddings, item_means, dim=1)
-    return gap
 
 
 def backfill_order(

@@ -12,8 +12,11 @@ from orchestrator.metrics.compatibility import (
     p_com,
     p_up,
     perturbation_scores,
+    update_summary,
 )
 from orchestrator.metrics.retrieval import (
+    KEY_METRICS,
+    METRICS,
     RetrievalResult,
     cmc_at_k,
     default_chunk_size,
@@ -24,6 +27,8 @@ from orchestrator.metrics.retrieval import (
 )
 
 __all__ = [
+    "KEY_METRICS",
+    "METRICS",
     "GenerationEmbeddings",
     "PerturbationScores",
     "RetrievalResult",
@@ -42,4 +47,5 @@ __all__ = [
     "ranked_list_metrics",
     "retrieval_metrics",
     "retrieval_metrics_from_distances",
+    "update_summary",
 ]

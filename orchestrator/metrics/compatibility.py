@@ -2,6 +2,7 @@
 
 - ``p_com``, ``p_up``: HBCT eq. 14 and the table version of eq. 15 (hbct.md §11).
 - ``empirically_compatible``: Empirical Compatibility Criterion (ECC; d-Simplex §2, λ-orth. eq. 11).
+- ``update_summary``: self / cross / old self, ECC, P_com and P_up of one update old → new.
 - ``compatibility_matrix`` / ``compatibility_matrices``: C[t][k] = M(Φ_t^Q, Φ_k^G), k <= t
   (d-Simplex §8.2).
 - ``average_compatibility`` (AC, d-Simplex §8.3) and ``average_multi_model_accuracy``
@@ -36,6 +37,7 @@ __all__ = [
     "p_com",
     "p_up",
     "perturbation_scores",
+    "update_summary",
 ]
 
 _CMC_METRIC = re.compile(r"cmc@([1-9][0-9]*)")
@@ -75,6 +77,34 @@ def empirically_compatible(cross: float, old_self: float) -> bool:
     """ECC: ``M(Φ_t^Q, Φ_k^G) > M(Φ_k^Q, Φ_k^G)`` with strict ">" (a tie is not compatible),
     as in the d-Simplex code (stationary_dsimplex.md §2, §11.13; λ-orthogonality eq. 11)."""
     return bool(cross > old_self)
+
+
+def update_summary(new_self: float, cross: float, old_self: float,
+                   reference_self: float | None = None) -> dict[str, float | bool | None]:
+    """The summary of one update φ_o → φ_n for one retrieval metric M (hbct.md §11).
+
+    Returns ``{"self": M(φ_n; φ_n), "cross": M(φ_n^Q; φ_o^G), "old_self": M(φ_o; φ_o),
+    "compatible": ECC (cross > old self), "p_com": P_com (eq. 14), "p_up": P_up}``. Given no
+    reference self-test M(φ_*; φ_*), ``p_com`` and ``p_up`` are None; where one is undefined (a NaN
+    input, a zero denominator) it is NaN.
+    """
+    summary: dict[str, float | bool | None] = {"self": new_self, "cross": cross, "old_self": old_self,
+                                               "compatible": empirically_compatible(cross, old_self),
+                                               "p_com": None, "p_up": None}
+    if reference_self is not None:
+        summary["p_com"] = _where_defined(p_com, cross, old_self, reference_self)
+        summary["p_up"] = _where_defined(p_up, new_self, reference_self)
+    return summary
+
+
+def _where_defined(fn, *args: float) -> float:
+    """``fn(*args)``, NaN where it is undefined (a zero denominator, a NaN input)."""
+    if any(math.isnan(a) for a in args):
+        return math.nan
+    try:
+        return float(fn(*args))
+    except ValueError:
+        return math.nan
 
 
 class GenerationEmbeddings(NamedTuple):

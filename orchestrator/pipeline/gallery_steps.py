@@ -46,7 +46,8 @@ from orchestrator.index import build_index, load_index
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import ShardAssignment, ShardRecord
 from orchestrator.methods.base import embed_dataset_with_ids
-from orchestrator.methods.lambda_orth import FORWARD_ADAPTER
+from orchestrator.metrics import METRICS
+from orchestrator.models.adapters import FORWARD_ADAPTER
 from orchestrator.pipeline.gallery_plan import GalleryPlan, PlanEntry, ShardBefore
 from orchestrator.search import CompatibilityCriterion, IncompatibleShards, SearchRouter
 from orchestrator.search.evaluation import evaluate_search
@@ -336,7 +337,7 @@ class GalleryUpdater:
                                   read_embeddings=self._read)
         except IncompatibleShards as refused:  # not one shard is searchable: report that, do not fail the step
             self.say(f"search {self.name} as {generation}: nothing searchable: {refused}")
-            return {**{m: None for m in ("cmc@1", "cmc@5", "map")}, "k": self.config.search.eval_k or len(self.images),
+            return {**{m: None for m in METRICS}, "k": self.config.search.eval_k or len(self.images),
                     "searched_items": 0, "gallery_items": len(self.images),
                     "skipped": "; ".join(s.describe() for s in refused.shards), "paths": {}}
         for skipped in router.skipped:

@@ -8,9 +8,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from orchestrator.metrics import KEY_METRICS, METRICS
 from orchestrator.storage import join_uri, write_bytes_atomic, write_json_atomic
-
-METRICS = ("cmc@1", "cmc@5", "map")
 
 
 def compatibility_matrix(values: Iterable[Any], names: Sequence[str], metric: str) -> np.ndarray:
@@ -120,7 +119,7 @@ def gallery_report_rows(evaluations: Sequence[dict[str, Any]]) -> list[dict[str,
         rows.append({
             "serving": outputs["serving"],
             "same-generation": same.get("generation", ""),
-            **{f"same-generation {m}": same.get(m) for m in ("cmc@1", "map")},
+            **{f"same-generation {m}": same.get(m) for m in KEY_METRICS},
             **{f"search {m}": search[m] for m in METRICS},
             "searched items": f"{search['searched_items']}/{search['gallery_items']}",
             **{f"mixed {m}": mixed[m] for m in METRICS}, **{f"full {m}": full[m] for m in METRICS},

@@ -23,10 +23,9 @@ from orchestrator.distributed.runtime import connect
 from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
 from orchestrator.evaluation import evaluate_generations
 from orchestrator.lineage import LineageStore
-from orchestrator.metrics import p_com, p_up
+from orchestrator.metrics import KEY_METRICS, METRICS, update_summary
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
 from orchestrator.pipeline.report import (
-    METRICS,
     compatibility_matrix,
     format_gallery_rows,
     format_matrix,
@@ -53,11 +52,11 @@ class PipelineResult:
     gallery: list[dict[str, Any]] = field(default_factory=list)
 
     def format(self) -> str:
-        parts = [format_matrix(self.matrices[m], self.names, m) for m in ("cmc@1", "map")]
+        parts = [format_matrix(self.matrices[m], self.names, m) for m in KEY_METRICS]
         if self.summaries:
             lines = [f"{'update':<24}{'metric':>8}{'self':>9}{'cross':>9}{'old self':>10}{'P_com':>9}{'P_up':>9}  compatible"]
             for update, per_metric in self.summaries.items():
-                for metric in ("cmc@1", "map"):
+                for metric in KEY_METRICS:
                     s = per_metric[metric]
                     p_com_text = "n/a" if s.get("p_com") is None else f"{s['p_com']:.3f}"
                     p_up_text = "n/a" if s.get("p_up") is None else f"{s['p_up']:.3f}"
@@ -257,13 +256,9 @@ class PipelineRunner:
             new, old = index[generation.name], index[generation.parent]
             per_metric = {}
             for metric, matrix in matrices.items():
-                summary: dict[str, Any] = {"self": matrix[new, new], "cross": matrix[new, old], "old_self": matrix[old, old]}
-                summary["compatible"] = bool(summary["cross"] > summary["old_self"])
-                summary["p_com"] = summary["p_up"] = None
-                if reference is not None and not np.isnan(matrix[index[reference], index[reference]]):
-                    ref_self = matrix[index[reference], index[reference]]
-                    summary["p_com"] = p_com(summary["cross"], summary["old_self"], ref_self)
-                    summary["p_up"] = p_up(summary["self"], ref_self)
+                ref_self = None if reference is None else matrix[index[reference], index[reference]]
+                summary = update_summary(matrix[new, new], matrix[new, old], matrix[old, old],
+                                         None if ref_self is None or np.isnan(ref_self) else ref_self)
                 per_metric[metric] = {k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in summary.items()}
             summaries[f"{generation.parent} → {generation.name}"] = per_metric
         return summaries

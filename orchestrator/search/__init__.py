@@ -4,7 +4,7 @@ along its compatibility path, refuse shards it is not compatible with, merge the
 No Ray here: a router is plain Python over FAISS indexes and PyTorch models; ``orchestrator
 search`` and the pipeline's evaluation build one from the lineage.
 """
-from orchestrator.search.admission import CRITERION_METRICS, CompatibilityCriterion, Verdict
+from orchestrator.search.admission import CompatibilityCriterion, Verdict
 from orchestrator.search.router import (
     IncompatibleShards,
     SearchResult,
@@ -15,7 +15,6 @@ from orchestrator.search.router import (
 from orchestrator.search.service import SearchService, open_router, service_for_pipeline
 
 __all__ = [
-    "CRITERION_METRICS",
     "CompatibilityCriterion",
     "IncompatibleShards",
     "SearchResult",

@@ -24,9 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from orchestrator.lineage.records import CompatibilityRecord
-from orchestrator.metrics import empirically_compatible
-
-CRITERION_METRICS = ("cmc@1", "cmc@5", "map")
+from orchestrator.metrics import METRICS, empirically_compatible
 
 
 @dataclass(frozen=True)
@@ -55,8 +53,8 @@ class CompatibilityCriterion:
                      dataset: str | None = None) -> "CompatibilityCriterion":
         """Select one dataset's values of ``metric``. ``dataset`` None: the only dataset recorded
         (ValueError naming them when there are several)."""
-        if metric not in CRITERION_METRICS:
-            raise ValueError(f"criterion metric must be one of {', '.join(CRITERION_METRICS)}, got {metric!r}")
+        if metric not in METRICS:
+            raise ValueError(f"criterion metric must be one of {', '.join(METRICS)}, got {metric!r}")
         records = list(records)
         if dataset is None:
             datasets = sorted({r.dataset for r in records})

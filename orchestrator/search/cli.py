@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.metrics import METRICS
+
 
 def add_search_command(commands: argparse._SubParsersAction) -> None:
     search = commands.add_parser("search", help="search the served gallery with the deployed generation "
@@ -30,7 +32,7 @@ def add_search_command(commands: argparse._SubParsersAction) -> None:
     search.add_argument("--limit", type=int, default=None, help="use only the first N queries")
     search.add_argument("-k", "--k", type=int, default=10, help="results per query (default 10)")
     search.add_argument("--serving", help="the generation whose queries search (default: the deployed one)")
-    search.add_argument("--criterion-metric", default="map", choices=("cmc@1", "cmc@5", "map"),
+    search.add_argument("--criterion-metric", default="map", choices=METRICS,
                         help="recorded metric of the compatibility criterion that admits older shards")
     search.add_argument("--skip-incompatible", action="store_true",
                         help="search only the shards the serving generation is compatible with (default: refuse)")

@@ -13,7 +13,8 @@ writes it again) or a complete checkpoint; a card is never left describing other
 
 Loading rebuilds the model from the card alone: ``create_method(name, params).build_model(
 EncoderConfig(**encoder, pretrained=None), num_classes, seen_classes)``, without the training-only
-auxiliary modules it builds, then the adapters the card lists, then ``load_state_dict(strict=True)``
+auxiliary modules it builds, then the adapters the card lists (``build_adapter`` of the adapter
+registry, so a plug-in's adapter kind is rebuilt as a built-in one), then ``load_state_dict(strict=True)``
 of ``safetensors.torch.load`` of the verified bytes.
 Nothing is unpickled anywhere in this module.
 
@@ -46,15 +47,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
 from orchestrator.methods.base import CompatibilityMethod
-from orchestrator.methods.fct import build_forward_map
-from orchestrator.methods.lambda_orth import (
-    BACKWARD_ADAPTER,
-    FORWARD_ADAPTER,
-    EmbeddingMap,
-    build_adapters,
-)
 from orchestrator.methods.registry import create_method
-from orchestrator.models.adapters import AffineAdapter, MLPAdapter, OrthogonalAdapter
+from orchestrator.models.adapters import adapter_spec, build_adapter
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.storage.filesystem import (
@@ -68,7 +62,7 @@ from orchestrator.storage.filesystem import (
     write_json_atomic,
 )
 
-CARD_FORMAT_VERSION = 1
+CARD_FORMAT_VERSION = 2  # 2: adapters described by adapter kind (1: by the method that built them)
 TRAINING_STATE_FORMAT_VERSION = 1
 WEIGHTS_FILE = "model.safetensors"
 CARD_FILE = "card.json"
@@ -115,7 +109,9 @@ class CheckpointCard(BaseModel):
                     (for d-Simplex that is K, all pre-allocated prototypes, which rebuilds the same head).
     seen_classes, space, curv: the classes trained on, the embedding space and its curvature
                     magnitude (0 for flat spaces).
-    adapters:       adapter name → spec to rebuild it (see ``describe_adapters``).
+    adapters:       adapter slot → spec to rebuild it (``describe_adapters``: the adapter registry's
+                    ``{"kind": ..., ...}``; format 1 named the building method, read by
+                    ``card_adapter_specs``).
     weights_file, sha256, num_bytes: the safetensors file and its hash / size.
     created_at:     UTC time of the save.
     extra:          caller's JSON metadata (metrics, data scenario, ...).
@@ -143,106 +139,57 @@ class CheckpointCard(BaseModel):
         return EncoderConfig(**self.encoder)
 
 
-# --- adapters: describe on save, rebuild on load ---------------------------------------------------
-LAMBDA_ORTH_BUILDER = "lambda_orth"
-FCT_BUILDER = "fct"
-
-
+# --- adapters: described on save, rebuilt on load, through the adapter registry ------------------
 def describe_adapters(model: CompatibleModel) -> dict[str, dict[str, Any]]:
-    """Adapter name → JSON spec from which ``rebuild_adapters`` recreates the module structure.
-
-    Known adapters:
-
-    - λ-orthogonality's ``backward`` / ``forward_map`` ``EmbeddingMap``s, as ``{"builder":
-      "lambda_orth", "role": "backward"|"forward", "old_dim", "new_dim", "variant",
-      "normalize_inputs"}`` (the arguments of ``lambda_orth.build_adapters``; ``old_dim`` is None
-      when there is no forward map);
-    - FCT's lone ``forward_map`` (no ``backward``), an ``EmbeddingMap`` around an ``MLPAdapter``
-      or an ``AffineAdapter`` with bias, as ``{"builder": "fct", "role": "forward", "old_dim",
-      "new_dim", "form": "mlp"|"affine", "hidden_dim" (None for affine), "normalize_inputs"}``
-      (the arguments of ``fct.build_forward_map``).
-
-    Any other adapter is a ValueError at save time, rather than a checkpoint that cannot be loaded.
-    """
-    adapters = dict(model.adapters.items())
-    if set(adapters) == {FORWARD_ADAPTER}:
-        spec = _fct_forward_spec(adapters[FORWARD_ADAPTER])
-        if spec is not None:
-            return {FORWARD_ADAPTER: spec}
-    backward = _backward_shape(adapters.get(BACKWARD_ADAPTER))
-    forward = _forward_shape(adapters.get(FORWARD_ADAPTER))
-    if backward and forward and backward[1] != forward[1]:
-        raise ValueError(
-            f"adapters {BACKWARD_ADAPTER!r} ({backward[1]}-d) and {FORWARD_ADAPTER!r} (-> {forward[1]}-d) disagree"
-        )
+    """Adapter slot → spec (``orchestrator.models.adapters.adapter_spec``) from which
+    ``rebuild_adapters`` recreates the module structure. An adapter whose class is not a registered
+    adapter kind is a ValueError at save time, rather than a checkpoint that cannot be loaded."""
     specs: dict[str, dict[str, Any]] = {}
-    for name, module in adapters.items():
-        role = {BACKWARD_ADAPTER: "backward", FORWARD_ADAPTER: "forward"}.get(name)
-        if role is None or {"backward": backward, "forward": forward}[role] is None:
-            raise ValueError(
-                f"cannot checkpoint adapter {name!r} of type {type(module).__name__}: only λ-orthogonality's "
-                f"{BACKWARD_ADAPTER!r} / {FORWARD_ADAPTER!r} EmbeddingMaps (lambda_orth.build_adapters) and FCT's "
-                f"lone {FORWARD_ADAPTER!r} (fct.build_forward_map) are rebuildable"
-            )
-        specs[name] = {
-            "builder": LAMBDA_ORTH_BUILDER,
-            "role": role,
-            "old_dim": forward[0] if forward else None,
-            "new_dim": backward[1] if backward else forward[1],
-            "variant": backward[0] if backward else "orthogonal",
-            "normalize_inputs": bool(module.normalize_input),
-        }
+    for name, module in model.adapters.items():
+        try:
+            specs[name] = adapter_spec(module)
+        except ValueError as error:
+            raise ValueError(f"cannot checkpoint adapter {name!r}: {error}") from None
     return specs
-
-
-def _fct_forward_spec(module: nn.Module) -> dict[str, Any] | None:
-    """The ``fct`` builder spec of a forward map made by ``fct.build_forward_map``, else None."""
-    if not isinstance(module, EmbeddingMap):
-        return None
-    inner = module.map
-    if isinstance(inner, MLPAdapter):
-        form, old_dim, new_dim, hidden = "mlp", inner.in_dim, inner.out_dim, inner.hidden_dim
-    elif isinstance(inner, AffineAdapter) and inner.bias is not None:
-        (new_dim, old_dim), form, hidden = inner.weight.shape, "affine", None
-    else:
-        return None
-    return {"builder": FCT_BUILDER, "role": "forward", "old_dim": int(old_dim), "new_dim": int(new_dim), "form": form,
-            "hidden_dim": hidden, "normalize_inputs": bool(module.normalize_input)}
-
-
-def _backward_shape(module: nn.Module | None) -> tuple[str, int] | None:
-    """(variant, dim) of a backward map made by ``build_adapters``, else None."""
-    if not isinstance(module, EmbeddingMap):
-        return None
-    inner = module.map
-    if isinstance(inner, OrthogonalAdapter):
-        return "orthogonal", int(inner.dim)
-    if isinstance(inner, AffineAdapter) and inner.bias is not None and inner.weight.shape[0] == inner.weight.shape[1]:
-        return "lambda", int(inner.weight.shape[0])
-    return None
-
-
-def _forward_shape(module: nn.Module | None) -> tuple[int, int] | None:
-    """(old_dim, new_dim) of a forward map made by ``build_adapters``, else None."""
-    if isinstance(module, EmbeddingMap) and isinstance(module.map, AffineAdapter) and module.map.bias is not None:
-        out_dim, in_dim = module.map.weight.shape
-        return int(in_dim), int(out_dim)
-    return None
 
 
 def rebuild_adapters(model: CompatibleModel, specs: Mapping[str, Mapping[str, Any]]) -> None:
     """Add freshly built adapters described by ``specs`` (``describe_adapters``) to ``model``, in place."""
     for name, spec in specs.items():
-        if spec.get("builder") == FCT_BUILDER and spec.get("role") == "forward":
-            model.adapters[name] = build_forward_map(int(spec["old_dim"]), int(spec["new_dim"]), spec["form"],
-                                                     int(spec.get("hidden_dim") or 1), bool(spec["normalize_inputs"]))
-            continue
-        if spec.get("builder") != LAMBDA_ORTH_BUILDER or spec.get("role") not in ("backward", "forward"):
-            raise ValueError(f"unknown adapter spec for {name!r}: {dict(spec)!r}")
+        try:
+            model.adapters[name] = build_adapter(spec)
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"cannot rebuild adapter {name!r} from {dict(spec)!r}: {error}") from None
+
+
+def _format_1_adapter_spec(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """An adapter spec of a format-1 card (named after the method that built the adapter: the
+    ``lambda_orth`` and ``fct`` builders) as the adapter kinds' spec of the same module structure."""
+    builder, role = spec.get("builder"), spec.get("role")
+    try:
         new_dim = int(spec["new_dim"])
         old_dim = int(spec["old_dim"]) if spec.get("old_dim") is not None else new_dim
-        backward, forward = build_adapters(old_dim, new_dim, spec.get("variant", "orthogonal"), bool(spec["normalize_inputs"]))
-        model.adapters[name] = backward if spec["role"] == "backward" else forward
+        if builder == "fct" and role == "forward" and spec["form"] == "mlp":
+            inner = {"kind": "mlp", "in_dim": old_dim, "out_dim": new_dim, "hidden_dim": int(spec.get("hidden_dim") or 1)}
+        elif (builder == "fct" and role == "forward" and spec["form"] == "affine") or (
+                builder == "lambda_orth" and role == "forward"):
+            inner = {"kind": "affine", "in_dim": old_dim, "out_dim": new_dim, "bias": True}
+        elif builder == "lambda_orth" and role == "backward" and spec.get("variant", "orthogonal") == "orthogonal":
+            inner = {"kind": "orthogonal", "dim": new_dim}
+        elif builder == "lambda_orth" and role == "backward" and spec["variant"] == "lambda":
+            inner = {"kind": "affine", "in_dim": new_dim, "out_dim": new_dim, "bias": True}
+        else:
+            raise ValueError("unknown builder, role, form or variant")
+        return {"kind": "embedding_map", "normalize_input": bool(spec["normalize_inputs"]), "map": inner}
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"unknown format-1 adapter spec {dict(spec)!r}: {error}") from None
+
+
+def card_adapter_specs(card: CheckpointCard) -> dict[str, dict[str, Any]]:
+    """The card's adapter specs in the adapter kinds' form (format-1 cards translated)."""
+    if card.format_version >= 2:
+        return {name: dict(spec) for name, spec in card.adapters.items()}
+    return {name: _format_1_adapter_spec(spec) for name, spec in card.adapters.items()}
 
 
 # --- state dicts ----------------------------------------------------------------------------------
@@ -380,7 +327,7 @@ def load_generation(
     encoder_config = card.encoder_config().model_copy(update={"pretrained": None})
     model = method.build_model(encoder_config, card.num_classes, torch.tensor(card.seen_classes, dtype=torch.long))
     model.auxiliary.clear()  # a deployed generation has no training-only modules (none were saved)
-    rebuild_adapters(model, card.adapters)
+    rebuild_adapters(model, card_adapter_specs(card))
     if model.space.value != card.space:
         raise ValueError(f"{redact_uri(uri)}: card says space {card.space!r}, the rebuilt model embeds in {model.space.value!r}")
     _adopt_saved_dtypes(model, state)
@@ -508,6 +455,7 @@ __all__ = [
     "ChecksumMismatch",
     "MethodSpec",
     "TrainingState",
+    "card_adapter_specs",
     "checkpoint_exists",
     "describe_adapters",
     "load_card",

@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from orchestrator.config import METRICS, GenerationSpec
+from orchestrator.config import GenerationSpec
 from orchestrator.lineage import LineageStore
+from orchestrator.metrics import METRICS
 from orchestrator.storage import join_uri, load_card, write_bytes_atomic
 from orchestrator.tuning import objective as objectives
 from orchestrator.tuning.config import METRIC_NAMES, Objective, TuneFile

@@ -25,16 +25,14 @@ evaluation reference, ``p_com_<m>`` and ``p_up_<m>``; ``objective`` (``objective
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from orchestrator.config import METRICS
 from orchestrator.data import ImageTensorDataset, load_source
 from orchestrator.evaluation import evaluate_generations
-from orchestrator.metrics import p_com, p_up
+from orchestrator.metrics import METRICS, update_summary
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.storage import join_uri, load_generation
 from orchestrator.training.generation import GenerationJob, GenerationTraining
@@ -85,25 +83,13 @@ class TrialEvaluator:
                                           parents={self.name: self.parent_name})
         metrics: dict[str, float] = {}
         for metric in METRICS:
-            new_self = report.value(self.name, self.name, metric)
-            cross = report.value(self.name, self.parent_name, metric)
-            old_self = report.value(self.parent_name, self.parent_name, metric)
-            metrics.update({f"self_{metric}": new_self, f"cross_{metric}": cross, f"old_self_{metric}": old_self})
-            if self.reference_self is not None:
-                ref_self = self.reference_self[metric]
-                metrics[f"p_com_{metric}"] = _defined(p_com, cross, old_self, ref_self)
-                metrics[f"p_up_{metric}"] = _defined(p_up, new_self, ref_self)
+            summary = update_summary(report.value(self.name, self.name, metric),
+                                     report.value(self.name, self.parent_name, metric),
+                                     report.value(self.parent_name, self.parent_name, metric),
+                                     None if self.reference_self is None else self.reference_self[metric])
+            keys = ("self", "cross", "old_self") + (() if self.reference_self is None else ("p_com", "p_up"))
+            metrics.update({f"{key}_{metric}": summary[key] for key in keys})
         return metrics
-
-
-def _defined(fn, *args: float) -> float:
-    """``fn(*args)``, NaN where it is undefined (a zero denominator, a NaN input)."""
-    if any(math.isnan(a) for a in args):
-        return math.nan
-    try:
-        return float(fn(*args))
-    except ValueError:
-        return math.nan
 
 
 def trial_job(setup: TrialSetup, params: dict[str, Any]) -> GenerationJob:

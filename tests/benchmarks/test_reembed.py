@@ -9,16 +9,17 @@ import math
 
 import numpy as np
 import pytest
+
+from orchestrator.benchmarks import reembed
 import ray
-from benchmark_modules import benchmark_module
 
 ITEMS, BATCH = 300, 64  # the tiled gallery wraps the 1,797 digits only for > 1,797 items; 5 batches
 
 
 @pytest.fixture(scope="module")
 def bench():
-    with benchmark_module("reembed") as module:
-        yield module
+    """The benchmark's module (benchmarks/reembed.py runs its ``main``)."""
+    return reembed
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,7 @@ def test_plain_loop_embeds_every_item_in_batches(setup, plain):
     check_timing(plain.timing, ITEMS, math.ceil(ITEMS / BATCH))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("concurrency", [1, 2])
 def test_ray_data_path_gives_the_plain_loops_embeddings(bench, local_ray, setup, plain, concurrency):
     embedded = bench.run_ray(setup, concurrency, BATCH)

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 import torch
 
+from orchestrator.benchmarks import update_cost
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import Space
-from benchmark_modules import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    with benchmark_module("update_cost", imports=("reembed",)) as module:
-        yield module
+    """The benchmark's module (benchmarks/update_cost.py runs its ``main``)."""
+    return update_cost
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
 from orchestrator.cli import main
 from orchestrator.methods import available_methods
@@ -52,6 +53,7 @@ def test_unknown_method_is_a_clear_error(capsys):
     assert "unknown method 'nosuch'" in err and "hbct" in err
 
 
+@pytest.mark.e2e
 def test_quickstart_example_runs_and_reports_the_update():
     result = subprocess.run([sys.executable, str(REPO / "examples" / "quickstart.py"), "--epochs", "2"],
                             capture_output=True, text=True, timeout=300, cwd=REPO)

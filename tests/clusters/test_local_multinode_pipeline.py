@@ -18,6 +18,8 @@ import yaml
 
 from orchestrator.lineage import LineageStore
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "clusters" / "local_multinode.sh"
 

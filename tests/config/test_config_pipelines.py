@@ -180,10 +180,7 @@ def test_loader_kwargs_for_splits():
     assert folder.gallery_loader_kwargs() == ("image_folder", {"root": "te", "image_size": 32})
 
 
-def test_ray_gpu_resources():
+def test_ray_local_address_means_a_local_ray():
     from orchestrator.config import RaySettings
 
-    assert RaySettings().resources_per_worker == {"CPU": 1.0, "GPU": 0.0}
-    assert RaySettings(use_gpu=True).gpus == 1.0
-    assert RaySettings(use_gpu=True, gpus_per_worker=0.5).gpus == 0.5
     assert RaySettings(address="local").address is None

@@ -15,6 +15,8 @@ from orchestrator.gallery import ShardEmbeddings, read_shard, write_shard
 from orchestrator.gallery.shard_files import read_selection
 from orchestrator.geometry import lorentz
 
+pytestmark = pytest.mark.e2e
+
 
 @pytest.fixture
 def stored_shards(tmp_path):

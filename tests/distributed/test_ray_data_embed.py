@@ -13,6 +13,8 @@ from orchestrator.methods import create_method, embed_dataset
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.storage import save_generation
 
+pytestmark = pytest.mark.e2e
+
 
 def test_actor_pool_embeddings_equal_the_local_ones(local_ray, tmp_path):
     train, gallery = load_digits("train"), load_digits("test")

@@ -23,6 +23,8 @@ from orchestrator.distributed.train import GenerationJob, ScalingSettings, train
 from orchestrator.storage import load_card, load_generation
 from orchestrator.training.seeds import derive_seed
 
+pytestmark = pytest.mark.e2e
+
 ENCODER = {"arch": "test_resnet", "embed_dim": 16}
 # test_convnext uses LayerNorm, so a model and a frozen copy give identical outputs in train and
 # eval mode (BatchNorm would not): test_init_from_parent_and_replacement_start_points needs that

@@ -19,7 +19,7 @@ from orchestrator.comparison import IncomparableGenerations, comparison_path
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.metrics import retrieval_metrics
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.e2e
 
 SECOND_TIER = ["lce", "unibct", "advbct"]
 

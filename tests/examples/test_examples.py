@@ -18,11 +18,13 @@ import pytest
 
 from orchestrator.lineage import LineageStore
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[2]
 NUMBER = r"(?:[01]\.\d{4}|·)"
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_custom_method_example_trains_the_plug_in_through_ray_train(tmp_path):
     storage = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "ORCHESTRATOR_PLUGINS")}
@@ -53,7 +55,7 @@ def test_custom_method_example_trains_the_plug_in_through_ray_train(tmp_path):
     assert (storage / "generations" / "anchored" / "model.safetensors").is_file()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_cluster_walkthrough_submits_the_pipeline_and_prints_the_lineage(tmp_path):
     assert shutil.which("ray") and shutil.which("orchestrator"), \
         "needs the `ray` and `orchestrator` commands on PATH (pip install -e .)"

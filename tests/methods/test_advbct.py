@@ -320,7 +320,7 @@ def _ddp_worker(rank: int, world_size: int, init_file: str, out_dir: str) -> Non
         dist.destroy_process_group()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_auxiliary_modules_train_in_step_across_ddp_workers(tmp_path):
     """Two gloo processes run the loop's ``train_one_epoch`` with a DDP-wrapped AdvBCT model (as
     the Ray Train worker does): the discriminator and elastic weights, used in the loss rather

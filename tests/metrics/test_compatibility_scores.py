@@ -15,6 +15,7 @@ from orchestrator.metrics import (
     p_com,
     p_up,
     perturbation_scores,
+    update_summary,
 )
 
 _HALF_ULP = 5e-4  # the tables print 3 decimals
@@ -85,6 +86,28 @@ def test_empirical_compatibility_is_strict():
     assert empirically_compatible(0.5655, 0.5562)
     assert not empirically_compatible(0.72114, 0.72374)
     assert not empirically_compatible(0.7, 0.7)
+
+
+def test_update_summary_of_an_hbct_table_1_row():
+    # CIFAR100 Ext-class Lorentz HBCT, CMC@1: old self 0.425, φ_* self 0.722; new self 0.722, cross 0.572
+    summary = update_summary(0.722, 0.572, 0.425, 0.722)
+    assert summary["self"] == 0.722 and summary["cross"] == 0.572 and summary["old_self"] == 0.425
+    assert summary["compatible"] is True  # 0.572 > 0.425
+    assert summary["p_com"] == pytest.approx((0.572 - 0.425) / (0.722 - 0.425))  # printed 0.495
+    assert summary["p_com"] == pytest.approx(0.495, abs=_HALF_ULP)
+    assert summary["p_up"] == pytest.approx(0.0)
+    assert update_summary(0.5, 0.4, 0.4)["compatible"] is False  # a tie is not compatible
+
+
+def test_update_summary_without_a_reference_or_where_p_com_is_undefined():
+    assert update_summary(0.7, 0.5, 0.4) == {"self": 0.7, "cross": 0.5, "old_self": 0.4, "compatible": True,
+                                             "p_com": None, "p_up": None}
+    undefined = update_summary(0.7, 0.5, 0.4, 0.4)  # φ_* self == φ_o self: P_com's denominator is 0
+    assert np.isnan(undefined["p_com"]) and undefined["p_up"] == pytest.approx(0.75)
+    no_common_distance = update_summary(0.7, float("nan"), 0.4, 0.6)  # NaN cross-test
+    assert np.isnan(no_common_distance["p_com"]) and no_common_distance["p_up"] == pytest.approx(1 / 6)
+    assert no_common_distance["compatible"] is False
+    assert np.isnan(update_summary(0.7, 0.5, 0.4, 0.0)["p_up"])
 
 
 # Official-code d-Simplex-HOC 7-task matrix (stationary_dsimplex.md §8.4).

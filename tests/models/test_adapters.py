@@ -8,7 +8,11 @@ import torch
 
 from orchestrator.models.adapters import (
     AffineAdapter,
+    EmbeddingMap,
+    MLPAdapter,
     OrthogonalAdapter,
+    adapter_spec,
+    build_adapter,
     gram_deviation,
     lambda_orthogonality_penalty,
     truncate_to_common,
@@ -124,3 +128,38 @@ def test_truncate_to_common_keeps_prefix():
     a, b = torch.randn(3, 10), torch.randn(3, 4)
     ta, tb = truncate_to_common(a, b)
     assert torch.equal(ta, a[:, :4]) and torch.equal(tb, b)
+
+
+@pytest.mark.parametrize("module, spec", [
+    (OrthogonalAdapter(5), {"kind": "orthogonal", "dim": 5}),
+    (AffineAdapter(4, 6, bias=False), {"kind": "affine", "in_dim": 4, "out_dim": 6, "bias": False}),
+    (MLPAdapter(4, 6, 9), {"kind": "mlp", "in_dim": 4, "out_dim": 6, "hidden_dim": 9}),
+    (EmbeddingMap(AffineAdapter(3, 5), True),
+     {"kind": "embedding_map", "normalize_input": True, "map": {"kind": "affine", "in_dim": 3, "out_dim": 5, "bias": True}}),
+])
+def test_every_built_in_kind_describes_itself_and_is_rebuilt_with_the_same_structure(module, spec):
+    assert adapter_spec(module) == spec
+    rebuilt = build_adapter(spec)
+    assert type(rebuilt) is type(module)
+    with torch.no_grad():
+        for parameter in module.parameters():
+            parameter.add_(torch.randn_like(parameter))  # weights away from any initialisation
+    state = module.state_dict()
+    assert {k: v.shape for k, v in rebuilt.state_dict().items()} == {k: v.shape for k, v in state.items()}
+    rebuilt.load_state_dict(state, strict=True)
+    x = torch.randn(2, rebuilt_input_dim(spec))
+    torch.testing.assert_close(rebuilt(x), module(x), rtol=0, atol=0)
+
+
+def rebuilt_input_dim(spec):
+    inner = spec.get("map", spec)
+    return inner.get("dim", inner.get("in_dim"))
+
+
+def test_an_adapter_spec_needs_a_registered_kind():
+    with pytest.raises(ValueError, match="unknown adapter kind 'nosuch'; known kinds: .*affine"):
+        build_adapter({"kind": "nosuch"})
+    with pytest.raises(ValueError, match="mapping with a 'kind'"):
+        build_adapter({"dim": 3})
+    with pytest.raises(ValueError, match="Linear is not a registered adapter kind"):
+        adapter_spec(torch.nn.Linear(2, 2))

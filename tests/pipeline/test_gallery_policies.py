@@ -22,6 +22,8 @@ from orchestrator.models.encoder import EncoderConfig
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
 from orchestrator.storage import save_generation
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[2]
 
 

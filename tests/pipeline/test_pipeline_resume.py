@@ -29,6 +29,8 @@ from orchestrator.index import ShardIndex
 from orchestrator.lineage import LineageStore
 from orchestrator.storage import read_json
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[2]
 GENERATIONS = ["g0-old", "g1", "g2", "phi-star"]
 
@@ -107,7 +109,7 @@ def assert_gallery_consistent(db: Path) -> dict[int, str]:
         store.close()
 
 
-@pytest.mark.slow
+@pytest.mark.e2e
 def test_killed_driver_resumes_without_redoing_or_duplicating(tmp_path):
     pipeline = small_pipeline(tmp_path)
     db = tmp_path / "run" / "lineage.db"

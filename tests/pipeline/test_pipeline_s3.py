@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import s3fs
 import yaml
 
@@ -20,6 +21,8 @@ from orchestrator.gallery import read_shard
 from orchestrator.index import ShardIndex
 from orchestrator.lineage import LineageStore
 from orchestrator.storage import load_generation
+
+pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -30,6 +30,8 @@ from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.metrics import retrieval_metrics
 from orchestrator.storage import load_generation, read_json
 
+pytestmark = pytest.mark.e2e
+
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE = REPO / "pipelines" / "binary_hyperbolic.yaml"
 

@@ -55,16 +55,56 @@ def test_card_fields(case, tmp_path):
     created = datetime.fromisoformat(raw["created_at"].replace("Z", "+00:00"))
     assert created.utcoffset().total_seconds() == 0 and created >= before.replace(microsecond=0)
     assert load_card(uri) == card and checkpoint_exists(uri)
+    assert raw["adapters"] == expected_adapter_specs(adapters)
+
+
+def expected_adapter_specs(adapters):
+    """The card's adapter specs for a case: each adapter an ``embedding_map`` around its kind."""
     if adapters is None:
-        assert raw["adapters"] == {}
-    elif "form" in adapters:
-        assert raw["adapters"] == {"forward_map": {
+        return {}
+    n, d = ENCODER.embed_dim, adapters["old_dim"]
+
+    def wrapped(inner):
+        return {"kind": "embedding_map", "normalize_input": adapters["normalize"], "map": inner}
+
+    if "form" in adapters:
+        inner = ({"kind": "mlp", "in_dim": d, "out_dim": n, "hidden_dim": adapters["hidden_dim"]}
+                 if adapters["form"] == "mlp" else {"kind": "affine", "in_dim": d, "out_dim": n, "bias": True})
+        return {"forward_map": wrapped(inner)}
+    backward = ({"kind": "orthogonal", "dim": n} if adapters["variant"] == "orthogonal"
+                else {"kind": "affine", "in_dim": n, "out_dim": n, "bias": True})
+    return {"backward": wrapped(backward),
+            "forward_map": wrapped({"kind": "affine", "in_dim": d, "out_dim": n, "bias": True})}
+
+
+def format_1_adapter_specs(adapters):
+    """The adapter specs a format-1 card held (named after the building method), as that code wrote them."""
+    if adapters is None:
+        return {}
+    if "form" in adapters:
+        return {"forward_map": {
             "builder": "fct", "role": "forward", "old_dim": adapters["old_dim"], "new_dim": ENCODER.embed_dim,
             "form": adapters["form"], "hidden_dim": adapters["hidden_dim"], "normalize_inputs": adapters["normalize"]}}
-    else:
-        common = {"builder": "lambda_orth", "old_dim": adapters["old_dim"], "new_dim": ENCODER.embed_dim,
-                  "variant": adapters["variant"], "normalize_inputs": adapters["normalize"]}
-        assert raw["adapters"] == {"backward": {**common, "role": "backward"}, "forward_map": {**common, "role": "forward"}}
+    common = {"builder": "lambda_orth", "old_dim": adapters["old_dim"], "new_dim": ENCODER.embed_dim,
+              "variant": adapters["variant"], "normalize_inputs": adapters["normalize"]}
+    return {"backward": {**common, "role": "backward"}, "forward_map": {**common, "role": "forward"}}
+
+
+def test_a_format_1_card_still_loads(case, tmp_path):
+    method, model, adapters = case
+    uri = str(tmp_path / "old")
+    save_generation(model, method, ENCODER, uri, name="old")
+    raw = json.loads((tmp_path / "old" / "card.json").read_text())
+    raw["format_version"], raw["adapters"] = 1, format_1_adapter_specs(adapters)
+    (tmp_path / "old" / "card.json").write_text(json.dumps(raw))
+    loaded, card = load_generation(uri)
+    assert card.format_version == 1
+    assert_same_state(model, loaded)
+    assert_same_outputs(model, loaded, adapters)
+    raw["adapters"] = {"backward": {"builder": "nosuch", "role": "backward", "new_dim": 8, "normalize_inputs": True}}
+    (tmp_path / "old" / "card.json").write_text(json.dumps(raw))
+    with pytest.raises(ValueError, match="unknown format-1 adapter spec"):
+        load_generation(uri)
 
 
 @pytest.fixture(scope="module")

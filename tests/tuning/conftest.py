@@ -3,8 +3,6 @@ reference the first sweep trains through the pipeline's steps; later sweeps on t
 reuse them (their ``train:`` steps are committed)."""
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +10,7 @@ import pytest
 import ray
 import yaml
 
+from orchestrator.benchmarks import tune_asha_vs_grid
 from orchestrator.distributed.runtime import WORKER_ENV_VARS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -19,13 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session")
 def bench():
-    """``benchmarks/tune_asha_vs_grid.py`` as a module (its pipeline builder is the tests' too)."""
-    spec = importlib.util.spec_from_file_location("tune_asha_vs_grid", REPO / "benchmarks" / "tune_asha_vs_grid.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["tune_asha_vs_grid"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("tune_asha_vs_grid", None)
+    """The ASHA-against-grid benchmark's module (its pipeline builder is the tests' too)."""
+    return tune_asha_vs_grid
 
 
 @pytest.fixture(scope="session")
@@ -55,4 +49,5 @@ class SmallPipeline:
 def small(tmp_path_factory, bench, ray_address) -> SmallPipeline:
     """lifelong.yaml without g2, every generation 3 epochs, storage in a temporary folder."""
     folder = tmp_path_factory.mktemp("tuning")
-    return SmallPipeline(folder, bench.pipeline_file(folder, folder / "run", epochs=3), folder / "run")
+    pipeline = bench.pipeline_file(REPO / "pipelines" / "lifelong.yaml", folder, folder / "run", epochs=3)
+    return SmallPipeline(folder, pipeline, folder / "run")

@@ -13,9 +13,12 @@ import sys
 import threading
 import time
 
+import pytest
 import yaml
 
 from orchestrator.lineage import LineageStore
+
+pytestmark = pytest.mark.e2e
 
 TRIALS = 4
 FINISHED = re.compile(r"trial (\S+) finished after 1/1 epochs")

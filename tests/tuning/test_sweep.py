@@ -23,6 +23,8 @@ from orchestrator.lineage import LineageStore
 from orchestrator.pipeline.runner import PipelineRunner
 from orchestrator.storage import load_card
 
+pytestmark = pytest.mark.e2e
+
 P_UP_MIN = -0.05  # the objective of pipelines/tune.yaml and of the benchmark
 
 

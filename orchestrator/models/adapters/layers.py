@@ -3,13 +3,19 @@
 - ``OrthogonalAdapter``: B_perp = expm(U - U^T), exactly orthogonal by construction (§2.3).
 - ``AffineAdapter``: B_lambda(x) = W x + b (§2.4) and the forward map F (§2.5).
 - ``MLPAdapter``: a two-layer perceptron, the forward map F of FCT (Ramanujan et al. 2022; §5).
+- ``EmbeddingMap``: a fitted adapter applied to embeddings, L2-normalised first or not.
 - ``gram_deviation`` / ``lambda_orthogonality_penalty``: D = ||W W^T - I||_F and L_λ = σ(α(D - λ))·D (eq. 6).
 - ``truncate_to_common``: prefix truncation to the smaller dimension (§2.8).
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch.nn.functional as F
 from torch import nn
+
+from orchestrator.models.adapters.registry import adapter_spec, build_adapter, register_adapter
 
 #: Added to ||W W^T - I||_F^2 before the square root, so D and its gradient are finite at D = 0.
 GRAM_EPS = 1e-12
@@ -21,6 +27,7 @@ def _check_dim(value: int, name: str) -> int:
     return value
 
 
+@register_adapter
 class OrthogonalAdapter(nn.Module):
     """Strictly orthogonal backward map B_perp(x) = expm(P) x with P = U - U^T (§2.3, eq. 2 setting).
 
@@ -30,6 +37,8 @@ class OrthogonalAdapter(nn.Module):
     identity starts from "new space as is" and keeps retrieval among new features unchanged anyway).
     """
 
+    kind = "orthogonal"
+
     def __init__(self, dim: int):
         super().__init__()
         self.dim = _check_dim(dim, "dim")
@@ -37,6 +46,14 @@ class OrthogonalAdapter(nn.Module):
         self.register_buffer("upper_rows", rows, persistent=False)
         self.register_buffer("upper_cols", cols, persistent=False)
         self.upper = nn.Parameter(torch.zeros(rows.numel()))
+
+    def to_spec(self) -> dict[str, Any]:
+        """What ``from_spec`` needs to rebuild this structure (the registry's contract)."""
+        return {"dim": self.dim}
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> OrthogonalAdapter:
+        return cls(int(spec["dim"]))
 
     @property
     def matrix(self) -> torch.Tensor:
@@ -51,6 +68,7 @@ class OrthogonalAdapter(nn.Module):
         return x @ self.matrix.T
 
 
+@register_adapter
 class AffineAdapter(nn.Module):
     """Affine map x -> W x + b, W (out_dim, in_dim): B_lambda (§2.4) or the forward map F (§2.5).
 
@@ -60,6 +78,8 @@ class AffineAdapter(nn.Module):
     Decision: identity by default, because it starts B_lambda at an exact orthogonal map and F at
     "old features as they are"; §10 item 8 leaves the init open (Fig. 2c uses a random init).
     """
+
+    kind = "affine"
 
     def __init__(self, in_dim: int, out_dim: int, bias: bool = True, init: str = "identity"):
         super().__init__()
@@ -71,6 +91,14 @@ class AffineAdapter(nn.Module):
                 self.linear.weight.copy_(torch.eye(out_dim, in_dim))
                 if bias:
                     self.linear.bias.zero_()
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"in_dim": int(self.linear.in_features), "out_dim": int(self.linear.out_features),
+                "bias": self.linear.bias is not None}
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> AffineAdapter:
+        return cls(int(spec["in_dim"]), int(spec["out_dim"]), bias=bool(spec["bias"]))
 
     @property
     def weight(self) -> torch.Tensor:
@@ -84,6 +112,7 @@ class AffineAdapter(nn.Module):
         return self.linear(x)
 
 
+@register_adapter
 class MLPAdapter(nn.Module):
     """Two-layer perceptron x -> W2 relu(W1 x + b1) + b2: FCT's forward transformation F (§5).
 
@@ -93,10 +122,19 @@ class MLPAdapter(nn.Module):
     a BatchNorm (FCT's reference uses one) is a fixed affine map the linear layers can absorb.
     """
 
+    kind = "mlp"
+
     def __init__(self, in_dim: int, out_dim: int, hidden_dim: int):
         super().__init__()
         self.hidden = nn.Linear(_check_dim(in_dim, "in_dim"), _check_dim(hidden_dim, "hidden_dim"))
         self.output = nn.Linear(hidden_dim, _check_dim(out_dim, "out_dim"))
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"in_dim": self.in_dim, "out_dim": self.out_dim, "hidden_dim": self.hidden_dim}
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> MLPAdapter:
+        return cls(int(spec["in_dim"]), int(spec["out_dim"]), int(spec["hidden_dim"]))
 
     @property
     def in_dim(self) -> int:
@@ -112,6 +150,33 @@ class MLPAdapter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.output(torch.relu(self.hidden(x)))
+
+
+@register_adapter
+class EmbeddingMap(nn.Module):
+    """A fitted adapter ``map`` applied to embeddings, L2-normalised first when ``normalize_input``.
+
+    x (N, in_dim) → map(x / ‖x‖ or x) (N, out_dim). The flag is a saved buffer, so a checkpoint
+    carries it; ``map`` is the wrapped adapter itself (``OrthogonalAdapter``, ``AffineAdapter``,
+    ``MLPAdapter`` or any registered kind), whose spec nests in this one's.
+    """
+
+    kind = "embedding_map"
+
+    def __init__(self, adapter: nn.Module, normalize_input: bool):
+        super().__init__()
+        self.map = adapter
+        self.register_buffer("normalize_input", torch.tensor(bool(normalize_input)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.map(F.normalize(x, dim=-1) if bool(self.normalize_input) else x)
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"normalize_input": bool(self.normalize_input), "map": adapter_spec(self.map)}
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> EmbeddingMap:
+        return cls(build_adapter(spec["map"]), bool(spec["normalize_input"]))
 
 
 def gram_deviation(weight: torch.Tensor) -> torch.Tensor:
