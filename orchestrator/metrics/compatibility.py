@@ -87,12 +87,18 @@ def update_summary(new_self: float, cross: float, old_self: float,
     "compatible": ECC (cross > old self), "p_com": P_com (eq. 14), "p_up": P_up}``. Given no
     reference self-test M(φ_*; φ_*), ``p_com`` and ``p_up`` are None; where one is undefined (a NaN
     input, a zero denominator) it is NaN.
+
+    Decision: P_com is also undefined (NaN) when the reference does not beat the old model
+    (M(φ_*; φ_*) ≤ M(φ_o; φ_o)). P_com is the share of the attainable gain φ_o → φ_* that the update
+    recovers on the old gallery; with no gain to share the ratio's sign flips or explodes (the
+    digits' default run gave −5.7 and −48.7 with a saturated φ_*), so no number is reported.
     """
     summary: dict[str, float | bool | None] = {"self": new_self, "cross": cross, "old_self": old_self,
                                                "compatible": empirically_compatible(cross, old_self),
                                                "p_com": None, "p_up": None}
     if reference_self is not None:
-        summary["p_com"] = _where_defined(p_com, cross, old_self, reference_self)
+        summary["p_com"] = (_where_defined(p_com, cross, old_self, reference_self) if reference_self > old_self
+                            else math.nan)
         summary["p_up"] = _where_defined(p_up, new_self, reference_self)
     return summary
 

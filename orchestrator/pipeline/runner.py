@@ -259,7 +259,7 @@ class PipelineRunner:
                 ref_self = None if reference is None else matrix[index[reference], index[reference]]
                 summary = update_summary(matrix[new, new], matrix[new, old], matrix[old, old],
                                          None if ref_self is None or np.isnan(ref_self) else ref_self)
-                per_metric[metric] = {k: (float(v) if isinstance(v, (float, np.floating)) else v) for k, v in summary.items()}
+                per_metric[metric] = {k: _json_number(v) for k, v in summary.items()}
             summaries[f"{generation.parent} → {generation.name}"] = per_metric
         return summaries
 
@@ -271,6 +271,13 @@ def run_pipeline(config: PipelineConfig, progress: Progress | None = None) -> Pi
     """Connect to (or start) Ray as the file says and run the pipeline; see ``PipelineRunner``."""
     connect(config.ray.address)
     return PipelineRunner(config, progress).run()
+
+
+def _json_number(value: Any) -> Any:
+    """A summary value as JSON takes it: floats as float, undefined (NaN) as None (printed n/a)."""
+    if isinstance(value, (float, np.floating)):
+        return None if np.isnan(value) else float(value)
+    return value
 
 
 def _absolute(storage: str) -> str:

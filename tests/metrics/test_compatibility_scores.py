@@ -108,6 +108,8 @@ def test_update_summary_without_a_reference_or_where_p_com_is_undefined():
     assert np.isnan(no_common_distance["p_com"]) and no_common_distance["p_up"] == pytest.approx(1 / 6)
     assert no_common_distance["compatible"] is False
     assert np.isnan(update_summary(0.7, 0.5, 0.4, 0.0)["p_up"])
+    weak_reference = update_summary(0.95, 0.90, 0.99, 0.98)  # φ_* below φ_o: no attainable gain to share
+    assert np.isnan(weak_reference["p_com"]) and weak_reference["p_up"] == pytest.approx(0.95 / 0.98 - 1)
 
 
 # Official-code d-Simplex-HOC 7-task matrix (stationary_dsimplex.md §8.4).
