@@ -76,17 +76,24 @@ def quiet_ray_data() -> None:
 def embed_gallery(source: GallerySource, reads: Sequence[EntryRead], checkpoint_uri: str, sha256: str, name: str,
                   image_size: int, mean: tuple[float, ...], std: tuple[float, ...],
                   settings: EmbeddingSettings = EmbeddingSettings(), storage_options: dict | None = None,
-                  block_rows: int | None = None):
+                  block_rows: int | None = None, rows_per_task: int | None = None):
     """A lazy ``ray.data.Dataset`` of the embeddings by generation ``name`` of the items that
     ``reads`` name (one ``EntryRead`` per shard update); Ray must be initialised. Consume it with
     ``.iter_batches()``: rows of different entries interleave, each row says its ``entry``.
 
     At most two read tasks per actor run at once, so the rows in flight (and the shard updates the
-    consumer holds open) stay bounded whatever the gallery's size."""
+    consumer holds open) stay bounded whatever the gallery's size.
+
+    block_rows:    rows per block a read task yields (default 4 batches);
+    rows_per_task: rows per read task (default 4 blocks). Ray Data merges the blocks of one task
+                   up to its target block size (128 MiB), so the task size, not the block size,
+                   decides how many pieces the actors share.
+    """
     from ray.data import ActorPoolStrategy
 
     block = block_rows or max(settings.batch_size, 1) * 4
-    dataset = gallery_dataset(source, reads, block_rows=block, read_concurrency=2 * settings.concurrency)
+    dataset = gallery_dataset(source, reads, block_rows=block, rows_per_task=rows_per_task or 4 * block,
+                              read_concurrency=2 * settings.concurrency)
     return dataset.map_batches(
         GenerationEmbedder,
         fn_constructor_kwargs={"checkpoint_uri": checkpoint_uri, "sha256": sha256, "name": name,
@@ -103,9 +110,10 @@ def embed_gallery(source: GallerySource, reads: Sequence[EntryRead], checkpoint_
 
 def embed_with_ray_data(images: LabeledImages, checkpoint_uri: str, sha256: str, name: str, image_size: int,
                         mean: tuple[float, ...], std: tuple[float, ...],
-                        settings: EmbeddingSettings = EmbeddingSettings(), storage_options: dict | None = None):
+                        settings: EmbeddingSettings = EmbeddingSettings(), storage_options: dict | None = None,
+                        block_rows: int | None = None, rows_per_task: int | None = None):
     """Every item of an in-memory ``LabeledImages`` embedded by generation ``name``
     (``embed_gallery`` over a ``MemorySource``): a lazy ``ray.data.Dataset``."""
     source = MemorySource(images, "images")
     return embed_gallery(source, [RowRange(0, 0, source.num_items)], checkpoint_uri, sha256, name, image_size, mean,
-                         std, settings, storage_options)
+                         std, settings, storage_options, block_rows, rows_per_task)
