@@ -603,10 +603,16 @@ class EvaluationSpec(_Strict):
                the served gallery versus the fraction re-embedded in the policy's order,
                λ-orthogonality §2.11) as CSV + PNG; costs one embedding of the whole gallery by
                the new generation, so it is for evaluation runs, not production galleries.
+    gallery_sample: the served-gallery report (``gallery-eval``) scores a seeded uniform sample of
+               at most this many labelled gallery items (the whole gallery when smaller): each
+               stored shard is read and cut to the sample, and the sample is embedded once by the
+               serving generation. The router's search row and the backfilling curve need the
+               whole gallery. A gallery without labels is not scored (the step says so).
     """
 
     reference: str | None = None
     backfill_curves: bool = False
+    gallery_sample: int = Field(10_000, ge=10)
 
     metrics: ClassVar[tuple[str, ...]] = METRICS
 

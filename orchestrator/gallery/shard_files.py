@@ -81,6 +81,10 @@ class ShardEmbeddings:
                                None if self.rows is None else self.rows[rows],
                                None if self.attributes is None else self.attributes.take(pa.array(rows, type=pa.int64())))
 
+    def restricted_to(self, item_ids: np.ndarray) -> ShardEmbeddings:
+        """The shard's items among ``item_ids`` (in the shard's order)."""
+        return self.take(np.flatnonzero(np.isin(self.ids, item_ids)))
+
     def without(self, item_ids: np.ndarray) -> ShardEmbeddings:
         """The shard minus the items ``item_ids`` (the rest keep their order)."""
         return self.take(np.flatnonzero(~np.isin(self.ids, item_ids)))

@@ -91,14 +91,6 @@ class GalleryUpdater:
         return self._source
 
     @property
-    def images(self) -> LabeledImages:
-        """The whole gallery in memory: only for in-memory data sources (evaluation-sized)."""
-        if not isinstance(self.source, MemorySource):
-            raise RuntimeError(f"gallery {self.name!r} is streamed from {self.source.description}; "
-                               "it is never loaded whole")
-        return self.source.images
-
-    @property
     def image_size(self) -> int:
         if self.config.data.image_size:
             return self.config.data.image_size
@@ -304,27 +296,43 @@ class GalleryUpdater:
     # --- 3. evaluate ---------------------------------------------------------------------------
     def evaluate(self, generation: str, parents: dict[str, str | None]) -> dict[str, Any]:
         """Quality of the served gallery for ``generation``'s queries (mixed, as stored), of a full
-        backfill (every item by ``generation``), and, if configured, the backfilling curve."""
+        backfill (every item by ``generation``), and, if configured, the backfilling curve; over a
+        labelled sample of at most ``evaluation.gallery_sample`` items (the whole gallery when it is
+        smaller). A gallery without labels cannot be scored: the outputs then say so (``skipped``).
+
+        The search row (the router's real top-k through the stored indexes) ranks every stored
+        item, so it needs every item's label: it is measured only when the sample is the gallery."""
+        total = self.source.num_items
+        sample = self.labelled_sample(self.config.evaluation.gallery_sample)
+        if sample is None:
+            reason = f"the gallery ({self.source.description}) has no labels"
+            self.say(f"gallery-eval {self.name} as {generation}: skipped: {reason}")
+            return {"serving": generation, "skipped": reason, "gallery_items": total}
+        whole = len(sample) == total
+        if not whole:
+            self.say(f"gallery-eval {self.name} as {generation}: a labelled sample of {len(sample)} of {total} items")
         shards = [s for s in self.store.shards(self.name) if s.n_items]
-        stored = [self._read(s) for s in shards]
+        stored = [part for part in (self._read(s).restricted_to(sample.ids) for s in shards) if len(part)]
         for name in {s.generation for s in stored} | {generation}:
             self._model(name)
-        full_shard = self._embed_locally(generation)
+        full_shard = self._embed_locally(generation, sample)
         queries, query_labels, query_ids = self._queries(generation, full_shard)
         models = self._models_for(parents)
         mixed = evaluate_mixed_gallery(generation, queries, query_labels, query_ids, stored, models, parents)
         full = evaluate_mixed_gallery(generation, queries, query_labels, query_ids, [full_shard], models, parents)
+        search = (self._search_quality(generation, sample, queries, query_labels, query_ids, models, parents, shards)
+                  if whole else {**{m: None for m in METRICS}, "k": self.config.search.eval_k, "searched_items": 0,
+                                 "gallery_items": total, "skipped": "measured on the whole gallery only", "paths": {}})
         outputs: dict[str, Any] = {"serving": generation, "mixed": mixed.as_row(), "full_backfill": full.as_row(),
-                                   "items_by_generation": mixed.items_by_generation,
-                                   "search": self._search_quality(generation, queries, query_labels, query_ids, models,
-                                                                  parents, shards),
+                                   "items_by_generation": mixed.items_by_generation, "search": search,
+                                   "evaluated_items": len(sample), "gallery_items": total,
                                    "same_generation": self._previous_full_backfill(generation)}
         plan = self.committed_plan(generation)
-        if self.config.evaluation.backfill_curves and any(b.generation for b in plan.before):
+        if self.config.evaluation.backfill_curves and whole and any(b.generation for b in plan.before):
             outputs["curve"] = self._curve(plan, full_shard, queries, query_labels, query_ids, models, parents)
         return outputs
 
-    def _search_quality(self, generation: str, queries: torch.Tensor, query_labels: np.ndarray,
+    def _search_quality(self, generation: str, gallery: LabeledImages, queries: torch.Tensor, query_labels: np.ndarray,
                         query_ids: np.ndarray | None, models: dict[str, Any], parents: dict[str, str | None],
                         shards: list[ShardRecord]) -> dict[str, Any]:
         """What serving actually returns: the router over the shards' stored indexes, older shards
@@ -337,12 +345,12 @@ class GalleryUpdater:
                                   read_embeddings=self._read)
         except IncompatibleShards as refused:  # not one shard is searchable: report that, do not fail the step
             self.say(f"search {self.name} as {generation}: nothing searchable: {refused}")
-            return {**{m: None for m in METRICS}, "k": self.config.search.eval_k or len(self.images),
-                    "searched_items": 0, "gallery_items": len(self.images),
+            return {**{m: None for m in METRICS}, "k": self.config.search.eval_k or len(gallery),
+                    "searched_items": 0, "gallery_items": len(gallery),
                     "skipped": "; ".join(s.describe() for s in refused.shards), "paths": {}}
         for skipped in router.skipped:
             self.say(f"search {self.name} as {generation}: not searched: {skipped.describe()}")
-        evaluation = evaluate_search(router, queries, query_labels, self.images.ids, self.images.labels,
+        evaluation = evaluate_search(router, queries, query_labels, gallery.ids, gallery.labels,
                                      self.config.search.eval_k, query_ids)
         return {**evaluation.as_row(), "paths": router.paths()}
 
@@ -354,7 +362,9 @@ class GalleryUpdater:
         if position == 0:
             return None
         outputs = self.store.committed_outputs(f"gallery-eval:{self.name}:{served[position - 1]}")
-        return None if outputs is None else {"generation": served[position - 1], **outputs["full_backfill"]}
+        if outputs is None or "full_backfill" not in outputs:
+            return None
+        return {"generation": served[position - 1], **outputs["full_backfill"]}
 
     def _models_for(self, parents: dict[str, str | None]) -> dict[str, Any]:
         """Every loaded model plus their ancestors (an adapter path may pass through them)."""
@@ -376,10 +386,10 @@ class GalleryUpdater:
         out, labels, _ids = embed_dataset_with_ids(self._model(generation), ImageTensorDataset(images, size, self.mean, self.std))
         return out.embedding, labels.numpy(), None
 
-    def _embed_locally(self, generation: str) -> ShardEmbeddings:
-        """Every gallery item embedded by ``generation`` in this process (evaluation only)."""
+    def _embed_locally(self, generation: str, items: LabeledImages) -> ShardEmbeddings:
+        """``items`` (the evaluation's labelled sample) embedded by ``generation`` in this process."""
         model = self._model(generation)
-        out, labels, ids = embed_dataset_with_ids(model, ImageTensorDataset(self.images, self.image_size, self.mean, self.std))
+        out, labels, ids = embed_dataset_with_ids(model, ImageTensorDataset(items, self.image_size, self.mean, self.std))
         uncertainty = (lorentz.uncertainty(out.embedding, model.curv).numpy() if model.space is Space.LORENTZ
                        else np.full(len(ids), np.nan))
         return ShardEmbeddings(ids.numpy(), labels.numpy(), out.embedding.numpy().astype(np.float32),

@@ -97,7 +97,7 @@ def heatmap_png(matrix: np.ndarray, names: Sequence[str], metric: str) -> bytes:
 
 GALLERY_COLUMNS = ("serving", "same-generation", "same-generation cmc@1", "same-generation map",
                    "search cmc@1", "search cmc@5", "search map", "searched items",
-                   "mixed cmc@1", "mixed cmc@5", "mixed map", "full cmc@1", "full cmc@5", "full map",
+                   "evaluated items", "mixed cmc@1", "mixed cmc@5", "mixed map", "full cmc@1", "full cmc@5", "full map",
                    "curve area (map)", "items by generation", "not searched")
 
 
@@ -110,9 +110,12 @@ def gallery_report_rows(evaluations: Sequence[dict[str, Any]]) -> list[dict[str,
       the compatibility criterion; ``searched items`` of all, ``not searched`` says why);
     - mixed: the exact ranking of the served gallery, every shard along its comparison path;
     - full: a full backfill (every item embedded by the serving generation);
-    - the backfill curve's area (if traced) and the items each generation's embeddings cover."""
+    - the backfill curve's area (if traced) and the items each generation's embeddings cover.
+    Evaluations that were skipped (an unlabelled gallery) give no row."""
     rows = []
     for outputs in evaluations:
+        if "skipped" in outputs:
+            continue
         mixed, full = outputs["mixed"], outputs["full_backfill"]
         same, search = outputs.get("same_generation") or {}, outputs["search"]
         curve = outputs.get("curve") or {}
@@ -122,6 +125,7 @@ def gallery_report_rows(evaluations: Sequence[dict[str, Any]]) -> list[dict[str,
             **{f"same-generation {m}": same.get(m) for m in KEY_METRICS},
             **{f"search {m}": search[m] for m in METRICS},
             "searched items": f"{search['searched_items']}/{search['gallery_items']}",
+            "evaluated items": f"{outputs.get('evaluated_items', search['gallery_items'])}/{search['gallery_items']}",
             **{f"mixed {m}": mixed[m] for m in METRICS}, **{f"full {m}": full[m] for m in METRICS},
             "curve area (map)": curve.get("area"),
             "items by generation": " ".join(f"{g}={n}" for g, n in outputs["items_by_generation"].items()),

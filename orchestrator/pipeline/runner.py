@@ -242,6 +242,8 @@ class PipelineRunner:
         served = [self.store.committed_outputs(f"gallery-eval:{self.gallery.name}:{g.name}")
                   for g in self.config.served_generations]
         gallery_rows = gallery_report_rows([s for s in served if s])
+        for unscored in {s["skipped"] for s in served if s and "skipped" in s}:
+            self._say(f"served gallery {self.gallery.name}: not scored: {unscored}")
         files += write_gallery_report(reports, self.gallery.name, gallery_rows)
         self._say(f"report written to {reports}")
         return PipelineResult(names, matrices, summaries, files, self._skipped, gallery_rows)

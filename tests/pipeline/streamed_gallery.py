@@ -25,9 +25,10 @@ REPO = Path(__file__).resolve().parents[2]
 FILE_SIZES = (120, 1, 150, 100, 168)  # 539 rows in five files, one of a single row
 
 
-def write_parquet_gallery(folder: Path) -> dict[int, dict[str, str]]:
+def write_parquet_gallery(folder: Path, labelled: bool = False) -> dict[int, dict[str, str]]:
     """The digits' test images as PNG bytes in five Parquet files (row groups of 32), with an object
-    key and a caption per item and no label; returns row → {"key", "caption"}."""
+    key and a caption per item, and no label unless ``labelled`` (then a ``digit`` column); returns
+    row → {"key", "caption"}."""
     digits = load_digits("test")
     order = np.argsort(digits.ids)
     folder.mkdir(parents=True, exist_ok=True)
@@ -40,8 +41,11 @@ def write_parquet_gallery(folder: Path) -> dict[int, dict[str, str]]:
             Image.fromarray(digits.images[order[row]]).save(buffer, format="PNG")
             pngs.append(buffer.getvalue())
             expected[row] = {"key": f"photos/{digits.ids[order[row]]:05d}.png", "caption": f"digit item {row}"}
-        table = pa.table({"image": pngs, "key": [expected[r]["key"] for r in rows],
-                          "caption": [expected[r]["caption"] for r in rows]})
+        columns = {"image": pngs, "key": [expected[r]["key"] for r in rows],
+                   "caption": [expected[r]["caption"] for r in rows]}
+        if labelled:
+            columns["digit"] = digits.labels[order[list(rows)]].astype(np.int64)
+        table = pa.table(columns)
         pq.write_table(table, folder / f"part-{number:03d}.parquet", row_group_size=32)
         start += size
     return expected
