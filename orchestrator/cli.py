@@ -165,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from orchestrator.pipeline.gate import DeploymentHeld
+
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s: %(message)s")
@@ -173,6 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, ImportError) as error:  # bad input: the message names the file, field and value
         print(f"orchestrator: error: {error}", file=sys.stderr)
         return 2
+    except DeploymentHeld as error:  # the gate held a generation back: nothing broke, nothing was deployed
+        print(f"orchestrator: held: {error}", file=sys.stderr)
+        return 3
     except RuntimeError as error:  # a failed step; the lineage records it and a re-run resumes
         print(f"orchestrator: failed: {error}", file=sys.stderr)
         return 1

@@ -462,6 +462,27 @@ class BackfillPolicy(_Strict):
         return self
 
 
+class GateSpec(_Strict):
+    """What must hold before a generation serves (checked after its gallery plan, before any shard
+    changes; the first served generation has nothing to compare with and passes).
+
+    criterion:        the update passes the empirical criterion M(new→served) > M(served→served)
+                      against the generation serving now, on ``search.criterion_metric``.
+    max_quality_drop: the served gallery's predicted quality after the planned backfill (mAP on the
+                      ``gallery-eval`` sample: shards as the plan leaves them, each searched along
+                      its comparison path) may be below the quality the serving generation's report
+                      measured by at most this much. Unmeasurable on an unlabelled gallery (the
+                      gate then says so and checks the criterion only).
+    action:           when a check fails: ``hold`` (do not deploy; the serving generation keeps
+                      serving, the run stops with a non-zero exit), ``full_backfill`` (re-plan as a
+                      full re-embed, then deploy) or ``force`` (deploy anyway, recorded).
+    """
+
+    criterion: bool = True
+    max_quality_drop: float = Field(0.0, ge=0, le=1)
+    action: Literal["hold", "full_backfill", "force"] = "hold"
+
+
 class GenerationSpec(_Strict):
     """One model generation: what it trains on, how, and what it must stay compatible with.
 
@@ -483,6 +504,7 @@ class GenerationSpec(_Strict):
                       Decision (§6.3 [C]): the frozen model of the alignment term is the checkpoint
                       this generation starts from, as in the released code.
     backfill:         the backfill policy applied when this generation is deployed.
+    gate:             what must hold before it serves, and what happens otherwise (``GateSpec``).
     """
 
     name: str = Field(pattern=NAME_PATTERN)
@@ -496,6 +518,7 @@ class GenerationSpec(_Strict):
     init_from_parent: bool = False
     replaces: bool = False
     backfill: BackfillPolicy = Field(default_factory=BackfillPolicy)
+    gate: GateSpec = Field(default_factory=GateSpec)
 
     @model_validator(mode="after")
     def _check_generation(self) -> GenerationSpec:

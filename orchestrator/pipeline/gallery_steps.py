@@ -22,6 +22,7 @@ For every served generation, in order:
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,7 @@ import pyarrow as pa
 
 from orchestrator.backfill import DEFAULT_FRACTIONS, budget_count, write_backfill_curve
 from orchestrator.backfill.selection import select_top
+from orchestrator.comparison import IncomparableGenerations, comparison_path
 from orchestrator.config import BackfillPolicy, PipelineConfig
 from orchestrator.data import ImageTensorDataset, LabeledImages, load_source
 from orchestrator.data.gallery_sources import STREAMED_SOURCES, GallerySource, MemorySource, open_gallery_source
@@ -40,6 +42,7 @@ from orchestrator.distributed.backfill_scores import PriorityRule, ScoredGallery
 from orchestrator.distributed.embed import EmbeddingSettings, embed_gallery, quiet_ray_data
 from orchestrator.distributed.gallery_read import EntryRead, RowRange, StoredItems
 from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery, read_shard, shard_file_uris, write_shard
+from orchestrator.gallery.shard_files import read_selection
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import Space
 from orchestrator.index import build_index, load_index
@@ -49,6 +52,7 @@ from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.metrics import METRICS
 from orchestrator.models.adapters import FORWARD_ADAPTER
 from orchestrator.pipeline.gallery_plan import GalleryPlan, PlanEntry, ShardBefore
+from orchestrator.pipeline.gate import GateMeasurement
 from orchestrator.search import CompatibilityCriterion, IncompatibleShards, SearchRouter
 from orchestrator.search.evaluation import evaluate_search
 from orchestrator.storage import join_uri, load_generation, read_json, write_json_atomic
@@ -116,15 +120,19 @@ class GalleryUpdater:
     def plan_key(self, generation: str) -> str:
         return f"plan:{self.name}:{generation}"
 
-    def plan(self, generation, key: str) -> GalleryPlan:
-        """Compute and store the plan of ``generation`` (a ``GenerationSpec``), committing ``key``."""
+    def escalated_plan_key(self, generation: str) -> str:
+        return f"plan:{self.name}:{generation}:full"
+
+    def plan(self, generation, key: str, policy: BackfillPolicy | None = None) -> GalleryPlan:
+        """Compute and store the plan of ``generation`` (a ``GenerationSpec``), committing ``key``;
+        ``policy`` overrides the generation's backfill policy (the gate's escalation to a full one)."""
         source = self.source
         if not any(g.name == self.name for g in self.store.galleries()):
             self.store.upsert_gallery(self.name, source.description, source.num_items,
                                       self.spec.shard_count(source.num_items))
         shards = self.store.shards(self.name)
         before = tuple(ShardBefore(s.index, s.generation, s.embeddings_uri, s.sha256, s.n_items) for s in shards)
-        policy = generation.backfill
+        policy = policy or generation.backfill
         if all(s.generation is None for s in shards):  # first population: every shard, whatever the policy
             bounds = np.cumsum([0] + initial_shard_sizes(source.num_items, len(shards)))
             entries = tuple(PlanEntry("embed", s.index, int(bounds[s.index + 1] - bounds[s.index]),
@@ -134,9 +142,9 @@ class GalleryUpdater:
             if any(s.generation is None for s in shards):
                 raise RuntimeError(f"gallery {self.name!r}: shards {[s.index for s in shards if s.generation is None]} "
                                    "were never embedded although others were; the lineage is inconsistent")
-            entries, order = self._backfill_entries(generation, shards)
+            entries, order = self._backfill_entries(generation, policy, shards)
         plan = GalleryPlan(self.name, generation.name, policy.model_dump(mode="json"), entries, before, order)
-        uri = join_uri(self.root, "plans", f"{generation.name}.json")
+        uri = join_uri(self.root, "plans", f"{generation.name}{'' if policy is generation.backfill else '.full'}.json")
         write_json_atomic(uri, plan.to_json())
         self.store.commit_step(key, {"plan_uri": uri, "entries": len(entries), "items": plan.num_items})
         self.say(f"{key}: {len(entries)} shard update(s), {plan.num_items} of {source.num_items} items "
@@ -145,19 +153,21 @@ class GalleryUpdater:
         return plan
 
     def committed_plan(self, generation: str) -> GalleryPlan:
-        outputs = self.store.committed_outputs(self.plan_key(generation))
+        """The plan ``generation`` executes: the gate's escalated full plan if there is one."""
+        outputs = (self.store.committed_outputs(self.escalated_plan_key(generation))
+                   or self.store.committed_outputs(self.plan_key(generation)))
         return GalleryPlan.from_json(read_json(outputs["plan_uri"]))
 
-    def _backfill_entries(self, generation, shards: list[ShardRecord]) -> tuple[tuple[PlanEntry, ...], tuple[int, ...]]:
+    def _backfill_entries(self, generation, policy: BackfillPolicy,
+                          shards: list[ShardRecord]) -> tuple[tuple[PlanEntry, ...], tuple[int, ...]]:
         """The plan's entries from priorities computed on Ray, shard by shard (``ScoredGallery``),
         and the exact gallery-wide selection (``backfill.selection``): the same entries as the
         in-memory ``plan_backfill`` on the same files, without the gallery in the driver."""
-        policy = generation.backfill
         curves = self.config.evaluation.backfill_curves
         if policy.policy == "none" and not curves:
             return (), ()
         candidates = [s for s in shards if s.generation != generation.name]
-        scored = ScoredGallery(self._priority_rule(generation),
+        scored = ScoredGallery(self._priority_rule(generation, policy),
                                [ShardToScore(s.index, s.embeddings_uri, s.sha256) for s in candidates])
         ranked = sorted(scored.summaries, key=lambda x: (-x["mean"], x["index"]))  # shards by mean priority
         order = tuple(int(i) for i in self._curve_order(scored, ranked, policy)) if curves else ()
@@ -186,8 +196,8 @@ class GalleryUpdater:
                 next_index += 1
         return tuple(entries), order
 
-    def _priority_rule(self, generation) -> PriorityRule:
-        order = "random" if generation.backfill.policy == "none" else generation.backfill.order
+    def _priority_rule(self, generation, policy: BackfillPolicy) -> PriorityRule:
+        order = "random" if policy.policy == "none" else policy.order
         where = f"generation {generation.name!r} backfill.order {order!r}"
         forward = None
         if order == "class_mean_distance":
@@ -207,6 +217,72 @@ class GalleryUpdater:
             return np.concatenate([p[np.lexsort((p[:, 1], p[:, 0])), 2] for p in parts]).view(np.int64)
         keys = np.concatenate(parts)
         return keys[np.lexsort((keys[:, 1], keys[:, 0])), 2].view(np.int64)
+
+    # --- 1b. gate ------------------------------------------------------------------------------
+    def gate_key(self, generation: str) -> str:
+        return f"gate:{self.name}:{generation}"
+
+    def measure_gate(self, plan: GalleryPlan, serving: str, parents: dict[str, str | None]) -> GateMeasurement:
+        """What the gate of ``plan.generation`` checks (``pipeline.gate``), before any shard changes:
+        the criterion against every older generation the plan leaves in the gallery, and the served
+        gallery's mAP after the plan, predicted on the ``gallery-eval`` sample, next to the one the
+        serving generation's report measured."""
+        generation, split = plan.generation, self.config.data.eval_split
+        metric = self.config.search.criterion_metric
+        criterion = CompatibilityCriterion.from_records(self.store.compatibility_values(split), metric, split)
+        replaced = {e.shard for e in plan.entries if e.kind == "embed"}
+        remaining = sorted({b.generation for b in plan.before
+                            if b.generation not in (None, generation) and b.n_items and b.shard not in replaced})
+        verdicts = [[old, v.admitted, v.reason] for old in remaining for v in [criterion.verdict(generation, old)]]
+        measured = GateMeasurement(generation, serving, metric, verdicts)
+        report = self.store.committed_outputs(f"gallery-eval:{self.name}:{serving}")
+        if report is None or "mixed" not in report:
+            why = (report or {}).get("skipped") or f"{serving}'s served gallery was never scored"
+            return dataclasses.replace(measured, unmeasured=why)
+        sample = self.labelled_sample(self.config.evaluation.gallery_sample)
+        admitted = {generation} | {old for old, ok, _reason in verdicts if ok}
+        predicted = self._predicted_quality(plan, sample, admitted, parents)
+        return dataclasses.replace(measured, predicted=predicted, serving_quality=float(report["mixed"]["map"]))
+
+    def _predicted_quality(self, plan: GalleryPlan, sample: LabeledImages, admitted: set[str],
+                           parents: dict[str, str | None]) -> float:
+        """mAP on ``sample`` of the gallery as ``plan`` leaves it: the planned items embedded by the
+        new generation, the others as stored; shards of generations the router would not admit
+        are left out, as the router leaves them out."""
+        generation = plan.generation
+        full = self._embed_locally(generation, sample)
+        shards, moved = [], []
+        for entry_before in plan.before:
+            if not entry_before.n_items:
+                continue
+            stored = read_shard(entry_before.embeddings_uri, expected_sha256=entry_before.sha256).restricted_to(sample.ids)
+            chosen = self._planned_ids(plan, entry_before.shard, stored)
+            moved.append(chosen)
+            kept = stored.without(chosen)
+            if len(kept) and kept.generation in admitted:
+                shards.append(kept)
+        moved_ids = np.concatenate(moved) if moved else np.zeros(0, dtype=np.int64)
+        if moved_ids.size:
+            shards.append(full.restricted_to(moved_ids))
+        for name in {s.generation for s in shards}:
+            self._model(name)
+        queries, query_labels, query_ids = self._queries(generation, full)
+        models = self._models_for(parents)
+        if not shards:
+            return 0.0
+        return float(evaluate_mixed_gallery(generation, queries, query_labels, query_ids, shards, models,
+                                            parents).mean_ap)
+
+    @staticmethod
+    def _planned_ids(plan: GalleryPlan, shard: int, stored: ShardEmbeddings) -> np.ndarray:
+        """The ids of ``stored`` (shard ``shard`` as the plan found it) that the plan re-embeds."""
+        for entry in plan.entries:
+            if entry.shard != shard:
+                continue
+            if entry.kind == "embed":
+                return stored.ids
+            return np.intersect1d(stored.ids, read_selection(*entry.selection))
+        return np.zeros(0, dtype=np.int64)
 
     # --- 2. execute ----------------------------------------------------------------------------
     def execute(self, plan: GalleryPlan, generation: str, run_step: Callable[[str, Callable[[], None]], None]) -> None:
@@ -318,6 +394,10 @@ class GalleryUpdater:
         full_shard = self._embed_locally(generation, sample)
         queries, query_labels, query_ids = self._queries(generation, full_shard)
         models = self._models_for(parents)
+        stored, incomparable = self._comparable(generation, stored, models, parents)
+        if not stored:  # nothing the serving generation can search: every query retrieves nothing
+            raise RuntimeError(f"gallery-eval {self.name} as {generation}: no stored item can be compared with "
+                               f"{generation}'s queries ({'; '.join(incomparable.values())})")
         mixed = evaluate_mixed_gallery(generation, queries, query_labels, query_ids, stored, models, parents)
         full = evaluate_mixed_gallery(generation, queries, query_labels, query_ids, [full_shard], models, parents)
         search = (self._search_quality(generation, sample, queries, query_labels, query_ids, models, parents, shards)
@@ -326,11 +406,25 @@ class GalleryUpdater:
         outputs: dict[str, Any] = {"serving": generation, "mixed": mixed.as_row(), "full_backfill": full.as_row(),
                                    "items_by_generation": mixed.items_by_generation, "search": search,
                                    "evaluated_items": len(sample), "gallery_items": total,
+                                   "not_compared": incomparable,
                                    "same_generation": self._previous_full_backfill(generation)}
         plan = self.committed_plan(generation)
         if self.config.evaluation.backfill_curves and whole and any(b.generation for b in plan.before):
             outputs["curve"] = self._curve(plan, full_shard, queries, query_labels, query_ids, models, parents)
         return outputs
+
+    def _comparable(self, generation: str, shards: list[ShardEmbeddings], models: dict[str, Any],
+                    parents: dict[str, str | None]) -> tuple[list[ShardEmbeddings], dict[str, str]]:
+        """The shards ``generation``'s queries can be compared with, and, per generation left out,
+        why (no common distance: its items cannot be searched, as the router leaves them out)."""
+        reasons: dict[str, str] = {}
+        for name in {s.generation for s in shards}:
+            try:
+                comparison_path(generation, name, models, parents)
+            except IncomparableGenerations as refused:
+                reasons[name] = refused.reason
+                self.say(f"gallery-eval {self.name} as {generation}: {name}'s items left out: {refused.reason}")
+        return [s for s in shards if s.generation not in reasons], reasons
 
     def _search_quality(self, generation: str, gallery: LabeledImages, queries: torch.Tensor, query_labels: np.ndarray,
                         query_ids: np.ndarray | None, models: dict[str, Any], parents: dict[str, str | None],

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from orchestrator.config import GenerationSpec, PipelineConfig, config_sha256, training_indices
+from orchestrator.config import BackfillPolicy, GenerationSpec, PipelineConfig, config_sha256, training_indices
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_source
 from orchestrator.distributed.runtime import connect
 from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
@@ -25,6 +25,7 @@ from orchestrator.evaluation import evaluate_generations
 from orchestrator.lineage import LineageStore
 from orchestrator.metrics import KEY_METRICS, METRICS, update_summary
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
+from orchestrator.pipeline.gate import DeploymentHeld, GateDecision, GateMeasurement, decide
 from orchestrator.pipeline.report import (
     compatibility_matrix,
     format_gallery_rows,
@@ -57,11 +58,10 @@ class PipelineResult:
             lines = [f"{'update':<24}{'metric':>8}{'self':>9}{'cross':>9}{'old self':>10}{'P_com':>9}{'P_up':>9}  compatible"]
             for update, per_metric in self.summaries.items():
                 for metric in KEY_METRICS:
-                    s = per_metric[metric]
-                    p_com_text = "n/a" if s.get("p_com") is None else f"{s['p_com']:.3f}"
-                    p_up_text = "n/a" if s.get("p_up") is None else f"{s['p_up']:.3f}"
-                    lines.append(f"{update:<24}{metric:>8}{s['self']:>9.4f}{s['cross']:>9.4f}{s['old_self']:>10.4f}"
-                                 f"{p_com_text:>9}{p_up_text:>9}  {'yes' if s['compatible'] else 'no'}")
+                    s = {k: "n/a" if v is None else v for k, v in per_metric[metric].items()}
+                    cells = "".join(f"{_cell(s.get(k), digits, width)}" for k, digits, width in
+                                    (("self", 4, 9), ("cross", 4, 9), ("old_self", 4, 10), ("p_com", 3, 9), ("p_up", 3, 9)))
+                    lines.append(f"{update:<24}{metric:>8}{cells}  {'yes' if s['compatible'] is True else 'no'}")
             parts.append("\n".join(lines))
         if self.gallery:
             parts.append(format_gallery_rows(self.gallery))
@@ -125,14 +125,47 @@ class PipelineRunner:
         """Gallery plan and shard updates, deployment, then the served gallery's evaluation."""
         gallery = self.gallery
         self._step(gallery.plan_key(generation.name), lambda key: gallery.plan(generation, key))
+        decision = self._gate(generation)
         plan = gallery.committed_plan(generation.name)
         gallery.execute(plan, generation.name, lambda key, action: self._step(key, lambda _key: action()))
-        self._step(f"deploy:{generation.name}", lambda key: self._deploy(generation, key))
+        self._step(f"deploy:{generation.name}", lambda key: self._deploy(generation, key, decision))
         eval_key = f"gallery-eval:{gallery.name}:{generation.name}"
         self._step(eval_key, lambda key: self.store.commit_step(key, gallery.evaluate(generation.name, self._parents)))
 
-    def _deploy(self, generation, key: str) -> None:
-        self.store.deploy(generation.name, step=key)
+    def _gate(self, generation) -> GateDecision | None:
+        """Measure the gate once (``gate:<gallery>:<gen>``, committed), decide under the current
+        ``gate`` settings, and act: ``hold`` fails the deploy step and stops the run (the serving
+        generation keeps serving, no shard has changed); ``full_backfill`` plans a full re-embed
+        (``plan:<gallery>:<gen>:full``) that ``execute`` then follows. None: nothing serves yet
+        (or this generation already does), so there is nothing to protect."""
+        serving = self.store.current_deployment()
+        if serving is None or serving.generation == generation.name:
+            return None
+        gallery = self.gallery
+        plan = gallery.committed_plan(generation.name)
+        self._step(gallery.gate_key(generation.name), lambda key: self.store.commit_step(
+            key, gallery.measure_gate(plan, serving.generation, self._parents).to_json()))
+        measurement = GateMeasurement.from_json(self.store.committed_outputs(gallery.gate_key(generation.name)))
+        decision = decide(measurement, generation.gate)
+        self._say(decision.describe())
+        if measurement.unmeasured:
+            self._say(f"gate of {generation.name}: served quality not checked: {measurement.unmeasured}")
+        if decision.action == "hold":
+            position = [g.name for g in self.config.generations].index(generation.name)
+            held = DeploymentHeld(
+                f"{decision.describe()}. {serving.generation} keeps serving; to go on, set "
+                f"generations.{position}.gate.action to full_backfill (re-embed the whole gallery) or force, "
+                "or train a better generation, and run again")
+            self._step(f"deploy:{generation.name}", lambda key: _raise(held))
+        if decision.action == "full_backfill":
+            policy = BackfillPolicy(policy="full", order="random" if generation.backfill.policy == "none"
+                                    else generation.backfill.order)
+            self._step(gallery.escalated_plan_key(generation.name), lambda key: gallery.plan(generation, key, policy))
+        return decision
+
+    def _deploy(self, generation, key: str, decision: GateDecision | None) -> None:
+        outputs = {"generation": generation.name, "gate": None if decision is None else decision.to_json()}
+        self.store.deploy(generation.name, step=key, step_outputs=outputs)
         self._say(f"{key}: {generation.name} serves queries")
 
     def _step(self, key: str, action: Callable[[str], Any]) -> bool:
@@ -267,6 +300,15 @@ class PipelineRunner:
 
     def _say(self, message: str) -> None:
         self.progress(f"[{time.perf_counter() - self._started:7.1f}s] {message}")
+
+
+def _cell(value: Any, digits: int, width: int) -> str:
+    """A right-aligned number with ``digits`` decimals, or "n/a" (undefined or not comparable)."""
+    return f"{'n/a':>{width}}" if value is None or value == "n/a" else f"{value:>{width}.{digits}f}"
+
+
+def _raise(error: BaseException) -> None:
+    raise error
 
 
 def run_pipeline(config: PipelineConfig, progress: Progress | None = None) -> PipelineResult:

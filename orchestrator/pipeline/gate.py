@@ -1,0 +1,88 @@
+"""The deployment gate: what must hold before a generation serves (``GateSpec``), and the decision.
+
+The gate runs after a generation's gallery plan and before any shard changes
+(``gate:<gallery>:<generation>``, its measurement committed in the lineage):
+
+- criterion: for every older generation whose items the plan leaves in the gallery, the
+  empirical compatibility criterion M(new → old) > M(old → old) (``search.admission``), as the
+  router would admit them;
+- quality: the served gallery's mAP after the planned backfill, predicted on the ``gallery-eval``
+  sample, against what the serving generation's report measured, within ``max_quality_drop``.
+
+The decision is taken from the committed measurement and the *current* ``GateSpec`` on every run,
+so a held generation can be re-run with another action without measuring again; it is recorded
+with the deployment step (``deploy:<generation>``: its outputs, or the failed step's error).
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestrator.config import GateSpec
+
+
+class DeploymentHeld(RuntimeError):
+    """A generation failed its gate with action ``hold``: it was not deployed."""
+
+
+@dataclass(frozen=True)
+class GateMeasurement:
+    """What the gate of ``generation`` found (JSON-able: the gate step's outputs).
+
+    serving:          the generation serving when the gate ran.
+    verdicts:         per older generation left in the gallery: [generation, admitted, reason].
+    predicted:        mAP of the served gallery after the plan, on the sample (None: unmeasured).
+    serving_quality:  mAP the serving generation's report measured on its gallery (None: unmeasured).
+    unmeasured:       why the quality was not measured ("" when it was).
+    """
+
+    generation: str
+    serving: str
+    metric: str
+    verdicts: list[list[Any]] = field(default_factory=list)
+    predicted: float | None = None
+    serving_quality: float | None = None
+    unmeasured: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GateMeasurement:
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class GateDecision:
+    """``action``: ``deploy`` (every check passed) or the configured action for a failure."""
+
+    generation: str
+    failures: tuple[str, ...]
+    action: str
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def describe(self) -> str:
+        if self.passed:
+            return f"gate of {self.generation}: passed"
+        return f"gate of {self.generation}: failed ({'; '.join(self.failures)}); action: {self.action}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"failures": list(self.failures), "action": self.action}
+
+
+def decide(measurement: GateMeasurement, spec: GateSpec) -> GateDecision:
+    """The gate's decision for ``measurement`` under ``spec`` (pure: no I/O)."""
+    failures = []
+    if spec.criterion:
+        failures += [f"{measurement.generation} → {old}: {reason}"
+                     for old, admitted, reason in measurement.verdicts if not admitted]
+    if measurement.predicted is not None and measurement.serving_quality is not None:
+        floor = measurement.serving_quality - spec.max_quality_drop
+        if measurement.predicted < floor:
+            failures.append(f"served mAP after the plan {measurement.predicted:.4f} < {floor:.4f} "
+                            f"({measurement.serving} serves {measurement.serving_quality:.4f}, "
+                            f"max_quality_drop {spec.max_quality_drop:g})")
+    return GateDecision(measurement.generation, tuple(failures), spec.action if failures else "deploy")

@@ -1,0 +1,90 @@
+"""The deployment gate through the CLI: g0-old → g1 where g1 is trained with no compatibility
+(``independent``, a cosine space against g0-old's hyperbolic one), so the criterion fails.
+
+- ``hold`` (the default): exit 3 with the reason and the way on; nothing deployed, no shard changed,
+  the gate's measurement and the failed deploy step are in the lineage, search serves g0-old;
+- ``force`` (same run, another lineage copy): deployed over the planned partial backfill, recorded;
+- ``full_backfill``: the plan escalates to a full re-embed, every item ends in a g1 shard, deployed.
+The two re-runs only change the gate's action: training and the measurement are reused."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.lineage import LineageStore
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=1200)
+
+
+def shard_generations(store: LineageStore) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for shard in store.shards("digits-test"):
+        if shard.n_items:
+            counts[shard.generation] = counts.get(shard.generation, 0) + shard.n_items
+    return counts
+
+
+def test_hold_force_and_full_backfill(tmp_path):
+    config = yaml.safe_load((REPO / "pipelines" / "lifelong.yaml").read_text())
+    config["storage"] = str(tmp_path / "run")
+    config["lineage"] = f"sqlite:///{tmp_path / 'lineage.db'}"
+    config["evaluation"] = {"reference": None, "backfill_curves": False}
+    config["data"]["scenario"] = "extended_class"
+    config["generations"] = [g for g in config["generations"] if g["name"] in ("g0-old", "g1")]
+    for generation in config["generations"]:
+        generation["training"] = {**generation["training"], "epochs": 1}
+    config["generations"][1]["method"] = {"name": "independent", "params": {}}
+    pipeline = tmp_path / "gate.yaml"
+    pipeline.write_text(yaml.safe_dump(config, sort_keys=False))
+
+    held = cli("run", str(pipeline), cwd=tmp_path)
+    assert held.returncode == 3, held.stdout[-3000:] + held.stderr[-3000:]
+    assert "orchestrator: held: gate of g1: failed (g1 → g0-old:" in held.stderr
+    assert "g0-old keeps serving" in held.stderr and "generations.1.gate.action" in held.stderr
+    store = LineageStore(config["lineage"])
+    assert store.current_deployment().generation == "g0-old"
+    assert shard_generations(store) == {"g0-old": 539}  # no shard changed
+    gate = store.committed_outputs("gate:digits-test:g1")
+    assert gate["serving"] == "g0-old" and [v[:2] for v in gate["verdicts"]] == [["g0-old", False]]
+    deploy = store.get_step("deploy:g1")
+    assert deploy.status == "failed" and "gate of g1: failed" in deploy.error
+    store.close()
+
+    search = cli("search", str(pipeline), "--split", "test", "--limit", "3", "-k", "2", "--json", cwd=tmp_path)
+    assert search.returncode == 0, search.stderr[-2000:]
+    assert json.loads(search.stdout)["serving"] == "g0-old"
+
+    forced_lineage = f"sqlite:///{tmp_path / 'forced.db'}"
+    shutil.copy(tmp_path / "lineage.db", tmp_path / "forced.db")
+    forced = cli("run", str(pipeline), "--set", f"lineage={forced_lineage}", "--set", "generations.1.gate.action=force",
+                 cwd=tmp_path)
+    assert forced.returncode == 0, forced.stdout[-3000:] + forced.stderr[-3000:]
+    assert "train:g1: already committed, skipped" in forced.stdout
+    assert "gate:digits-test:g1: already committed, skipped" in forced.stdout  # measured once
+    store = LineageStore(forced_lineage)
+    assert store.current_deployment().generation == "g1"
+    assert shard_generations(store) == {"g0-old": 270, "g1": 269}  # the planned half, as planned
+    assert store.committed_outputs("deploy:g1")["gate"]["action"] == "force"
+    store.close()
+
+    escalated = cli("run", str(pipeline), "--set", "generations.1.gate.action=full_backfill", cwd=tmp_path)
+    assert escalated.returncode == 0, escalated.stdout[-3000:] + escalated.stderr[-3000:]
+    assert "plan:digits-test:g1:full: 4 shard update(s), 539 of 539 items" in escalated.stdout
+    store = LineageStore(config["lineage"])
+    assert store.current_deployment().generation == "g1"
+    assert shard_generations(store) == {"g1": 539}
+    assert store.committed_outputs("deploy:g1")["gate"]["action"] == "full_backfill"
+    store.close()

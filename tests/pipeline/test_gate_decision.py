@@ -1,0 +1,49 @@
+"""The deployment gate's decision from a measurement and the generation's ``gate`` settings."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.config import GateSpec
+from orchestrator.pipeline.gate import GateMeasurement, decide
+
+
+def measurement(verdicts=(), predicted=None, serving_quality=None, unmeasured="") -> GateMeasurement:
+    return GateMeasurement("g2", "g1", "map", [list(v) for v in verdicts], predicted, serving_quality, unmeasured)
+
+
+def test_passing_checks_deploy():
+    m = measurement([("g1", True, "compatible: …")], predicted=0.90, serving_quality=0.90)
+    decision = decide(m, GateSpec())
+    assert decision.passed and decision.action == "deploy" and decision.describe() == "gate of g2: passed"
+
+
+def test_a_failed_criterion_takes_the_configured_action_and_names_the_pair():
+    m = measurement([("g0", True, "compatible"), ("g1", False, "below the compatibility criterion: M(g2 → g1) = 0.94 vs 0.96")],
+                    predicted=0.99, serving_quality=0.90)
+    for action in ("hold", "full_backfill", "force"):
+        decision = decide(m, GateSpec(action=action))
+        assert decision.action == action and decision.failures == ("g2 → g1: below the compatibility criterion: "
+                                                                   "M(g2 → g1) = 0.94 vs 0.96",)
+    assert decide(m, GateSpec(criterion=False)).passed  # the criterion can be switched off
+
+
+@pytest.mark.parametrize("predicted, tolerance, passes", [(0.8999, 0.0, False), (0.90, 0.0, True), (0.88, 0.02, True),
+                                                          (0.8799, 0.02, False)])
+def test_the_quality_check_allows_the_configured_drop(predicted, tolerance, passes):
+    decision = decide(measurement(predicted=predicted, serving_quality=0.90), GateSpec(max_quality_drop=tolerance))
+    assert decision.passed is passes
+    if not passes:
+        assert f"served mAP after the plan {predicted:.4f} < {0.90 - tolerance:.4f}" in decision.failures[0]
+
+
+def test_an_unmeasured_quality_checks_the_criterion_only():
+    m = measurement([("g1", True, "compatible")], unmeasured="the gallery has no labels")
+    assert decide(m, GateSpec()).passed
+    assert not decide(measurement([("g1", False, "no common distance")], unmeasured="x"), GateSpec()).passed
+
+
+def test_the_measurement_round_trips_through_json():
+    m = measurement([("g1", False, "why")], predicted=0.5, serving_quality=0.6)
+    assert GateMeasurement.from_json(json.loads(json.dumps(m.to_json()))) == m
