@@ -6,6 +6,9 @@ For every served generation, in order:
    the first served generation embeds every shard (contiguous row ranges of the source); later
    ones follow their backfill policy, with priorities computed per shard on Ray and the exact
    gallery-wide selection of ``orchestrator.backfill.selection`` (selection files per shard).
+1b. ``gate:<gallery>:<gen>`` (when another generation serves): what the deployment gate checks
+   (``pipeline.gate``), measured before any shard changes; the runner decides and may escalate the
+   plan to a full one (``plan:<gallery>:<gen>:full``).
 2. ``embed:<gallery>/<shard>:<gen>`` / ``split:<gallery>/<shard>:<gen>``: ONE streamed Ray Data
    pass (``embed_gallery``: read tasks over the gallery source, an actor pool) embeds the items of
    every pending entry; as soon as all items of an entry have arrived, its Parquet file and FAISS
@@ -15,7 +18,7 @@ For every served generation, in order:
    Items arriving twice or never are errors, never silent. A crash leaves each shard wholly old or
    wholly new; the re-run embeds only the entries whose step has not committed.
 3. (after deployment) ``gallery-eval:<gallery>:<gen>``: retrieval quality of the served, mixed
-   gallery: exact (every shard compared along its path) and as the search router serves it
+   gallery, on a labelled sample (``evaluation.gallery_sample``; skipped without labels): exact (every shard compared along its path) and as the search router serves it
    (through the stored indexes, incompatible shards skipped and listed), next to the same-generation
    baseline (the previous generation on a gallery of its own), the full-backfill number and
    optionally the backfilling curve.
