@@ -87,6 +87,7 @@ T = TypeVar("T")
 
 _WRITE_OPTION = "lineage_write"
 _WRITE_RETRIES = 2  # one retry after an insert race (IntegrityError) on backends without a table lock
+STEP_SPEC = "spec"  # the key of a step's outputs that holds what it ran from (``start_step(spec=...)``)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -383,21 +384,24 @@ class LineageStore:
         step = self.get_step(key)
         return None if step is None else step.status
 
-    def start_step(self, key: str, *, rerun: bool = False) -> StepRecord:
+    def start_step(self, key: str, *, rerun: bool = False, spec: Optional[Mapping[str, Any]] = None) -> StepRecord:
         """Record that step ``key`` starts. A new key gets one row (attempts=1); a started or
         failed one (a crash or an error last time) is reset to started with attempts+1. A
         committed step is left alone and returned as is — the caller skips it — unless
-        ``rerun=True``, which restarts it like a failed one."""
+        ``rerun=True``, which restarts it like a failed one. ``spec`` (JSON: what the step runs
+        from) is kept with its outputs under ``STEP_SPEC`` when it commits."""
+        started_outputs = {} if spec is None else {STEP_SPEC: clean_json(dict(spec))}
+
         def fn(session: Session) -> StepRecord:
             row = session.scalars(select(Step).where(Step.key == key).with_for_update()).one_or_none()
             now = utcnow()
             if row is None:
-                row = Step(key=key, status="started", attempts=1, outputs={}, started_at=now)
+                row = Step(key=key, status="started", attempts=1, outputs=started_outputs, started_at=now)
                 session.add(row)
             elif row.status != "committed" or rerun:
                 row.attempts += 1
                 row.status = "started"
-                row.outputs = {}
+                row.outputs = started_outputs
                 row.error = None
                 row.started_at = now
                 row.finished_at = None
@@ -410,6 +414,8 @@ class LineageStore:
         outputs = clean_json(dict(outputs or {}))
         row = session.scalars(select(Step).where(Step.key == key).with_for_update()).one_or_none()
         now = utcnow()
+        if row is not None and STEP_SPEC in (row.outputs or {}) and STEP_SPEC not in outputs:
+            outputs[STEP_SPEC] = row.outputs[STEP_SPEC]  # what the step ran from, recorded at its start
         if row is None:  # committed without a recorded start: one attempt
             row = Step(key=key, status="committed", attempts=1, outputs=outputs, started_at=now, finished_at=now)
             session.add(row)

@@ -23,9 +23,11 @@ from orchestrator.distributed.runtime import connect
 from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
 from orchestrator.evaluation import evaluate_generations
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.store import STEP_SPEC, clean_json
 from orchestrator.metrics import KEY_METRICS, METRICS, update_summary
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
 from orchestrator.pipeline.gate import DeploymentHeld, GateDecision, GateMeasurement, decide
+from orchestrator.pipeline.step_specs import ChangedStepSpec, changed_fields, evaluate_spec, plan_spec, train_spec
 from orchestrator.pipeline.report import (
     compatibility_matrix,
     format_gallery_rows,
@@ -115,8 +117,10 @@ class PipelineRunner:
         self.store.register_run(self.config.name, self.config_sha)
         served = {g.name for g in self.config.served_generations}
         for generation in self.config.generations:
-            self._step(f"train:{generation.name}", lambda key, g=generation: self._train(g, key))
-            self._step(f"evaluate:{generation.name}", lambda key, g=generation: self._evaluate(g, key))
+            self._step(f"train:{generation.name}", lambda key, g=generation: self._train(g, key),
+                       self._train_spec(generation), generation.name)
+            self._step(f"evaluate:{generation.name}", lambda key, g=generation: self._evaluate(g, key),
+                       evaluate_spec(self.config), generation.name)
             if generation.name in served:
                 self._serve(generation)
         return self._finish()
@@ -124,7 +128,8 @@ class PipelineRunner:
     def _serve(self, generation) -> None:
         """Gallery plan and shard updates, deployment, then the served gallery's evaluation."""
         gallery = self.gallery
-        self._step(gallery.plan_key(generation.name), lambda key: gallery.plan(generation, key))
+        self._step(gallery.plan_key(generation.name), lambda key: gallery.plan(generation, key),
+                   plan_spec(self.config, generation), generation.name)
         decision = self._gate(generation)
         plan = gallery.committed_plan(generation.name)
         gallery.execute(plan, generation.name, lambda key, action: self._step(key, lambda _key: action()))
@@ -168,14 +173,23 @@ class PipelineRunner:
         self.store.deploy(generation.name, step=key, step_outputs=outputs)
         self._say(f"{key}: {generation.name} serves queries")
 
-    def _step(self, key: str, action: Callable[[str], Any]) -> bool:
+    def _step(self, key: str, action: Callable[[str], Any], spec: dict[str, Any] | None = None,
+              generation: str = "") -> bool:
         """Run ``action(key)`` as lineage step ``key`` unless it already committed; returns whether
-        it ran. The action commits the step itself (with its result rows, in one transaction)."""
-        if self.store.step_status(key) == "committed":
+        it ran. The action commits the step itself (with its result rows, in one transaction).
+        ``spec``: what the step runs from (``step_specs``); a committed step recorded with another
+        one is refused (``ChangedStepSpec``, naming the fields), not skipped."""
+        step = self.store.get_step(key)
+        if step is not None and step.status == "committed":
+            recorded = step.outputs.get(STEP_SPEC)
+            if spec is not None and recorded is not None:
+                changed = changed_fields(recorded, clean_json(spec))
+                if changed:
+                    raise ChangedStepSpec(key, changed, generation)
             self._skipped.append(key)
             self._say(f"{key}: already committed, skipped")
             return False
-        self.store.start_step(key)
+        self.store.start_step(key, spec=spec)
         started = time.perf_counter()
         try:
             action(key)
@@ -193,7 +207,8 @@ class PipelineRunner:
         already = len(self._skipped)
         for generation in self.config.generations:
             if generation.name in names:
-                self._step(f"train:{generation.name}", lambda key, g=generation: self._train(g, key))
+                self._step(f"train:{generation.name}", lambda key, g=generation: self._train(g, key),
+                           self._train_spec(generation), generation.name)
         return self._skipped[already:]
 
     def generation_job(self, generation: GenerationSpec, output_uri: str) -> GenerationJob:
@@ -219,6 +234,12 @@ class PipelineRunner:
             parent_sha256=parent_sha, seed=derive_seed(generation.training.seed, generation.name), output_uri=output_uri,
             init_from_parent=generation.init_from_parent, replaces=generation.replaces,
         )
+
+    def _train_spec(self, generation) -> dict[str, Any]:
+        parent = None
+        if generation.parent is not None and self.store.has_generation(generation.parent):
+            parent = self.store.get_generation(generation.parent).sha256
+        return train_spec(self.config, generation, parent)
 
     def _train(self, generation, key: str) -> None:
         config = self.config

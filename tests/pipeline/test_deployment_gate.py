@@ -5,7 +5,8 @@
   the gate's measurement and the failed deploy step are in the lineage, search serves g0-old;
 - ``force`` (same run, another lineage copy): deployed over the planned partial backfill, recorded;
 - ``full_backfill``: the plan escalates to a full re-embed, every item ends in a g1 shard, deployed.
-The two re-runs only change the gate's action: training and the measurement are reused."""
+The two re-runs only change the gate's action: training and the measurement are reused. A last
+re-run with an edited training setting of g1 is refused, naming the step and the field."""
 from __future__ import annotations
 
 import json
@@ -88,3 +89,10 @@ def test_hold_force_and_full_backfill(tmp_path):
     assert shard_generations(store) == {"g1": 539}
     assert store.committed_outputs("deploy:g1")["gate"]["action"] == "full_backfill"
     store.close()
+
+    # an edited committed step is refused, naming the step and the field, not skipped
+    edited = cli("run", str(pipeline), "--set", "generations.1.training.epochs=2", cwd=tmp_path)
+    assert edited.returncode == 2
+    assert ("orchestrator: error: step 'train:g1' was committed with other settings; changed: "
+            "generation.training.epochs (1 → 2)") in edited.stderr
+    assert "give generation 'g1' a new name" in edited.stderr

@@ -1,0 +1,69 @@
+"""What each pipeline step ran from: the part of the config that can change its results.
+
+Every step records its spec when it starts (``LineageStore.start_step(spec=...)``; kept with the
+committed outputs). A re-run whose spec for a committed step differs is refused, naming the step
+and the changed fields (``ChangedStepSpec``), instead of skipping the step and silently keeping
+results the file no longer describes. Fields that cannot change results are left out: the Ray
+settings, the embedding actors' batch size, pool size and resources, the gate's action and the
+search depth of the report.
+
+- ``train:<gen>``: the generation (all but its backfill policy and gate), the data settings of
+  training, and the parent's checkpoint sha256 (its identity);
+- ``evaluate:<gen>``: the data settings of the evaluation split;
+- ``plan:<gallery>:<gen>``: the gallery (source, split, shards, index) and the backfill policy; the
+  shard updates, deployment and report of the generation follow from the plan.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.config import GenerationSpec, PipelineConfig
+
+
+class ChangedStepSpec(ValueError):
+    """A committed step's recorded spec differs from what the file now says."""
+
+    def __init__(self, key: str, fields: list[str], generation: str):
+        self.key, self.fields = key, fields
+        super().__init__(
+            f"step {key!r} was committed with other settings; changed: {', '.join(fields)}. Its results "
+            f"(and everything after it) came from the old ones: give generation {generation!r} a new name "
+            "(the old one stays in the lineage), or put the old values back")
+
+
+TRAINING_ONLY = {"train_split", "train_per_class", "task_splits", "scenario"}
+
+
+def train_spec(config: PipelineConfig, generation: GenerationSpec, parent_sha256: str | None) -> dict[str, Any]:
+    data = config.data.model_dump(mode="json", include={"source", "options", "split_options", "image_size"} | TRAINING_ONLY)
+    return {"generation": generation.model_dump(mode="json", exclude={"backfill", "gate"}), "data": data,
+            "parent_sha256": parent_sha256}
+
+
+def evaluate_spec(config: PipelineConfig) -> dict[str, Any]:
+    """Every data setting but the training-only ones (new evaluation settings count by default)."""
+    return {"data": config.data.model_dump(mode="json", exclude=TRAINING_ONLY)}
+
+
+def plan_spec(config: PipelineConfig, generation: GenerationSpec) -> dict[str, Any]:
+    gallery = config.gallery.model_dump(mode="json", exclude={"embedding"})
+    return {"gallery": gallery, "backfill": generation.backfill.model_dump(mode="json")}
+
+
+def changed_fields(recorded: Any, current: Any, path: str = "") -> list[str]:
+    """Dotted paths where two JSON values differ (a whole list when its length or an item differs)."""
+    if isinstance(recorded, dict) and isinstance(current, dict):
+        fields = []
+        for key in sorted(set(recorded) | set(current)):
+            where = f"{path}.{key}" if path else str(key)
+            if key not in recorded or key not in current:
+                fields.append(where)
+            else:
+                fields += changed_fields(recorded[key], current[key], where)
+        return fields
+    return [] if recorded == current else [f"{path} ({_short(recorded)} → {_short(current)})"]
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

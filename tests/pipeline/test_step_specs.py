@@ -1,0 +1,48 @@
+"""Committed steps record what they ran from; a re-run whose file says otherwise is refused with
+the changed fields named, and settings that cannot change results do not count."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config import load_pipeline
+from orchestrator.pipeline.runner import PipelineRunner
+from orchestrator.pipeline.step_specs import ChangedStepSpec, changed_fields, plan_spec, train_spec
+
+
+def runner(tmp_path, **overrides) -> PipelineRunner:
+    overrides = {"storage": str(tmp_path / "run"), "lineage": f"sqlite:///{tmp_path / 'lineage.db'}", **overrides}
+    return PipelineRunner(load_pipeline("pipelines/lifelong.yaml", overrides), progress=lambda line: None)
+
+
+def run_train_step(r: PipelineRunner, index: int = 1) -> bool:
+    generation = r.config.generations[index]
+    return r._step(f"train:{generation.name}", lambda key: r.store.commit_step(key, {"done": True}),
+                   train_spec(r.config, generation, "parent-sha"), generation.name)
+
+
+def test_changed_fields_name_every_differing_leaf():
+    old = {"generation": {"method": {"params": {"clip": 1.2}}, "training": {"epochs": 20}}, "parent_sha256": "a"}
+    new = {"generation": {"method": {"params": {"clip": 1.4, "lam": 1}}, "training": {"epochs": 20}}, "parent_sha256": "b"}
+    assert changed_fields(old, new) == ["generation.method.params.clip (1.2 → 1.4)", "generation.method.params.lam",
+                                        "parent_sha256 ('a' → 'b')"]
+    assert changed_fields(old, old) == []
+
+
+def test_a_committed_step_with_another_spec_is_refused_and_the_same_one_skipped(tmp_path):
+    assert run_train_step(runner(tmp_path)) is True
+    assert run_train_step(runner(tmp_path)) is False  # same file: skipped
+    assert run_train_step(runner(tmp_path, **{"ray.num_workers": 2, "gallery.embedding.batch_size": 7,
+                                              "generations.1.gate.action": "force"})) is False  # no result changes
+    with pytest.raises(ChangedStepSpec) as refused:
+        run_train_step(runner(tmp_path, **{"generations.1.method.params.clip": 1.5, "data.image_size": 28}))
+    assert refused.value.key == "train:g1"
+    assert refused.value.fields == ["data.image_size (32 → 28)", "generation.method.params.clip (1.2 → 1.5)"]
+    recorded = runner(tmp_path).store.committed_outputs("train:g1")
+    assert recorded["done"] is True and recorded["spec"]["generation"]["name"] == "g1"  # outputs kept
+
+
+def test_the_plan_spec_covers_the_gallery_and_the_backfill_policy_only(tmp_path):
+    base = runner(tmp_path).config
+    changed = runner(tmp_path, **{"generations.1.backfill.budget": 0.25, "gallery.embedding.concurrency": 2}).config
+    fields = changed_fields(plan_spec(base, base.generations[1]), plan_spec(changed, changed.generations[1]))
+    assert fields == ["backfill.budget (0.5 → 0.25)"]
