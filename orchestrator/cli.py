@@ -117,6 +117,35 @@ def _lineage_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _served_store(args: argparse.Namespace):
+    """(config, its lineage store, its absolute storage root) for the operations commands."""
+    from orchestrator.config import load_pipeline
+    from orchestrator.lineage import LineageStore
+    from orchestrator.pipeline.runner import storage_root
+
+    config = load_pipeline(args.file, {"storage": args.storage} if args.storage else None)
+    return config, LineageStore(config.lineage), storage_root(config.storage)
+
+
+def _deploy_command(args: argparse.Namespace) -> int:
+    from orchestrator.pipeline.operations import redeploy
+
+    config, store, _storage = _served_store(args)
+    redeploy(store, config.gallery.name, args.generation, args.rollback, print)
+    return 0
+
+
+def _gc_command(args: argparse.Namespace) -> int:
+    from orchestrator.pipeline.operations import collect_garbage
+
+    config, store, storage = _served_store(args)
+    collection = collect_garbage(store, storage, config.gallery.name, args.keep_deployments, args.dry_run)
+    for uri in collection.removed:
+        print(f"{'would remove' if args.dry_run else 'removed'} {uri}")
+    print(collection.describe())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestrator", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log every training step")
@@ -130,6 +159,23 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", metavar="FIELD.PATH=VALUE",
                      help="override any field, e.g. --set generations.0.training.epochs=2 (repeatable)")
     run.set_defaults(handler=_run_command)
+
+    deploy = commands.add_parser("deploy", help="serve an earlier deployed generation again, with the shards it "
+                                                 "served with (a rollback); search follows it")
+    deploy.add_argument("file", help="pipeline YAML whose lineage and gallery to re-point")
+    deploy.add_argument("--storage", help="storage root override, as for run")
+    target = deploy.add_mutually_exclusive_group(required=True)
+    target.add_argument("--generation", help="the generation to serve")
+    target.add_argument("--rollback", action="store_true", help="the generation served before the current one")
+    deploy.set_defaults(handler=_deploy_command)
+
+    gc = commands.add_parser("gc", help="remove shard files and Ray Train epoch checkpoints nothing retained needs")
+    gc.add_argument("file", help="pipeline YAML whose storage to collect")
+    gc.add_argument("--storage", help="storage root override, as for run")
+    gc.add_argument("--keep-deployments", type=int, default=2,
+                    help="newest deployments whose shard files are kept for a rollback (default 2)")
+    gc.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
+    gc.set_defaults(handler=_gc_command)
 
     tune = commands.add_parser("tune", help="sweep a generation's method parameters with Ray Tune (ASHA, Optuna); "
                                              "resumes an interrupted sweep")

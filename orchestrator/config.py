@@ -137,6 +137,9 @@ class RaySettings(_Strict):
     gpus_per_worker: GPUs per worker; with ``use_gpu`` and 0 here, one GPU per worker (Ray's default).
     use_gpu:         train on GPUs.
     max_failures:    worker-failure retries of a training run (-1: unlimited; Ray ``FailureConfig``).
+    checkpoints_to_keep: the newest epoch checkpoints Ray Train keeps per generation (older ones are
+                     deleted; a restarted worker resumes from the newest). The finished generation
+                     is saved separately and never deleted.
     """
 
     address: str | None = None
@@ -145,6 +148,7 @@ class RaySettings(_Strict):
     gpus_per_worker: float = Field(0.0, ge=0)
     use_gpu: bool = False
     max_failures: int = Field(2, ge=-1)
+    checkpoints_to_keep: int = Field(2, ge=1)
 
     @field_validator("address")
     @classmethod

@@ -32,13 +32,15 @@ _STATE = "training_state"
 
 @dataclass(frozen=True)
 class ScalingSettings:
-    """Workers of one training run: count, CPUs and GPUs per worker, restarts after failures."""
+    """Workers of one training run: count, CPUs and GPUs per worker, restarts after failures, and
+    how many of its newest epoch checkpoints Ray Train keeps (older ones are deleted)."""
 
     num_workers: int = 1
     cpus_per_worker: float = 1.0
     gpus_per_worker: float = 0.0
     use_gpu: bool = False
     max_failures: int = 2
+    checkpoints_to_keep: int = 2
 
 
 def train_generation_with_ray(job: GenerationJob, scaling: ScalingSettings, storage_path: str,
@@ -51,7 +53,7 @@ def train_generation_with_ray(job: GenerationJob, scaling: ScalingSettings, stor
     Worker failures inside a run resume from the last epoch checkpoint. ``progress`` receives
     one line per finished epoch (local storage only; see ``EpochProgress``).
     """
-    from ray.train import FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchTrainer
 
     resources = {"CPU": scaling.cpus_per_worker}
@@ -65,7 +67,8 @@ def train_generation_with_ray(job: GenerationJob, scaling: ScalingSettings, stor
         scaling_config=ScalingConfig(num_workers=scaling.num_workers, use_gpu=scaling.use_gpu,
                                      resources_per_worker=resources),
         run_config=RunConfig(name=run_name, storage_path=storage_path, storage_filesystem=storage_filesystem,
-                             failure_config=FailureConfig(max_failures=scaling.max_failures)),
+                             failure_config=FailureConfig(max_failures=scaling.max_failures),
+                             checkpoint_config=CheckpointConfig(num_to_keep=scaling.checkpoints_to_keep)),
     )
     watcher = None
     if progress is not None and storage_filesystem is None:

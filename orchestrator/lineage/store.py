@@ -956,10 +956,19 @@ class LineageStore:
     # ------------------------------------------------------------------ deployments
 
     def deploy(self, generation: str, *, step: Optional[str] = None,
-               step_outputs: Optional[Mapping[str, Any]] = None) -> DeploymentRecord:
+               step_outputs: Optional[Mapping[str, Any]] = None,
+               restore: Optional[tuple[str, Sequence[ShardAssignment]]] = None) -> DeploymentRecord:
         """Make ``generation`` (status ``trained``) the one serving queries. Deploying the
-        generation that already serves changes nothing."""
+        generation that already serves changes nothing. ``restore`` = (gallery, assignments): the
+        shards it serves with, applied in the same transaction (a rollback to an earlier
+        deployment's shards; every assigned index must exist)."""
         def fn(session: Session) -> DeploymentRecord:
+            if restore is not None:
+                gallery_row = self._gallery(session, restore[0])
+                for assignment in restore[1]:
+                    if assignment.index >= gallery_row.n_shards:
+                        raise ValueError(f"gallery {restore[0]!r} has no shard {assignment.index}")
+                    self._assign_in(session, gallery_row, assignment)
             gen = self._generation(session, generation)
             if gen.status != "trained":
                 raise ValueError(f"generation {generation!r} is {gen.status}, only a trained generation can be deployed")

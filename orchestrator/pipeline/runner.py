@@ -27,6 +27,7 @@ from orchestrator.lineage.store import STEP_SPEC, clean_json
 from orchestrator.metrics import KEY_METRICS, METRICS, update_summary
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
 from orchestrator.pipeline.gate import DeploymentHeld, GateDecision, GateMeasurement, decide
+from orchestrator.pipeline.operations import shard_snapshot
 from orchestrator.pipeline.step_specs import ChangedStepSpec, changed_fields, evaluate_spec, plan_spec, train_spec
 from orchestrator.pipeline.report import (
     compatibility_matrix,
@@ -76,7 +77,7 @@ class PipelineRunner:
     def __init__(self, config: PipelineConfig, progress: Progress | None = None):
         self.config = config
         self.progress = progress or (lambda line: print(line, flush=True))
-        self.storage = _absolute(config.storage)
+        self.storage = storage_root(config.storage)
         self.store = LineageStore(config.lineage)
         self.config_sha = config_sha256(config, exclude=("ray",))
         self._started = time.perf_counter()
@@ -169,7 +170,8 @@ class PipelineRunner:
         return decision
 
     def _deploy(self, generation, key: str, decision: GateDecision | None) -> None:
-        outputs = {"generation": generation.name, "gate": None if decision is None else decision.to_json()}
+        outputs = {"generation": generation.name, "gate": None if decision is None else decision.to_json(),
+                   "shards": shard_snapshot(self.store.shards(self.gallery.name))}
         self.store.deploy(generation.name, step=key, step_outputs=outputs)
         self._say(f"{key}: {generation.name} serves queries")
 
@@ -251,7 +253,8 @@ class PipelineRunner:
         ray_settings = config.ray
         scaling = ScalingSettings(num_workers=ray_settings.num_workers, cpus_per_worker=ray_settings.cpus_per_worker,
                                   gpus_per_worker=ray_settings.gpus_per_worker, use_gpu=ray_settings.use_gpu,
-                                  max_failures=ray_settings.max_failures)
+                                  max_failures=ray_settings.max_failures,
+                                  checkpoints_to_keep=ray_settings.checkpoints_to_keep)
         self._say(f"{key}: {generation.method.name} on {len(job.train_ids)} items, {generation.training.epochs} epochs, "
                   f"{scaling.num_workers} worker(s)")
         metrics = train_generation_with_ray(job, scaling, storage_path=join_uri(self.storage, "ray"),
@@ -345,7 +348,7 @@ def _json_number(value: Any) -> Any:
     return value
 
 
-def _absolute(storage: str) -> str:
+def storage_root(storage: str) -> str:
     """Local storage as an absolute path (Ray Train needs one); URIs unchanged."""
     if "://" in storage and not storage.startswith("file://"):
         return storage

@@ -5,7 +5,8 @@
   the gate's measurement and the failed deploy step are in the lineage, search serves g0-old;
 - ``force`` (same run, another lineage copy): deployed over the planned partial backfill, recorded;
 - ``full_backfill``: the plan escalates to a full re-embed, every item ends in a g1 shard, deployed.
-The two re-runs only change the gate's action: training and the measurement are reused. A last
+The two re-runs only change the gate's action: training and the measurement are reused. Then a
+rollback to g0-old and back (search follows), and gc counted file by file. A last
 re-run with an edited training setting of g1 is refused, naming the step and the field."""
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def shard_generations(store: LineageStore) -> dict[str, int]:
     return counts
 
 
-def test_hold_force_and_full_backfill(tmp_path):
+def test_hold_force_full_backfill_rollback_and_gc(tmp_path):
     config = yaml.safe_load((REPO / "pipelines" / "lifelong.yaml").read_text())
     config["storage"] = str(tmp_path / "run")
     config["lineage"] = f"sqlite:///{tmp_path / 'lineage.db'}"
@@ -71,7 +72,7 @@ def test_hold_force_and_full_backfill(tmp_path):
     forced_lineage = f"sqlite:///{tmp_path / 'forced.db'}"
     shutil.copy(tmp_path / "lineage.db", tmp_path / "forced.db")
     forced = cli("run", str(pipeline), "--set", f"lineage={forced_lineage}", "--set", "generations.1.gate.action=force",
-                 cwd=tmp_path)
+                 "--storage", str(tmp_path / "forced-run"), cwd=tmp_path)
     assert forced.returncode == 0, forced.stdout[-3000:] + forced.stderr[-3000:]
     assert "train:g1: already committed, skipped" in forced.stdout
     assert "gate:digits-test:g1: already committed, skipped" in forced.stdout  # measured once
@@ -89,6 +90,43 @@ def test_hold_force_and_full_backfill(tmp_path):
     assert shard_generations(store) == {"g1": 539}
     assert store.committed_outputs("deploy:g1")["gate"]["action"] == "full_backfill"
     store.close()
+
+    # rollback: g0-old serves again with its own shards (still in storage), and search follows it
+    def files(folder: Path) -> set[str]:
+        return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+
+    shard_files = files(tmp_path / "run" / "galleries" / "digits-test")
+    shard_files = {f for f in shard_files if f.startswith("shard-")}
+    assert len(shard_files) == 16  # 4 shards × (parquet + index) × (g0-old, g1)
+    rollback = cli("deploy", str(pipeline), "--rollback", cwd=tmp_path)
+    assert rollback.returncode == 0, rollback.stderr[-2000:]
+    assert "g0-old serves queries again (was g1)" in rollback.stdout
+    store = LineageStore(config["lineage"])
+    assert [d.generation for d in store.deployments()] == ["g0-old", "g1", "g0-old"]
+    assert shard_generations(store) == {"g0-old": 539}
+    store.close()
+    search = cli("search", str(pipeline), "--split", "test", "--limit", "3", "-k", "2", "--json", cwd=tmp_path)
+    served = json.loads(search.stdout)
+    assert served["serving"] == "g0-old" and {h["generation"] for hits in served["results"] for h in hits} == {"g0-old"}
+    assert cli("deploy", str(pipeline), "--generation", "g1", cwd=tmp_path).returncode == 0
+
+    # gc: a dry run removes nothing; keeping one deployment removes g0-old's shard files and Ray
+    # Train's epoch checkpoints, never what the lineage points at; search still serves g1
+    ray_runs = {p.name for p in (tmp_path / "run" / "ray").iterdir()}
+    assert {r.rsplit("-", 1)[0] for r in ray_runs} == {"train-g0-old", "train-g1"}
+    dry = cli("gc", str(pipeline), "--keep-deployments", "1", "--dry-run", cwd=tmp_path)
+    assert dry.returncode == 0 and "gc: would remove 10 file(s) / folder(s), kept 8" in dry.stdout
+    assert {f for f in files(tmp_path / "run" / "galleries" / "digits-test") if f.startswith("shard-")} == shard_files
+    collected = cli("gc", str(pipeline), "--keep-deployments", "1", cwd=tmp_path)
+    assert collected.returncode == 0 and "gc: removed 10 file(s) / folder(s), kept 8" in collected.stdout
+    left = {f for f in files(tmp_path / "run" / "galleries" / "digits-test") if f.startswith("shard-")}
+    assert len(left) == 8 and all("/g1." in f for f in left) and left < shard_files
+    assert not (tmp_path / "run" / "ray").exists() or not any((tmp_path / "run" / "ray").iterdir())
+    assert (tmp_path / "run" / "generations" / "g0-old" / "card.json").exists()  # checkpoints are kept
+    search = cli("search", str(pipeline), "--split", "test", "--limit", "3", "-k", "2", "--json", cwd=tmp_path)
+    assert search.returncode == 0 and json.loads(search.stdout)["serving"] == "g1"
+    gone = cli("deploy", str(pipeline), "--rollback", cwd=tmp_path)
+    assert gone.returncode == 2 and "cannot be served again" in gone.stderr  # its files were collected
 
     # an edited committed step is refused, naming the step and the field, not skipped
     edited = cli("run", str(pipeline), "--set", "generations.1.training.epochs=2", cwd=tmp_path)
