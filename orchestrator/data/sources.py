@@ -15,6 +15,7 @@ or an id column).
 """
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -86,6 +87,7 @@ _CIFAR = {
     "cifar10": {
         "folder": "cifar-10-batches-bin",
         "url": "https://www.cs.toronto.edu/~kriz/cifar-10-binary.tar.gz",
+        "md5": "c32a1d4ab5d03f1284b67883e8d87530",  # the publisher's MD5 (cs.toronto.edu/~kriz/cifar.html)
         "train": [f"data_batch_{i}.bin" for i in range(1, 6)],
         "test": ["test_batch.bin"],
         "label_bytes": 1,
@@ -94,6 +96,7 @@ _CIFAR = {
     "cifar100": {
         "folder": "cifar-100-binary",
         "url": "https://www.cs.toronto.edu/~kriz/cifar-100-binary.tar.gz",
+        "md5": "03b5dce01913d631647c71ecec9e9cb8",
         "train": ["train.bin"],
         "test": ["test.bin"],
         "label_bytes": 2,
@@ -165,8 +168,9 @@ def load_cifar(
 def download_cifar(variant: str, dest: str | os.PathLike, timeout: float = 60.0) -> Path:
     """Fetch the official CIFAR binary archive into local `dest` and extract it; returns the folder.
 
-    Skips the download when the extracted folder is already complete. Offline, raises RuntimeError
-    explaining where to place the files by hand.
+    Skips the download when the extracted folder is already complete. The archive (downloaded, or
+    placed by hand) must have the publisher's MD5, else ValueError and it is removed. Offline,
+    raises RuntimeError explaining where to place the files by hand.
     """
     spec = _cifar_spec(variant)
     if "://" in str(dest):
@@ -191,8 +195,22 @@ def download_cifar(variant: str, dest: str | os.PathLike, timeout: float = 60.0)
                 f"{folder}/ holds {', '.join(spec['train'] + spec['test'])}."
             ) from err
         partial.replace(archive)
+    check_md5(archive, spec["md5"])
     safe_extract_tar(archive, dest)
     return folder
+
+
+def check_md5(path: Path, expected: str) -> None:
+    """ValueError naming ``path`` (which is removed, so a retry downloads it again) when its MD5 is
+    not ``expected``."""
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as handle:
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    if digest.hexdigest() != expected:
+        path.unlink()
+        raise ValueError(f"{path}: MD5 {digest.hexdigest()} is not the publisher's {expected}; the file was "
+                         "removed (a truncated or altered download); fetch it again")
 
 
 def safe_extract_tar(archive: str | os.PathLike, dest: str | os.PathLike) -> None:

@@ -1,6 +1,7 @@
 """Safe tar extraction and the offline behaviour of download_cifar (no network is touched)."""
 from __future__ import annotations
 
+import hashlib
 import io
 import tarfile
 import urllib.error
@@ -69,11 +70,18 @@ def test_offline_download_explains_manual_placement(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # no partial download left behind
 
 
-def test_archive_placed_by_hand_is_extracted_without_network(tmp_path, monkeypatch):
+def test_archive_placed_by_hand_is_checked_and_extracted_without_network(tmp_path, monkeypatch):
     monkeypatch.setattr(sources.urllib.request, "urlopen", refuse_network)
     record = np.concatenate([[4], np.arange(3072) % 256]).astype(np.uint8).tobytes()
     names = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
-    build_tar(tmp_path / "cifar-10-binary.tar.gz", [(f"cifar-10-batches-bin/{n}", record) for n in names])
+    archive = tmp_path / "cifar-10-binary.tar.gz"
+    build_tar(archive, [(f"cifar-10-batches-bin/{n}", record) for n in names])
+    content = archive.read_bytes()
+    with pytest.raises(ValueError, match="is not the publisher's c32a1d4ab5d03f1284b67883e8d87530"):
+        download_cifar("cifar10", tmp_path)  # not the real archive: refused, and removed
+    assert not archive.exists() and not (tmp_path / "cifar-10-batches-bin").exists()
+    archive.write_bytes(content)
+    monkeypatch.setitem(sources._CIFAR["cifar10"], "md5", hashlib.md5(content).hexdigest())  # as if it were
     folder = download_cifar("cifar10", tmp_path)
     assert folder == tmp_path / "cifar-10-batches-bin"
     data = load_cifar(tmp_path, variant="cifar10", split="train", download=True)
