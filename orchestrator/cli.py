@@ -211,6 +211,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
     from orchestrator.pipeline.gate import DeploymentHeld
 
     args = build_parser().parse_args(argv)
@@ -226,6 +228,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 3
     except RuntimeError as error:  # a failed step; the lineage records it and a re-run resumes
         print(f"orchestrator: failed: {error}", file=sys.stderr)
+        return 1
+    except (OSError, SQLAlchemyError) as error:  # a missing file, a storage or database problem: one line
+        if args.verbose:
+            raise
+        text = " ".join(str(error).split()) or type(error).__name__
+        print(f"orchestrator: error: {type(error).__name__}: {text[:500]} (-v shows the traceback)", file=sys.stderr)
         return 1
 
 
