@@ -104,13 +104,16 @@ fi
 # --- 6. Submit the pipeline as a job. --working-dir . ships this repository (minus .gitignore'd
 #        files such as runs/) to the cluster; the job's `orchestrator run` joins the cluster through
 #        the RAY_ADDRESS the job manager sets. `--set` overrides any field of the file;
-#        here the epochs of every generation. The command follows the job's log and exits
-#        non-zero when the job fails.
+#        here the epochs of every generation and, because a few epochs may not train a compatible
+#        update, the deployment gate's action: a generation that fails its gate re-embeds the whole
+#        gallery (full_backfill) instead of being held. The command follows the job's log and
+#        exits non-zero when the job fails.
 SETS=()
 if [[ -n "$EPOCHS" ]]; then
     COUNT="$(python3 -c 'import sys, yaml; print(len(yaml.safe_load(open(sys.argv[1]))["generations"]))' "$PIPELINE")"
     for ((i = 0; i < COUNT; i++)); do
         SETS+=(--set "generations.${i}.training.epochs=${EPOCHS}")
+        SETS+=(--set "generations.${i}.gate.action=full_backfill")
     done
 fi
 echo "--- submitting: orchestrator run ${PIPELINE} --storage ${RUN_DIR} ${SETS[*]}"
