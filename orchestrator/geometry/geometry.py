@@ -40,6 +40,13 @@ HyperbolicModel = Literal["poincare", "lorentz"]
 _HYPERBOLIC_MODELS = ("poincare", "lorentz")
 
 
+def _as_float64_tensor(value: Any) -> Any:
+    """A numpy array as a float64 tensor (sharing memory where it already is contiguous float64)."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value, dtype=np.float64))
+    return value
+
+
 def _accepts_numpy(method: Callable[..., torch.Tensor]) -> Callable[..., Any]:
     """Run ``method`` on float64 tensors when any argument is a numpy array; return a float64 array then."""
 
@@ -47,8 +54,8 @@ def _accepts_numpy(method: Callable[..., torch.Tensor]) -> Callable[..., Any]:
     def wrapper(self: Geometry, *args: Any, **kwargs: Any) -> Any:
         if not any(isinstance(a, np.ndarray) for a in (*args, *kwargs.values())):
             return method(self, *args, **kwargs)
-        as_tensor = lambda a: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64)) if isinstance(a, np.ndarray) else a  # noqa: E731
-        return method(self, *map(as_tensor, args), **{k: as_tensor(v) for k, v in kwargs.items()}).numpy()
+        tensors = [_as_float64_tensor(a) for a in args]
+        return method(self, *tensors, **{k: _as_float64_tensor(v) for k, v in kwargs.items()}).numpy()
 
     return wrapper
 

@@ -219,15 +219,15 @@ class ShardIndex:
     # -- search ----------------------------------------------------------------------------------
     def _query_form(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(coordinates of the queries (float64), what FAISS is searched with (float32))."""
-        canonical = self.geometry.coordinates(queries, hyperbolic_model="lorentz")
+        coords = self.geometry.coordinates(queries, hyperbolic_model="lorentz")
         if self.space.hyperbolic:
-            searched = canonical.copy()
+            searched = coords.copy()
             searched[:, 0] = -searched[:, 0]  # [-q_t, q_s]: the FAISS inner product is <q,x>_L
             if _uses_proxy(self.space, self.kind):  # [-q_t, q_s, 0]: L2 order = geodesic order
                 searched = np.concatenate([searched, np.zeros((len(searched), 1))], axis=1)
         else:
-            searched = canonical
-        return canonical, np.ascontiguousarray(searched, dtype=np.float32)
+            searched = coords
+        return coords, np.ascontiguousarray(searched, dtype=np.float32)
 
     def search(self, queries: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest items of each query: ``(Q, D) -> distances (Q, k) float64, ids (Q, k) int64``.
