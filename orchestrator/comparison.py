@@ -174,7 +174,7 @@ def comparison_path(query: str, gallery: str, models: Mapping[str, CompatibleMod
     if forward is not None:
         return ComparisonPath(query, gallery, "forward", query_model.space, query_model.curv, gallery_maps=forward)
     if query_model.space != gallery_model.space or (
-        query_model.space in (Space.LORENTZ, Space.POINCARE) and not math.isclose(query_model.curv, gallery_model.curv)
+        query_model.space.hyperbolic and not math.isclose(query_model.curv, gallery_model.curv)
     ):
         raise IncomparableGenerations(
             query, gallery, f"no common distance: {query_model.space.value}(K={query_model.curv:g}) vs "

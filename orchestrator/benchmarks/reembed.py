@@ -49,8 +49,7 @@ import torch
 
 from orchestrator.data import LabeledImages, channel_statistics, load_digits
 from orchestrator.data.images import to_model_input
-from orchestrator.geometry import lorentz
-from orchestrator.geometry.spaces import Space
+from orchestrator.geometry.geometry import Geometry
 from orchestrator.methods import create_method
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.storage import load_generation, save_generation
@@ -160,15 +159,14 @@ def run_plain(setup: Setup, batch_size: int = 256) -> Embedded:
     with one_torch_thread(), torch.no_grad():
         clock = BatchClock()
         model, _card = load_generation(setup.checkpoint_uri, expected_sha256=setup.sha256)
-        lorentz_space = model.space is Space.LORENTZ
+        geometry = Geometry(model.space, model.curv)
         images = setup.gallery.images
         embeddings, uncertainty = [], []
         for start in range(0, len(images), batch_size):
             batch = to_model_input(images[start:start + batch_size], IMAGE_SIZE, setup.mean, setup.std)
             embedding = model.encoder(batch).embedding.float()
             embeddings.append(embedding.numpy())
-            uncertainty.append(lorentz.uncertainty(embedding, model.curv).numpy() if lorentz_space
-                               else np.full(len(embedding), np.nan, dtype=np.float32))
+            uncertainty.append(geometry.uncertainty(embedding).numpy())
             clock.batch_out(len(embedding))
     return Embedded(setup.gallery.ids.copy(), np.concatenate(embeddings), np.concatenate(uncertainty),
                     clock.summary())

@@ -20,8 +20,7 @@ import torch
 from orchestrator.data.gallery_sources import GallerySource, ImageFormat, MemorySource, decode_images
 from orchestrator.data.images import LabeledImages, to_model_input
 from orchestrator.distributed.gallery_read import EntryRead, RowRange, gallery_dataset
-from orchestrator.geometry import lorentz
-from orchestrator.geometry.spaces import Space
+from orchestrator.geometry.geometry import Geometry
 from orchestrator.storage import load_generation
 
 
@@ -53,10 +52,7 @@ class GenerationEmbedder:
         pixels = decode_images(batch["image"], self.image_format, self.image_size)
         out = self.model.encoder(to_model_input(pixels, self.image_size, self.mean, self.std).to(self.device))
         embedding = out.embedding.float()
-        if self.model.space is Space.LORENTZ:
-            uncertainty = lorentz.uncertainty(embedding, self.model.curv).cpu().numpy()
-        else:
-            uncertainty = np.full(len(embedding), np.nan, dtype=np.float32)
+        uncertainty = Geometry(self.model.space, self.model.curv).uncertainty(embedding).cpu().numpy()
         rows = {name: values for name, values in batch.items() if name != "image"}
         return {**rows, "embedding": embedding.cpu().numpy(), "uncertainty": uncertainty.astype(np.float32),
                 "generation": np.full(len(embedding), self.name)}

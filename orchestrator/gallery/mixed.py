@@ -18,7 +18,7 @@ import torch
 
 from orchestrator.comparison import comparison_path
 from orchestrator.gallery.shard_files import ShardEmbeddings
-from orchestrator.geometry.spaces import pairwise_distance
+from orchestrator.geometry.geometry import Geometry
 from orchestrator.metrics import retrieval_metrics_from_distances
 from orchestrator.models.bundle import CompatibleModel
 
@@ -84,7 +84,7 @@ def evaluate_mixed_gallery(
     gallery_labels, gallery_ids = np.concatenate(labels), np.concatenate(ids)
 
     def rows(start: int, stop: int) -> torch.Tensor:
-        return torch.cat([pairwise_distance(path.space, q[start:stop], g, path.curv)
+        return torch.cat([Geometry(path.space, path.curv).pairwise_distance(q[start:stop], g)
                           for path, q, g in parts], dim=1)
 
     result = retrieval_metrics_from_distances(

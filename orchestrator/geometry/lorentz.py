@@ -55,8 +55,8 @@ def _split(x: torch.Tensor, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     return x[..., 0], x[..., 1:]
 
 
-def _with_time(space: torch.Tensor, curv: Curvature) -> torch.Tensor:
-    """Full point ``[x_t, x_s]`` with ``x_t`` recomputed from the hyperboloid constraint."""
+def from_space(space: torch.Tensor, curv: Curvature) -> torch.Tensor:
+    """Full point ``[x_t, x_s]`` above ``x_s``, ``x_t`` from the constraint (HBCT eq. 2): ``(..., d) -> (..., d+1)``."""
     return torch.cat([time_from_space(space, curv, keepdim=True), space], dim=-1)
 
 
@@ -176,7 +176,7 @@ def expmap(p: torch.Tensor, u: torch.Tensor, curv: Curvature) -> torch.Tensor:
     u_norm = torch.sqrt(torch.clamp(inner(u, u, keepdim=True), min=MIN_SQUARED_NORM))
     rate = torch.clamp(sk * u_norm, max=MAX_SINH_INPUT)
     point = torch.cosh(rate) * p + torch.sinh(rate) / (sk * u_norm) * u
-    return _with_time(point[..., 1:], curv)
+    return from_space(point[..., 1:], curv)
 
 
 def logmap(p: torch.Tensor, x: torch.Tensor, curv: Curvature) -> torch.Tensor:
@@ -209,7 +209,7 @@ def expmap0(v: torch.Tensor, curv: Curvature) -> torch.Tensor:
     sk = sqrt_curv(curv)
     v_norm = safe_norm(v, keepdim=True)
     rate = torch.clamp(sk * v_norm, max=MAX_SINH_INPUT)
-    return _with_time(torch.sinh(rate) / (sk * v_norm) * v, curv)
+    return from_space(torch.sinh(rate) / (sk * v_norm) * v, curv)
 
 
 def logmap0(x: torch.Tensor, curv: Curvature) -> torch.Tensor:
@@ -302,4 +302,4 @@ def from_poincare(p: torch.Tensor, curv: Curvature) -> torch.Tensor:
     check_curv(curv)
     conformal = 1.0 - curv * (p * p).sum(dim=-1, keepdim=True)
     space = 2.0 * p / torch.clamp(conformal, min=boundary_eps(p.dtype))
-    return _with_time(space, curv)
+    return from_space(space, curv)

@@ -1,6 +1,6 @@
 """Binary hyperbolic embeddings in FAISS binary indexes (binary_hyperbolic.md §5, §7, §12.3–12.4).
 
-The gallery's coordinates (``coordinates``: Lorentz mapped to the Poincaré ball) are quantised by a
+The gallery's coordinates (``Geometry.coordinates``: Lorentz mapped to the Poincaré ball) are quantised by a
 ``BitPlaneQuantizer`` fitted on THIS shard (``bits`` per dimension, default 2; global min/max or a
 percentile clip, decision A1 in ``bitplane``); queries are encoded with the same quantiser.
 
@@ -46,10 +46,10 @@ from typing import Any
 import faiss
 import numpy as np
 
+from orchestrator.geometry.geometry import Geometry
 from orchestrator.geometry.spaces import Space
 from orchestrator.index.bitplane import DEFAULT_BITS, BitPlaneQuantizer
 from orchestrator.index.compressed import CompressedIndex, position_ids
-from orchestrator.index.coordinates import check_embeddings, coordinates, exact_distance
 from orchestrator.index.hamming import weighted_hamming
 from orchestrator.index.shard_index import _as_matrix, _check_curv, _check_ids, _check_positive_int, default_nlist
 
@@ -150,7 +150,7 @@ class BinaryIndex(CompressedIndex):
         if self.rerank == "weighted":
             distances = scale * weighted_hamming(query_codes, self._stored_codes()[positions], self.quantizer.bits)
         else:
-            distances = exact_distance(self.space, self.curv, coords, self.vectors[positions])
+            distances = self.geometry.coordinate_distance(coords[:, None, :], self.vectors[positions])
         return self._top_k(distances.astype(np.float64), labels, k)
 
     # -- serialisation ---------------------------------------------------------------------------
@@ -224,11 +224,12 @@ def build_binary_index(
     _only_for(kind, "binary_two_stage", rerank=rerank, rerank_factor=rerank_factor)
     _only_for(kind, "binary_ivf", nlist=nlist, nprobe=nprobe, codes=codes)
     embeddings = _as_matrix(embeddings, "embeddings")
-    check_embeddings(embeddings, space, curv)
+    geometry = Geometry(space, curv)
+    geometry.check_points(embeddings)
     n, dim = embeddings.shape
     if n < 1:
         raise ValueError(f"kind={kind!r} needs at least one embedding to fit the bit-plane range, got shape {embeddings.shape}")
-    coords = coordinates(embeddings, space, curv)
+    coords = geometry.coordinates(embeddings)
     quantizer = BitPlaneQuantizer.fit(coords, bits, clip_percentile)
     common = {"kind": kind, "space": space, "curv": curv, "dim": dim}
 

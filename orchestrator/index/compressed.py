@@ -19,9 +19,9 @@ from typing import Any, ClassVar, Mapping
 
 import numpy as np
 
+from orchestrator.geometry.geometry import Geometry
 from orchestrator.geometry.spaces import Space
 from orchestrator.index import container
-from orchestrator.index.coordinates import coordinates
 from orchestrator.index.shard_index import _as_matrix, _check_curv, _check_ids, _check_positive_int
 from orchestrator.storage.filesystem import read_bytes, redact_uri, write_bytes_atomic
 
@@ -50,6 +50,11 @@ class CompressedIndex(ABC):
         self.curv = _check_curv(curv)
         self.dim = _check_positive_int(dim, "dim")
         self.ids = ids
+
+    @property
+    def geometry(self) -> Geometry:
+        """The index's space and curvature: its coordinates (Poincaré ball for both hyperbolic spaces)."""
+        return Geometry(self.space, self.curv)
 
     # -- interface of the subclasses -------------------------------------------------------------
     @property
@@ -95,7 +100,7 @@ class CompressedIndex(ABC):
             raise ValueError(
                 f"queries must have dimension {self.dim} (this {self.space.value} index's dim), got {queries.shape[1]}"
             )
-        return coordinates(queries, self.space, self.curv), _check_positive_int(k, "k")
+        return self.geometry.coordinates(queries), _check_positive_int(k, "k")
 
     @staticmethod
     def _missing(n_queries: int, k: int) -> tuple[np.ndarray, np.ndarray]:

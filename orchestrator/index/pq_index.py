@@ -39,10 +39,10 @@ from typing import Any
 import faiss
 import numpy as np
 
+from orchestrator.geometry.geometry import Geometry
 from orchestrator.geometry.spaces import Space
 from orchestrator.index.bitplane import DEFAULT_BITS, BitPlaneQuantizer
 from orchestrator.index.compressed import CompressedIndex, position_ids
-from orchestrator.index.coordinates import check_embeddings, coordinates
 from orchestrator.index.shard_index import _as_matrix, _check_curv, _check_positive_int
 
 PQ_KINDS = ("pq", "opq", "binary_opq")
@@ -170,7 +170,8 @@ def build_pq_index(
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
     embeddings = _as_matrix(embeddings, "embeddings")
-    check_embeddings(embeddings, space, curv)
+    geometry = Geometry(space, curv)
+    geometry.check_points(embeddings)
     n, dim = embeddings.shape
     centroids = 1 << int(pq_nbits)
     if n < centroids:
@@ -179,7 +180,7 @@ def build_pq_index(
     if train_size < centroids:
         raise ValueError(f"train_size must be >= 2^pq_nbits = {centroids}, got {train_size}")
 
-    coords = coordinates(embeddings, space, curv)
+    coords = geometry.coordinates(embeddings)
     quantizer = None
     budget = 2 * coords.shape[1]
     if kind == "binary_opq":

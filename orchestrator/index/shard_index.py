@@ -1,10 +1,11 @@
 """One FAISS index per gallery shard, searched with the generation's retrieval distance.
 
 ``build_index(embeddings, space, kind)`` builds the index; ``ShardIndex.search(queries, k)`` returns
-``(distances, ids)`` where the distances are those of ``orchestrator.geometry.spaces.pairwise_distance``
-(smaller is closer) and the ids are item ids (``ids`` given at build time, else row numbers).
+``(distances, ids)`` where the distances are those of ``Geometry(space, curv).pairwise_distance``
+(``orchestrator.geometry``; smaller is closer) and the ids are item ids (``ids`` given at build time, else row numbers).
 
-Metric per space (what FAISS stores and how the query is transformed):
+Metric per space (what FAISS stores and how the query is transformed; the stored coordinates are
+``Geometry.coordinates(x, hyperbolic_model="lorentz")``):
 
 * ``euclidean``: L2 index on the raw vectors (FAISS ranks by squared L2, same order as L2);
 * ``cosine``: inner-product index on L2-normalised gallery vectors, queries normalised the same way
@@ -42,32 +43,33 @@ reconstructed by id.
 
 Distances: FAISS ranks the candidates in float32; the returned distances are then recomputed in
 float64 from the stored vectors of the ``k`` candidates (a refine step, ``O(Q k D)``) and the ``k``
-candidates re-sorted by them. This matters for the hyperbolic spaces, where converting a float32 inner
-product back through ``arccosh`` loses most digits for nearby points; the float64 chord form used by
-``lorentz.pairwise_distance`` does not. Euclidean distances are L2 (not squared), cosine ``1 - cos``.
+candidates re-sorted by them (``Geometry.coordinate_distance``). This matters for the hyperbolic spaces,
+where converting a float32 inner product back through ``arccosh`` loses most digits for nearby points;
+the float64 chord form of ``lorentz.distance`` does not. Euclidean distances are L2 (not squared), cosine ``1 - cos``.
 
 Missing results: when fewer than ``k`` items are found (``k > ntotal``, or an IVF/HNSW search that
 visits fewer than ``k`` items), the missing slots keep FAISS's id ``-1`` and get distance ``+inf``;
 they are always at the end of a row. Item ids must therefore be ``>= 0`` (and unique).
 
-Serialisation is pickle-free: ``to_bytes`` writes a magic string, a small JSON header (space, curv,
-kind, dim, search parameters, sha256 of the FAISS bytes) and ``faiss.serialize_index``'s bytes;
+Serialisation is pickle-free: ``to_bytes`` writes a magic string and a small JSON header (space, curv,
+kind, dim, search parameters, sha256 of the FAISS bytes; ``container.pack_header``), then
+``faiss.serialize_index``'s bytes;
 ``save``/``load`` go through the storage layer (atomic writes, local paths or object stores).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import struct
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
 import faiss
 import numpy as np
 
+from orchestrator.geometry.geometry import Geometry
 from orchestrator.geometry.spaces import Space
+from orchestrator.index.container import pack_header, unpack_header
 from orchestrator.storage.filesystem import read_bytes, redact_uri, write_bytes_atomic
 
 IndexKind = Literal["flat", "ivf", "hnsw"]
@@ -81,9 +83,6 @@ DEFAULT_EF_SEARCH = 128
 DEFAULT_EF_CONSTRUCTION = 80
 #: Candidates fetched per requested neighbour by the hyperbolic IVF/HNSW proxy search.
 DEFAULT_REFINE_FACTOR = 4
-_HYPERBOLIC = (Space.LORENTZ, Space.POINCARE)
-#: Same floor as ``F.normalize``'s ``eps``: a zero vector stays zero.
-_NORMALIZE_EPS = 1e-12
 
 
 # --- validation helpers -----------------------------------------------------------------------
@@ -139,69 +138,30 @@ def _check_ids(ids: Any, n: int) -> np.ndarray:
     return np.ascontiguousarray(array)
 
 
-# --- space transforms (float64 in, float64 out) ---------------------------------------------------
-def _normalize(x: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.maximum(norms, _NORMALIZE_EPS)
-
-
-def _lorentz_from_space(x_s: np.ndarray, curv: float) -> np.ndarray:
-    """Full point ``[x_t, x_s]`` with ``x_t = sqrt(1/K + ||x_s||^2)``."""
-    time = np.sqrt(1.0 / curv + (x_s * x_s).sum(axis=1, keepdims=True))
-    return np.concatenate([time, x_s], axis=1)
-
-
-def _poincare_to_lorentz(p: np.ndarray, curv: float) -> np.ndarray:
-    """``lorentz.from_poincare`` in numpy float64 (same boundary guard: ``1 - K||p||^2 >= 4 eps``)."""
-    conformal = 1.0 - curv * (p * p).sum(axis=1, keepdims=True)
-    space = 2.0 * p / np.maximum(conformal, 4.0 * np.finfo(np.float64).eps)
-    return _lorentz_from_space(space, curv)
-
-
+# --- stored form (float64 in, float64 out) -------------------------------------------------------
 def _uses_proxy(space: Space, kind: str) -> bool:
     """Hyperbolic IVF/HNSW use the MIPS-to-L2 augmented vectors (module docstring)."""
-    return space in _HYPERBOLIC and kind != "flat"
+    return space.hyperbolic and kind != "flat"
 
 
-def _canonical(x: np.ndarray, space: Space, curv: float) -> np.ndarray:
-    """Rows in the form distances are computed on (float64): raw / normalised / full Lorentz points."""
-    if space is Space.EUCLIDEAN:
-        return x
-    if space is Space.COSINE:
-        return _normalize(x)
-    if space is Space.LORENTZ:
-        return _lorentz_from_space(x[:, 1:], curv)
-    return _poincare_to_lorentz(x, curv)
-
-
-def _stored_form(x: np.ndarray, space: Space, curv: float, kind: str) -> np.ndarray:
-    """What the FAISS index stores for gallery rows ``x`` (float64)."""
-    canonical = _canonical(x, space, curv)
-    if not _uses_proxy(space, kind):
-        return canonical
-    squared = (canonical * canonical).sum(axis=1, keepdims=True)
+def _stored_form(x: np.ndarray, geometry: Geometry, kind: str) -> np.ndarray:
+    """What the FAISS index stores for gallery rows ``x (N, D)``: their coordinates ``(N, D')`` (float64),
+    hyperbolic IVF/HNSW with the MIPS-to-L2 column appended ``(N, D'+1)``."""
+    coords = geometry.coordinates(x, hyperbolic_model="lorentz")
+    if not _uses_proxy(geometry.space, kind):
+        return coords
+    squared = (coords * coords).sum(axis=1, keepdims=True)
     bound = squared.max(initial=0.0) * (1.0 + 1e-6)
-    return np.concatenate([canonical, np.sqrt(np.maximum(bound - squared, 0.0))], axis=1)
+    return np.concatenate([coords, np.sqrt(np.maximum(bound - squared, 0.0))], axis=1)
 
 
-def _from_stored(stored: np.ndarray, space: Space, curv: float, kind: str) -> np.ndarray:
-    """Inverse of ``_stored_form`` up to ``_canonical`` (float64; Lorentz time recomputed)."""
-    if not _uses_proxy(space, kind):
+def _from_stored(stored: np.ndarray, geometry: Geometry, kind: str) -> np.ndarray:
+    """Inverse of ``_stored_form`` up to the coordinates (float64): the MIPS-to-L2 column dropped and
+    the Lorentz time recomputed from the space part (the stored rows are Lorentz points for both
+    hyperbolic spaces)."""
+    if not _uses_proxy(geometry.space, kind):
         return stored
-    return _lorentz_from_space(stored[:, 1:-1], curv)
-
-
-def _distances_to(queries: np.ndarray, stored: np.ndarray, space: Space, curv: float) -> np.ndarray:
-    """Row-wise distances between stored-form queries ``(Q, k, D')`` and stored gallery rows ``(Q, k, D')``."""
-    if space is Space.EUCLIDEAN:
-        return np.sqrt(((queries - stored) ** 2).sum(axis=-1))
-    if space is Space.COSINE:
-        return 1.0 - (queries * stored).sum(axis=-1)
-    # Lorentz chord <q-x, q-x>_L = ||q_s - x_s||^2 - (q_t - x_t)^2; d = (2/sqrtK) asinh(sqrtK ||q-x||_L / 2)
-    diff = queries - stored
-    chord_sq = (diff[..., 1:] ** 2).sum(axis=-1) - diff[..., 0] ** 2
-    sk = math.sqrt(curv)
-    return 2.0 / sk * np.arcsinh(sk * np.sqrt(np.maximum(chord_sq, 1e-30)) / 2.0)
+    return Geometry(Space.LORENTZ, geometry.curv).coordinates(stored[:, :-1], hyperbolic_model="lorentz")
 
 
 # --- the index ----------------------------------------------------------------------------------
@@ -224,6 +184,11 @@ class ShardIndex:
     ef_search: int | None = None
     refine_factor: int = DEFAULT_REFINE_FACTOR
     _inner: Any = field(default=None, repr=False)
+
+    @property
+    def geometry(self) -> Geometry:
+        """The index's space and curvature: its coordinates and distances."""
+        return Geometry(self.space, self.curv)
 
     def __post_init__(self) -> None:
         if self._inner is None:
@@ -253,16 +218,16 @@ class ShardIndex:
 
     # -- search ----------------------------------------------------------------------------------
     def _query_form(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(canonical form of the queries (float64), what FAISS is searched with (float32))."""
-        canonical = _canonical(queries, self.space, self.curv)
-        if self.space in _HYPERBOLIC:
-            searched = canonical.copy()
+        """(coordinates of the queries (float64), what FAISS is searched with (float32))."""
+        coords = self.geometry.coordinates(queries, hyperbolic_model="lorentz")
+        if self.space.hyperbolic:
+            searched = coords.copy()
             searched[:, 0] = -searched[:, 0]  # [-q_t, q_s]: the FAISS inner product is <q,x>_L
             if _uses_proxy(self.space, self.kind):  # [-q_t, q_s, 0]: L2 order = geodesic order
                 searched = np.concatenate([searched, np.zeros((len(searched), 1))], axis=1)
         else:
-            searched = canonical
-        return canonical, np.ascontiguousarray(searched, dtype=np.float32)
+            searched = coords
+        return coords, np.ascontiguousarray(searched, dtype=np.float32)
 
     def search(self, queries: Any, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` nearest items of each query: ``(Q, D) -> distances (Q, k) float64, ids (Q, k) int64``.
@@ -289,11 +254,10 @@ class ShardIndex:
         found = ids >= 0
         distances = np.full(ids.shape, np.inf)
         if found.any():
-            vectors = _from_stored(
-                self.index.reconstruct_batch(ids[found]).astype(np.float64), self.space, self.curv, self.kind
-            )
+            vectors = _from_stored(self.index.reconstruct_batch(ids[found]).astype(np.float64), self.geometry, self.kind)
             query_rows = np.broadcast_to(np.arange(n_queries)[:, None], ids.shape)[found]
-            distances[found] = _distances_to(stored_queries[query_rows], vectors, self.space, self.curv)
+            distances[found] = self.geometry.coordinate_distance(stored_queries[query_rows], vectors,
+                                                                 hyperbolic_model="lorentz")
         order = np.argsort(distances, axis=1, kind="stable")[:, :k]
         return np.take_along_axis(distances, order, axis=1), np.take_along_axis(ids, order, axis=1)
 
@@ -313,29 +277,16 @@ class ShardIndex:
         }
 
     def to_bytes(self) -> bytes:
-        """``MAGIC``, 4-byte little-endian header length, JSON header, ``faiss.serialize_index`` bytes."""
+        """``container.pack_header(MAGIC, header)``, then ``faiss.serialize_index``'s bytes."""
         payload = faiss.serialize_index(self.index).tobytes()
-        header = dict(self.header(), faiss_sha256=hashlib.sha256(payload).hexdigest())
-        raw = json.dumps(header, sort_keys=True, allow_nan=False).encode("utf-8")
-        return MAGIC + struct.pack("<I", len(raw)) + raw + payload
+        return pack_header(MAGIC, dict(self.header(), faiss_sha256=hashlib.sha256(payload).hexdigest())) + payload
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ShardIndex:
         """Inverse of ``to_bytes``; ValueError for anything that is not an intact serialised index."""
         data = bytes(data)
-        prefix = len(MAGIC) + 4
-        if len(data) < prefix or not data.startswith(MAGIC):
-            raise ValueError("data is not a serialised ShardIndex (bad magic bytes)")
-        (length,) = struct.unpack("<I", data[len(MAGIC) : prefix])
-        if len(data) < prefix + length:
-            raise ValueError("data is truncated: the ShardIndex header is incomplete")
-        try:
-            header = json.loads(data[prefix : prefix + length].decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"data has an invalid ShardIndex header: {exc}") from None
-        if not isinstance(header, dict) or header.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"unsupported ShardIndex format: {header!r}")
-        payload = data[prefix + length :]
+        header, offset = unpack_header(data, MAGIC, "ShardIndex", FORMAT_VERSION)
+        payload = data[offset:]
         if hashlib.sha256(payload).hexdigest() != header.get("faiss_sha256"):
             raise ValueError("data is corrupt or truncated: the FAISS payload checksum does not match")
         try:
@@ -409,23 +360,14 @@ def build_index(
         raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
     curv = _check_curv(curv)
     embeddings = _as_matrix(embeddings, "embeddings")
+    geometry = Geometry(space, curv)
+    geometry.check_points(embeddings)
     n, dim = embeddings.shape
-    if dim < 1:
-        raise ValueError(f"embeddings must have at least one column, got shape {embeddings.shape}")
-    if space is Space.LORENTZ and dim < 2:
-        raise ValueError(f"lorentz embeddings must be (N, d+1) with d >= 1 (time first), got dim {dim}")
-    if space is Space.POINCARE and n:
-        radius_sq = (embeddings * embeddings).sum(axis=1).max()
-        if radius_sq * curv >= 1.0:
-            raise ValueError(
-                f"poincare embeddings must lie inside the ball of radius 1/sqrt(curv) = {1 / math.sqrt(curv):.6g}, "
-                f"max norm is {math.sqrt(radius_sq):.6g}"
-            )
     item_ids = _check_ids(ids, n)
     hnsw_m = _check_positive_int(hnsw_m, "hnsw_m")
 
     refine_factor = _check_positive_int(refine_factor, "refine_factor")
-    stored = np.ascontiguousarray(_stored_form(embeddings, space, curv, kind), dtype=np.float32)
+    stored = np.ascontiguousarray(_stored_form(embeddings, geometry, kind), dtype=np.float32)
     stored_dim = stored.shape[1]
     l2 = space is Space.EUCLIDEAN or _uses_proxy(space, kind)
     metric = faiss.METRIC_L2 if l2 else faiss.METRIC_INNER_PRODUCT

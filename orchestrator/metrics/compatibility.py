@@ -377,7 +377,7 @@ def _check_same_space(
             f"generations[{t}] (space {newer.space.value!r}) and generations[{k}] "
             f"(space {older.space.value!r}) live in different spaces; cross retrieval needs one space"
         )
-    if newer.space in (Space.LORENTZ, Space.POINCARE):
+    if newer.space.hyperbolic:
         c_new, c_old = float(newer.curv), float(older.curv)
         if not math.isclose(c_new, c_old, rel_tol=1e-6):
             raise ValueError(

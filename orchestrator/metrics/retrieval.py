@@ -2,7 +2,7 @@
 
 This is the metric M inside every compatibility number of the specs (HBCT §11, d-Simplex §8.1,
 λ-orthogonality §4, prototype perturbation §9). Each query ranks the whole gallery by
-``orchestrator.geometry.spaces.pairwise_distance`` (ascending; the smaller the distance, the closer)
+``orchestrator.geometry.Geometry.pairwise_distance`` (ascending; the smaller the distance, the closer)
 and is scored against the gallery labels:
 
 - CMC@k (HBCT §11): 1 if at least one of the k highest-ranked gallery items has the query's label,
@@ -37,7 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from orchestrator.geometry.spaces import Space, pairwise_distance
+from orchestrator.geometry.geometry import Geometry
+from orchestrator.geometry.spaces import Space
 
 __all__ = [
     "KEY_METRICS",
@@ -134,8 +135,10 @@ def retrieval_metrics(
         queries_t, gallery_t = queries_t.to(common), gallery_t.to(common)
     num_queries, num_gallery = queries_t.shape[0], gallery_t.shape[0]
 
+    geometry = Geometry(space, curv)
+
     def distances(start: int, stop: int) -> torch.Tensor:
-        return pairwise_distance(space, queries_t[start:stop], gallery_t, curv)
+        return geometry.pairwise_distance(queries_t[start:stop], gallery_t)
 
     return retrieval_metrics_from_distances(distances, num_queries, num_gallery, query_labels, gallery_labels, ks,
                                             query_ids, gallery_ids, chunk_size, device=queries_t.device,

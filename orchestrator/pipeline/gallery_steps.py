@@ -46,8 +46,7 @@ from orchestrator.distributed.embed import EmbeddingSettings, embed_gallery, qui
 from orchestrator.distributed.gallery_read import EntryRead, RowRange, StoredItems
 from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery, read_shard, shard_file_uris, write_shard
 from orchestrator.gallery.shard_files import read_selection
-from orchestrator.geometry import lorentz
-from orchestrator.geometry.spaces import Space
+from orchestrator.geometry.geometry import Geometry
 from orchestrator.index import build_index, load_index
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import ShardAssignment, ShardRecord
@@ -323,7 +322,7 @@ class GalleryUpdater:
                 counts[k] += len(part["id"])
                 entry = pending[k]
                 if counts[k] == entry.num_items:
-                    shard = _assemble(entry, received.pop(k), generation, model.space.value, _curvature(model),
+                    shard = _assemble(entry, received.pop(k), generation, Geometry(model.space, model.curv),
                                       self.source.metadata_columns)
                     key = entry.step_key(self.name, generation)
                     run_step(key, lambda entry=entry, shard=shard, key=key: self._commit(entry, shard, key))
@@ -487,10 +486,10 @@ class GalleryUpdater:
         """``items`` (the evaluation's labelled sample) embedded by ``generation`` in this process."""
         model = self._model(generation)
         out, labels, ids = embed_dataset_with_ids(model, ImageTensorDataset(items, self.image_size, self.mean, self.std))
-        uncertainty = (lorentz.uncertainty(out.embedding, model.curv).numpy() if model.space is Space.LORENTZ
-                       else np.full(len(ids), np.nan))
+        geometry = Geometry(model.space, model.curv)
         return ShardEmbeddings(ids.numpy(), labels.numpy(), out.embedding.numpy().astype(np.float32),
-                               uncertainty.astype(np.float32), generation, model.space.value, _curvature(model))
+                               geometry.uncertainty(out.embedding).numpy().astype(np.float32), generation,
+                               geometry.space.value, geometry.curv)
 
     def _curve(self, plan: GalleryPlan, full: ShardEmbeddings, queries, query_labels, query_ids, models,
                parents) -> dict[str, Any]:
@@ -512,12 +511,6 @@ class GalleryUpdater:
         return {"points": points, **files, "order": plan.policy["order"]}
 
 
-def _curvature(model) -> float:
-    """The curvature magnitude shard files record: the model's for hyperbolic spaces, 1 (unused)
-    for flat ones, whose lift reports 0."""
-    return model.curv if model.space in (Space.LORENTZ, Space.POINCARE) else 1.0
-
-
 def initial_shard_sizes(num_items: int, num_shards: int) -> list[int]:
     """The sizes of the initial shards: contiguous row blocks differing by at most one, larger
     first (``numpy.array_split``; over rows sorted by id this is ``gallery.layout``'s id blocks)."""
@@ -526,7 +519,7 @@ def initial_shard_sizes(num_items: int, num_shards: int) -> list[int]:
     return [num_items // num_shards + (1 if k < num_items % num_shards else 0) for k in range(num_shards)]
 
 
-def _assemble(entry: PlanEntry, parts: list[dict[str, np.ndarray]], generation: str, space: str, curv: float,
+def _assemble(entry: PlanEntry, parts: list[dict[str, np.ndarray]], generation: str, geometry: Geometry,
               metadata_columns: tuple[str, ...]) -> ShardEmbeddings:
     """One shard update's rows (in arrival order) → its ``ShardEmbeddings``, sorted by id; the
     rows must be exactly the planned ones (unique, and the planned range when there is one)."""
@@ -540,5 +533,5 @@ def _assemble(entry: PlanEntry, parts: list[dict[str, np.ndarray]], generation: 
                            **{name: pa.array(column(name).tolist()) for name in metadata_columns}})
     embeddings = np.stack(column("embedding")) if column("embedding").dtype == object else column("embedding")
     return ShardEmbeddings(ids, column("label").astype(np.int64), embeddings.astype(np.float32),
-                           column("uncertainty").astype(np.float32), generation, space, curv, rows,
+                           column("uncertainty").astype(np.float32), generation, geometry.space.value, geometry.curv, rows,
                            attributes).sorted_by_id()

@@ -35,7 +35,7 @@ import torch
 
 from orchestrator.comparison import ComparisonPath, IncomparableGenerations, comparison_path
 from orchestrator.gallery.shard_files import ShardEmbeddings, read_shard
-from orchestrator.geometry.spaces import Space
+from orchestrator.geometry.geometry import Geometry
 from orchestrator.index import build_index
 from orchestrator.lineage.records import ShardRecord
 from orchestrator.models.bundle import CompatibleModel
@@ -258,8 +258,8 @@ class SearchRouter:
         stored = read_embeddings(shard)
         vectors = torch.from_numpy(np.ascontiguousarray(stored.embeddings))
         mapped = torch.cat([path.map_gallery(part).float() for part in vectors.split(MAP_GALLERY_CHUNK)])
-        curv = path.curv if path.space in (Space.LORENTZ, Space.POINCARE) else 1.0
-        return build_index(mapped.numpy(), path.space, "flat", stored.ids, curv=curv)
+        geometry = Geometry(path.space, path.curv)
+        return build_index(mapped.numpy(), geometry.space, "flat", stored.ids, curv=geometry.curv)
 
     @property
     def model(self) -> CompatibleModel:

@@ -7,7 +7,7 @@ from torch import nn
 
 from orchestrator.comparison import IncomparableGenerations
 from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery
-from orchestrator.geometry.spaces import pairwise_distance
+from orchestrator.geometry import Geometry
 from orchestrator.methods import create_method
 from orchestrator.metrics import retrieval_metrics
 from vector_models import vector_model
@@ -54,8 +54,8 @@ def test_an_adapter_generation_maps_queries_only_for_the_old_shards():
     result = evaluate_mixed_gallery("g1", queries, labels, ids, shards, {"g0": g0, "g1": g1}, {"g1": "g0"}, ks=(1,))
     with torch.no_grad():
         mapped = mapping(queries)
-    distances = torch.cat([pairwise_distance("cosine", mapped.double(), torch.from_numpy(old[:10]).double()),
-                           pairwise_distance("cosine", queries.double(), torch.from_numpy(new[10:]).double())], dim=1)
+    distances = torch.cat([Geometry("cosine").pairwise_distance(mapped.double(), torch.from_numpy(old[:10]).double()),
+                           Geometry("cosine").pairwise_distance(queries.double(), torch.from_numpy(new[10:]).double())], dim=1)
     distances[torch.arange(n), torch.arange(n)] = float("inf")  # leave-one-out
     top1 = distances.argmin(dim=1).numpy()
     assert result.cmc[1] == pytest.approx(np.mean(labels[top1] == labels))

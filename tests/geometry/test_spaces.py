@@ -1,4 +1,4 @@
-"""Retrieval distances per embedding space."""
+"""Retrieval distances per embedding space (``Geometry.pairwise_distance``)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.geometry import Space, lorentz, poincare
-from orchestrator.geometry.spaces import pairwise_distance
+from orchestrator.geometry import Geometry, Space, lorentz, poincare
+
+
+def pairwise_distance(space, queries, gallery, curv=1.0):
+    return Geometry(space, curv).pairwise_distance(queries, gallery)
 
 
 def _random(n: int, d: int, seed: int) -> torch.Tensor:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.geometry import lorentz
-from orchestrator.geometry.spaces import Space, pairwise_distance
+from orchestrator.geometry import Geometry, lorentz
+from orchestrator.geometry.spaces import Space
 from orchestrator.index import MAGIC, ShardIndex, build_index, default_nlist
 
 # (space, curv, data dimension d)
@@ -37,7 +37,7 @@ def _reference(space: str, curv: float, queries: np.ndarray, gallery: np.ndarray
     """Brute-force float64 distances (Q, N) with the geometry layer."""
     q = torch.from_numpy(queries).to(torch.float64)
     g = torch.from_numpy(gallery).to(torch.float64)
-    return pairwise_distance(space, q, g, curv).numpy()
+    return Geometry(space, curv).pairwise_distance(q, g).numpy()
 
 
 @pytest.mark.parametrize("space,curv,d", SPACES)

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from orchestrator.geometry.spaces import pairwise_distance
+from orchestrator.geometry import Geometry
 from orchestrator.index import ShardIndex, build_index
 from orchestrator.lineage.records import ShardRecord
 from orchestrator.methods import TrainContext, create_method
@@ -151,7 +151,7 @@ def test_the_router_maps_the_plug_in_queries_into_the_parents_shard(generations,
     fitted = child.adapters[BACKWARD_ADAPTER]  # the adapter before the checkpoint, applied by hand
     order, scale = fitted.order.numpy(), fitted.scale.detach().double().numpy()
     mapped = queries.double().numpy()[:, order] * scale
-    distances = pairwise_distance("cosine", torch.from_numpy(mapped), torch.from_numpy(gallery)).numpy()
+    distances = Geometry("cosine").pairwise_distance(torch.from_numpy(mapped), torch.from_numpy(gallery)).numpy()
     best = np.argsort(distances, axis=1, kind="stable")[:, :6]
     np.testing.assert_array_equal(result.ids, ids[best])
     np.testing.assert_allclose(result.distances, np.take_along_axis(distances, best, axis=1), rtol=1e-5, atol=1e-6)

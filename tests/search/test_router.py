@@ -9,7 +9,7 @@ from torch import nn
 
 from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery, write_shard
 from orchestrator.geometry import lorentz
-from orchestrator.geometry.spaces import pairwise_distance
+from orchestrator.geometry import Geometry
 from orchestrator.index import ShardIndex, build_index, load_index
 from orchestrator.lineage.records import CompatibilityRecord, ShardRecord
 from orchestrator.methods import create_method
@@ -92,9 +92,9 @@ def test_three_generations_direct_and_adapter_paths_equal_the_brute_force_rankin
 
     with torch.no_grad():
         mapped = backward(queries)
-    columns = [pairwise_distance("cosine", queries.double(), torch.from_numpy(g0_emb[parts["g0"]]).double()),
-               pairwise_distance("cosine", mapped.double(), torch.from_numpy(g1_emb[parts["g1"]]).double()),
-               pairwise_distance("cosine", queries.double(), torch.from_numpy(g2_emb[parts["g2"]]).double())]
+    columns = [Geometry("cosine").pairwise_distance(queries.double(), torch.from_numpy(g0_emb[parts["g0"]]).double()),
+               Geometry("cosine").pairwise_distance(mapped.double(), torch.from_numpy(g1_emb[parts["g1"]]).double()),
+               Geometry("cosine").pairwise_distance(queries.double(), torch.from_numpy(g2_emb[parts["g2"]]).double())]
     all_ids = np.concatenate([ids[parts[g]] for g in ("g0", "g1", "g2")])
     expected_d, expected_ids = brute_force_top_k(torch.cat(columns, dim=1).numpy(), all_ids, k)
     np.testing.assert_array_equal(result.ids, expected_ids)
