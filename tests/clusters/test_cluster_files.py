@@ -1,11 +1,14 @@
 """Static checks of the cluster files under clusters/: they parse, have the shape their tools need,
 turn Ray token authentication on for every node, and carry no secrets. Nothing is launched."""
+import json
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
+import jsonschema
 import pytest
+import ray
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +46,22 @@ def test_aws_launcher_config_shape():
     assert gpu and cpu, "needs a CPU worker type and a GPU worker type"
     total_max = sum(t.get("max_workers", 0) for t in workers.values())
     assert 0 < total_max <= cfg["max_workers"]
+
+
+def test_aws_config_validates_against_ray_launcher_schema_and_pins_the_image():
+    """The launcher's own JSON schema (shipped with the installed Ray) accepts the file, and every
+    node runs a container image with the installed Ray's version and a Python >= 3.10."""
+    schema = json.loads((Path(ray.__file__).parent / "autoscaler" / "ray-schema.json").read_text())
+    cfg = load(AWS)
+    jsonschema.validate(cfg, schema)
+    images = [cfg["docker"]["image"]] + [node["docker"]["worker_image"] for node in
+                                         cfg["available_node_types"].values() if "docker" in node]
+    for image in images:
+        match = re.fullmatch(r"rayproject/ray:(\d+\.\d+\.\d+)-py3(\d+)-(cpu|gpu)", image)
+        assert match, image
+        assert match[1] == ray.__version__ and int(match[2]) >= 10, image
+    gpu_types = [n for n, t in cfg["available_node_types"].items() if t["resources"].get("GPU")]
+    assert all(cfg["available_node_types"][n]["docker"]["worker_image"].endswith("-gpu") for n in gpu_types)
 
 
 def test_aws_installs_the_project_and_sets_token_auth_on_every_node():
