@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 import torch
 
+from orchestrator.progress import Meter
 from orchestrator.storage import load_training_state, save_training_state
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.generation import GenerationJob, GenerationTraining
@@ -51,7 +52,7 @@ def train_generation_with_ray(job: GenerationJob, scaling: ScalingSettings, stor
     storage_path: Ray Train's persistent storage (absolute local path or URI) for its per-epoch
                   checkpoints; the finished generation goes to ``job.output_uri``.
     Worker failures inside a run resume from the last epoch checkpoint. ``progress`` receives
-    one line per finished epoch (local storage only; see ``EpochProgress``).
+    one line per finished epoch, or a bar on a terminal (see ``EpochReports``).
     """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchTrainer
@@ -61,18 +62,17 @@ def train_generation_with_ray(job: GenerationJob, scaling: ScalingSettings, stor
         resources["GPU"] = max(scaling.gpus_per_worker, 1.0)
     run_name = run_name or f"train-{job.name}"
     storage_path, storage_filesystem = _ray_storage(storage_path, job.storage_options)
+    watcher = None if progress is None else EpochReports(TrainConfig(**job.training).epochs, progress)
     trainer = TorchTrainer(
         _train_worker,
-        train_loop_config={"job": asdict(job)},
+        train_loop_config={"job": asdict(job), "epoch_queue": None if watcher is None else watcher.queue},
         scaling_config=ScalingConfig(num_workers=scaling.num_workers, use_gpu=scaling.use_gpu,
                                      resources_per_worker=resources),
         run_config=RunConfig(name=run_name, storage_path=storage_path, storage_filesystem=storage_filesystem,
                              failure_config=FailureConfig(max_failures=scaling.max_failures),
                              checkpoint_config=CheckpointConfig(num_to_keep=scaling.checkpoints_to_keep)),
     )
-    watcher = None
-    if progress is not None and storage_filesystem is None:
-        watcher = EpochProgress(Path(storage_path) / run_name, TrainConfig(**job.training).epochs, progress)
+    if watcher is not None:
         watcher.start()
     try:
         result = trainer.fit()
@@ -120,6 +120,8 @@ def _train_worker(config: dict[str, Any]) -> None:
                 _save_epoch_state(Path(folder), session.model, session.optimizer, epoch, metrics)
                 checkpoint = ray.train.Checkpoint.from_directory(folder)
             ray.train.report(metrics, checkpoint=checkpoint)
+        if rank == 0 and config.get("epoch_queue") is not None:
+            config["epoch_queue"].put({**metrics, "epoch": epoch})
     session.finish()
     if rank == 0:
         card = session.save()
@@ -135,39 +137,47 @@ def _save_epoch_state(folder: Path, model: torch.nn.Module, optimizer: torch.opt
     save_training_state(str(folder / _STATE), optimizer.state_dict(), epoch, extra={"metrics": metrics})
 
 
-class EpochProgress(threading.Thread):
-    """Driver-side progress: reports each new epoch checkpoint of a run stored on the local file
-    system as one line (epoch, loss terms, learning rate). Ray's own worker logs stay in Ray's log
-    files; object-store runs report nothing here."""
+class EpochReports(threading.Thread):
+    """Driver-side progress of one run: rank 0 puts each finished epoch's metrics into a Ray queue
+    (``EpochReports.queue``, passed to the workers), and this thread turns them into a ``Meter``
+    (a bar on a terminal, else one line per epoch: epoch, loss terms, learning rate). Works the same
+    for local, object-store and cluster runs: nothing is read back from storage."""
 
-    def __init__(self, run_dir: Path, epochs: int, progress: Callable[[str], None], interval: float = 1.0):
+    def __init__(self, epochs: int, progress: Callable[[str], None]):
+        from ray.util.queue import Queue
+
         super().__init__(daemon=True)
-        self.run_dir, self.epochs, self.progress, self.interval = run_dir, epochs, progress, interval
+        self.queue = Queue(maxsize=1000, actor_options={"num_cpus": 0})
+        self.meter = Meter(progress, "epoch", epochs, interval=0.0)
         self._stop_event = threading.Event()
-        self._seen: set[str] = set()
 
     def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
-            self.poll()
+        while not self._stop_event.is_set():
+            self.drain(timeout=0.5)
 
-    def poll(self) -> None:
-        for folder in sorted(self.run_dir.glob("checkpoint_*")):
-            if folder.name in self._seen:
-                continue
-            try:
-                state = load_training_state(str(folder / _STATE))
-            except (OSError, ValueError):
-                continue  # still being written, or already removed
-            self._seen.add(folder.name)
-            metrics = state.extra.get("metrics", {})
-            terms = " ".join(f"{k.removeprefix('loss/')} {v:.4f}" for k, v in metrics.items() if k.startswith("loss/"))
-            self.progress(f"epoch {state.epoch + 1}/{self.epochs}  loss {metrics.get('loss', float('nan')):.4f}"
-                          f" ({terms})  lr {metrics.get('lr', float('nan')):.4g}")
+    def drain(self, timeout: float = 0.0) -> None:
+        from ray.util.queue import Empty
+
+        try:
+            metrics = self.queue.get(block=timeout > 0, timeout=timeout or None)
+        except Empty:
+            return
+        self.meter.done = int(metrics["epoch"])  # the epoch before this one (resumed runs skip some)
+        self.meter.advance(1, epoch_note(metrics))
 
     def stop(self) -> None:
         self._stop_event.set()
         self.join(timeout=5)
-        self.poll()
+        while not self.queue.empty():
+            self.drain()
+        self.meter.close()
+        self.queue.shutdown()
+
+
+def epoch_note(metrics: dict[str, float]) -> str:
+    """``loss 2.3305 (base 2.2707 entailment 0.1072)  lr 0.05`` for one epoch's metrics."""
+    terms = " ".join(f"{k.removeprefix('loss/')} {v:.4f}" for k, v in metrics.items() if k.startswith("loss/"))
+    return f"loss {metrics.get('loss', float('nan')):.4f} ({terms})  lr {metrics.get('lr', float('nan')):.4g}"
 
 
 def _restore(checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:

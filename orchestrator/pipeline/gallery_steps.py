@@ -55,6 +55,7 @@ from orchestrator.metrics import METRICS
 from orchestrator.models.adapters import FORWARD_ADAPTER
 from orchestrator.pipeline.gallery_plan import GalleryPlan, PlanEntry, ShardBefore
 from orchestrator.pipeline.gate import GateMeasurement
+from orchestrator.progress import Meter
 from orchestrator.search import CompatibilityCriterion, IncompatibleShards, SearchRouter
 from orchestrator.search.evaluation import evaluate_search
 from orchestrator.storage import join_uri, load_generation, read_json, write_json_atomic
@@ -312,23 +313,32 @@ class GalleryUpdater:
         received: dict[int, list[dict[str, np.ndarray]]] = {k: [] for k in range(len(pending))}
         counts = np.zeros(len(pending), dtype=np.int64)
         model = self._model(generation)
-        for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
-            entry_of = np.asarray(batch["entry"], dtype=np.int64)
-            for k in np.unique(entry_of).tolist():
-                part = {name: np.asarray(values)[entry_of == k] for name, values in batch.items()}
-                if k not in received:
-                    raise RuntimeError(f"{self.name}: rows of shard update {k} arrived after it was committed")
-                received[k].append(part)
-                counts[k] += len(part["id"])
-                entry = pending[k]
-                if counts[k] == entry.num_items:
-                    shard = _assemble(entry, received.pop(k), generation, Geometry(model.space, model.curv),
-                                      self.source.metadata_columns)
-                    key = entry.step_key(self.name, generation)
-                    run_step(key, lambda entry=entry, shard=shard, key=key: self._commit(entry, shard, key))
+        with Meter(self.say, f"{self.name}: embedded", total, "items") as meter:
+            for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
+                self._receive(batch, pending, received, counts, generation, model, run_step)
+                meter.advance(len(batch["entry"]))
         incomplete = [pending[k].step_key(self.name, generation) for k in received]
         if incomplete:
             raise RuntimeError(f"{self.name}: the embedding pass ended without all items of {', '.join(incomplete)}")
+
+    def _receive(self, batch: dict[str, np.ndarray], pending: list[PlanEntry],
+                 received: dict[int, list[dict[str, np.ndarray]]], counts: np.ndarray, generation: str, model,
+                 run_step: Callable[[str, Callable[[], None]], None]) -> None:
+        """File one embedded batch's rows under their shard updates; commit each update whose items
+        are all in (and forget its rows)."""
+        entry_of = np.asarray(batch["entry"], dtype=np.int64)
+        for k in np.unique(entry_of).tolist():
+            part = {name: np.asarray(values)[entry_of == k] for name, values in batch.items()}
+            if k not in received:
+                raise RuntimeError(f"{self.name}: rows of shard update {k} arrived after it was committed")
+            received[k].append(part)
+            counts[k] += len(part["id"])
+            entry = pending[k]
+            if counts[k] == entry.num_items:
+                shard = _assemble(entry, received.pop(k), generation, Geometry(model.space, model.curv),
+                                  self.source.metadata_columns)
+                key = entry.step_key(self.name, generation)
+                run_step(key, lambda entry=entry, shard=shard, key=key: self._commit(entry, shard, key))
 
     @staticmethod
     def _entry_read(position: int, entry: PlanEntry, plan: GalleryPlan) -> EntryRead:

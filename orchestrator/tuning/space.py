@@ -30,6 +30,12 @@ def param_space(space: dict[str, ParameterRange]) -> dict[str, Any]:
     return domains
 
 
+
+def trial_count(space: dict[str, ParameterRange], num_samples: int) -> int:
+    """Trials the sweep creates: Tune repeats the whole grid (every combination of the ``grid``
+    parameters) ``num_samples`` times."""
+    return num_samples * math.prod(len(entry.grid) for entry in space.values() if entry.grid is not None)
+
 def search_algorithm(settings: SearchSettings, max_concurrent: int):
     """``random``: Tune's variant generator seeded with ``settings.seed``; ``optuna``: Optuna's TPE
     sampler seeded likewise (the objective's metric and mode come from the ``TuneConfig``). Either

@@ -33,6 +33,7 @@ from ray.tune import Callback
 from orchestrator.config import config_sha256
 from orchestrator.data import ImageTensorDataset
 from orchestrator.distributed.runtime import connect
+from orchestrator.progress import Meter
 from orchestrator.evaluation import evaluate_generations
 from orchestrator.pipeline.runner import PipelineRunner
 from orchestrator.storage import checkpoint_exists, exists, join_uri, load_generation, read_json, write_json_atomic
@@ -100,10 +101,12 @@ def trial_dirname(trial) -> str:
 
 
 class TrialLines(Callback):
-    """A Tune callback printing one line when a trial starts, finishes, is stopped or fails."""
+    """A Tune callback printing one line when a trial starts, finishes, is stopped or fails, and
+    counting the trials that ended (a bar on a terminal, else a line each)."""
 
-    def __init__(self, epochs: int):
+    def __init__(self, epochs: int, trials: int):
         self.epochs = epochs
+        self.meter = Meter(self._say, "trials ended", trials, interval=0.0)
 
     def _say(self, text: str) -> None:
         print(f"[{time.strftime('%H:%M:%S')}] {text}", flush=True)
@@ -117,9 +120,11 @@ class TrialLines(Callback):
         state = "finished" if done == self.epochs else "stopped early"
         self._say(f"trial {trial.trial_id} {state} after {done}/{self.epochs} epochs: "
                   f"{OBJECTIVE} {result.get(OBJECTIVE, float('nan')):.4f}")
+        self.meter.advance()
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self._say(f"trial {trial.trial_id} failed (its error is in {trial.path})")
+        self.meter.advance()
 
 
 def run_sweep(tune_file: TuneFile, progress: Progress | None = None) -> SweepResult:
@@ -215,7 +220,7 @@ def _tuner(tune_file: TuneFile, setup: TrialSetup, sweep_uri: str, experiment: s
         ),
         run_config=tune.RunConfig(name=EXPERIMENT, storage_path=sweep_uri, verbose=0,
                                   failure_config=tune.FailureConfig(max_failures=spec.max_failures),
-                                  callbacks=[TrialLines(epochs)]),
+                                  callbacks=[TrialLines(epochs, spaces.trial_count(spec.space, spec.search.num_samples))]),
     )
     return tuner, False
 

@@ -7,6 +7,7 @@ local. Every shard the lineage points at is read back from S3 and checked."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -51,6 +52,10 @@ def test_the_embedded_pipeline_runs_on_s3(s3_bucket, tmp_path):
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "testing" not in run.stdout + run.stderr  # the secret key is never printed
+    # training progress reaches the driver from Ray Train's workers, whatever the storage
+    for name in ("g0-old", "g1"):
+        assert re.search(rf"train:{name}: epoch 1/1  loss \d+\.\d{{4}} \(.+\)  lr ", run.stdout), run.stdout[-3000:]
+    assert re.search(r"digits-test: embedded \d+/\d+ items \(100%", run.stdout), run.stdout[-3000:]
 
     os.environ["AWS_ENDPOINT_URL"] = endpoint  # for this process's reads below (monkeypatch restores)
     fs = s3fs.S3FileSystem(endpoint_url=endpoint)
