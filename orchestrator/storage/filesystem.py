@@ -108,17 +108,29 @@ def join_uri(base: str, *parts: str) -> str:
     """``base`` with ``parts`` appended as path components, keeping the scheme.
 
     ``join_uri("s3://b/p", "gen0", "model.safetensors")`` → ``"s3://b/p/gen0/model.safetensors"``;
-    ``join_uri("/data", "gen0")`` → ``"/data/gen0"``. Slashes around parts are collapsed; empty
-    parts are skipped.
+    ``join_uri("/data", "gen0")`` → ``"/data/gen0"``. A part may hold several components
+    (``"plans/g1.json"``); trailing slashes are dropped and empty parts skipped. The result stays
+    below ``base``: a part that is absolute (a leading ``/`` or a ``scheme://``) or has a ``.`` or
+    ``..`` component, a backslash or a NUL raises ValueError naming it, whatever its origin.
     """
     result = str(base)
     for part in parts:
-        part = str(part).strip("/")
+        part = _relative_part(str(part), base).rstrip("/")
         if not part:
             continue
         result = result if result.endswith("/") else result + "/"
         result += part
     return result
+
+
+def _relative_part(part: str, base: str) -> str:
+    """``part`` if it is a relative path below ``base`` (see ``join_uri``); ValueError otherwise."""
+    components = [c for c in part.split("/") if c]
+    if (part.startswith("/") or "\\" in part or "\0" in part or "://" in part
+            or any(c in (".", "..") for c in components)):
+        raise ValueError(f"path component {part!r} would leave {redact_uri(base)}: parts must be relative names "
+                         "without '.', '..', backslashes or a leading '/'")
+    return part
 
 
 def _s3_options(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
