@@ -17,8 +17,8 @@ from orchestrator import limits
 
 NAME_RULE = f"[A-Za-z0-9_-][A-Za-z0-9_.-]{{0,{limits.NAME_MAX_LENGTH - 1}}}"
 _NAME = re.compile(NAME_RULE)
-NAME_HELP = (f"1-{limits.NAME_MAX_LENGTH} characters of A-Z a-z 0-9 _ - . not starting with '.' "
-             "(it names a folder: no separators, no '.' or '..')")
+NAME_HELP = (f"1-{limits.NAME_MAX_LENGTH} characters of A-Z a-z 0-9 _ - and dots, not starting with a dot "
+             "(it names a folder: no separators, no . or ..)")  # unquoted: the error then shows the value
 
 
 def check_name(name: str) -> str:
