@@ -1,5 +1,6 @@
 """Static checks of the cluster files under clusters/: they parse, have the shape their tools need,
 turn Ray token authentication on for every node, and carry no secrets. Nothing is launched."""
+import os
 import re
 import shutil
 import subprocess
@@ -178,3 +179,52 @@ def test_local_multinode_usage_without_arguments():
     result = subprocess.run(["bash", str(LOCAL)], capture_output=True, text=True, timeout=10)
     assert result.returncode == 2
     assert "up" in result.stderr and "down" in result.stderr
+
+
+def state_dir_shell(tmp_path: Path, command: str, **env: str) -> subprocess.CompletedProcess:
+    """``command`` in bash after sourcing the script (its functions, no subcommand run), with HOME
+    in ``tmp_path`` so the recorded state-dir path lands there."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RAY_DIR", "XDG_STATE_HOME")}
+    environment.update(HOME=str(tmp_path), **env)
+    return subprocess.run(["bash", "-c", f'source "{LOCAL}"; {command}'], env=environment, capture_output=True,
+                          text=True, timeout=30)
+
+
+def test_local_multinode_state_dir_is_private_and_unpredictable(tmp_path):
+    pointer = tmp_path / ".local" / "state" / "orchestrator" / "local_multinode.dir"
+    made = []
+    try:
+        for _ in range(2):
+            result = state_dir_shell(tmp_path, 'STATE_DIR=""; new_state_dir; echo "$STATE_DIR"')
+            assert result.returncode == 0, result.stderr
+            state = Path(result.stdout.strip())
+            made.append(state)
+            assert state.parent == Path("/tmp") and re.fullmatch(r"orc-ray-[A-Za-z0-9]{10}", state.name)
+            assert state.stat().st_mode & 0o777 == 0o700 and state.stat().st_uid == os.getuid()
+            assert pointer.read_text().strip() == str(state) and pointer.stat().st_mode & 0o777 == 0o600
+        assert made[0] != made[1]
+        # `down` finds the recorded dir (no processes of it run here), removes it and forgets it
+        down = subprocess.run(["bash", str(LOCAL), "down"], env={**os.environ, "HOME": str(tmp_path)},
+                              capture_output=True, text=True, timeout=60)
+        assert down.returncode == 0, down.stderr
+        assert not made[1].exists() and not pointer.exists()
+    finally:
+        for state in made:
+            shutil.rmtree(state, ignore_errors=True)
+
+
+def test_local_multinode_given_state_dir_is_private_and_never_someone_elses(tmp_path):
+    given = tmp_path / "cl"
+    result = state_dir_shell(tmp_path, "new_state_dir", LOCAL_RAY_DIR=str(given))
+    assert result.returncode == 0, result.stderr
+    assert given.stat().st_mode & 0o777 == 0o700 and (given / ".local_multinode").is_file()
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "data").write_text("kept")
+    result = state_dir_shell(tmp_path, "new_state_dir", LOCAL_RAY_DIR=str(foreign))
+    assert result.returncode == 1 and "is not this script's state dir" in result.stderr
+    assert (foreign / "data").read_text() == "kept"
+    link = tmp_path / "link"
+    link.symlink_to(given)
+    result = state_dir_shell(tmp_path, "new_state_dir", LOCAL_RAY_DIR=str(link))
+    assert result.returncode == 1 and (given / ".local_multinode").is_file()
