@@ -602,6 +602,10 @@ class GallerySpec(_Strict):
         _raise_problems([_problem(("index_options", name), f"is not an option of index {self.index!r} "
                                   f"(its options: {', '.join(OPTIONS[self.index]) or 'none'})", self.index_options[name])
                          for name in unknown])
+        _raise_problems([_problem(("index_options", name), f"at most {limits.MAX_INDEX_OPTIONS[name]} "
+                                  "(limits.MAX_INDEX_OPTIONS)", value)
+                         for name, value in self.index_options.items() if name in limits.MAX_INDEX_OPTIONS
+                         and isinstance(value, (int, float)) and value > limits.MAX_INDEX_OPTIONS[name]])
         return self
 
     @field_validator("source")

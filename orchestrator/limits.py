@@ -44,6 +44,13 @@ MAX_CLASSES = 1_000_000           # class ids, tasks, prototypes, per-class coun
 MAX_TOP_K = 1_000_000             # search depth (eval_k, a method's neighbours)
 MAX_STEPS = 1_000_000             # inner optimisation steps / pairs of a method
 
+#: index build options that are counts (gallery.index_options; their other checks are the index's)
+MAX_INDEX_OPTIONS = {
+    "nlist": MAX_TOP_K, "nprobe": MAX_TOP_K, "hnsw_m": 1_024, "ef_construction": MAX_TOP_K,
+    "ef_search": MAX_TOP_K, "refine_factor": 1_000, "rerank_factor": 1_000, "pq_m": MAX_EMBED_DIM,
+    "pq_nbits": 16, "train_size": MAX_ITEMS,
+}
+
 # --- tuning ----------------------------------------------------------------------------------
 MAX_NUM_SAMPLES = 100_000         # trials (or grid repeats) of one sweep
 MAX_GRACE_PERIOD = MAX_EPOCHS     # ASHA grace period, in epochs

@@ -237,6 +237,16 @@ def test_huge_method_parameter_and_ray_resources(tmp_path):
             f"(got {json.dumps(1e15)}) [line ") in message
 
 
+@pytest.mark.parametrize("index, option", [("ivf", "nlist"), ("hnsw", "ef_search"), ("pq", "train_size")])
+def test_index_option_counts_are_bounded(tmp_path, index, option):
+    bound = limits.MAX_INDEX_OPTIONS[option]
+    text = with_value("gallery", {"index": index, "index_options": {option: bound + 1}})
+    message = refusal(write(tmp_path, text))
+    assert f"gallery.index_options.{option}: at most {bound} (limits.MAX_INDEX_OPTIONS) (got {bound + 1}) [line " in message
+    config = load_pipeline(write(tmp_path, with_value("gallery", {"index": index, "index_options": {option: bound}}), "ok.yaml"))
+    assert config.gallery.index_options == {option: bound}
+
+
 def test_class_ids_are_bounded(tmp_path):
     message = refusal(write(tmp_path, with_value("generations.0.classes", [0, 10**12])))
     assert f"generations[0].classes[1]: Input should be less than {limits.MAX_CLASSES} (got 1000000000000)" in message
