@@ -97,7 +97,7 @@ class _BoundedLoader(yaml.SafeLoader):
         if isinstance(node, yaml.ScalarNode):
             self._check_scalar(node)
         self._open.pop()
-        self._count(1, element)
+        self._count(1, element, mark=node.start_mark)
         self._finish(node, self._nodes - before, height)
         return node
 

@@ -7,6 +7,8 @@ The bounds are far above any real use (a value near one is already a very large 
 below what makes a step allocate without end; raise one here, with a reason, if a real run needs it.
 
 Decisions:
+- YAML is parsed by pure-Python PyYAML (its C parser cannot be bounded while composing), about
+  20,000 nodes or 1 MiB a second on a busy core: the YAML bounds keep the worst file under a second.
 - YAML bounds count the document as constructed: an alias (``*a``) counts every node of what it
   stands for, so ten lines of nested aliases ("billion laughs") are refused before anything is
   built, and nesting counts through aliases too.
@@ -16,8 +18,8 @@ Decisions:
 from __future__ import annotations
 
 # --- YAML files ------------------------------------------------------------------------------
-YAML_MAX_BYTES = 1 << 20          # file size; pipeline files are a few KiB
-YAML_MAX_NODES = 50_000           # nodes of the document with every alias expanded
+YAML_MAX_BYTES = 256 << 10        # file size; the repository's pipeline files are at most 6 KiB
+YAML_MAX_NODES = 10_000           # nodes with every alias expanded; its files have at most 500
 YAML_MAX_ALIASES = 1_000          # alias uses (*name) in one document
 YAML_MAX_DEPTH = 50               # nesting of mappings / sequences, through aliases too
 YAML_MAX_SCALAR_CHARS = 65_536    # one scalar (a description, a path, a number)

@@ -123,6 +123,18 @@ def test_alias_bomb_is_refused_before_expansion(tmp_path, levels):
                        f"[line {VALID.count(chr(10)) + 1 + line}]")
 
 
+@pytest.mark.parametrize("layout", ["flow", "block"])
+def test_too_many_nodes_without_aliases(tmp_path, layout):
+    count = limits.YAML_MAX_NODES + 1
+    items = "[" + ", ".join(["1"] * count) + "]" if layout == "flow" else "\n" + "  - 1\n" * count
+    message = refusal(write(tmp_path, VALID + f"many: {items}\n"))
+    # VALID's nodes (less the root mapping, counted when it ends), the key, the list node, then items
+    item = limits.YAML_MAX_NODES - (node_count(yaml.compose(VALID)) - 1) - 1
+    line = 10 if layout == "flow" else 11 + item
+    assert f": many[{item}]: the document expands to more than {limits.YAML_MAX_NODES} nodes" in message
+    assert f"(got {limits.YAML_MAX_NODES + 1} nodes) [line {line}]" in message
+
+
 def test_alias_to_its_own_node_is_refused(tmp_path):
     message = refusal(write(tmp_path, VALID + "loop: &loop [1, *loop]\n"))
     assert "loop[1]: an alias inside the node it refers to" in message and "(got *loop) [line 10]" in message
