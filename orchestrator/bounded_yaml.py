@@ -44,9 +44,10 @@ def read_text(path: str | Path) -> str:
     bytes that are not UTF-8 and ``OSError`` (``FileNotFoundError``, ``IsADirectoryError``, ...)."""
     with open(os.fspath(path), "rb") as handle:
         data = handle.read(limits.YAML_MAX_BYTES + 1)
+        size = os.fstat(handle.fileno()).st_size  # 0 for a device or pipe: then "more than"
     if len(data) > limits.YAML_MAX_BYTES:
-        raise YAMLLimitError((), f"file larger than {limits.YAML_MAX_BYTES} bytes (limits.YAML_MAX_BYTES)",
-                             f"more than {limits.YAML_MAX_BYTES} bytes", None)
+        shown = f"{size} bytes" if size > limits.YAML_MAX_BYTES else f"more than {limits.YAML_MAX_BYTES} bytes"
+        raise YAMLLimitError((), f"file larger than {limits.YAML_MAX_BYTES} bytes (limits.YAML_MAX_BYTES)", shown, None)
     return data.decode("utf-8")
 
 

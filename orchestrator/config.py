@@ -366,7 +366,8 @@ class ClassSelection(_Strict):
       classes seen so far.
     """
 
-    ids: list[Annotated[int, Field(ge=0, lt=limits.MAX_CLASSES)]] | None = Field(None, min_length=1, max_length=limits.MAX_CLASSES)
+    ids: list[Annotated[int, Field(ge=0, lt=limits.MAX_CLASSES)]] | None = Field(
+        None, min_length=1, max_length=limits.MAX_CLASSES)
     first_fraction: float | None = Field(None, gt=0, le=1)
     task: int | None = Field(None, ge=1, le=limits.MAX_CLASSES)
     memory_per_class: int | None = Field(None, ge=1, le=limits.MAX_ITEMS)
