@@ -228,3 +228,44 @@ def test_local_multinode_given_state_dir_is_private_and_never_someone_elses(tmp_
     link.symlink_to(given)
     result = state_dir_shell(tmp_path, "new_state_dir", LOCAL_RAY_DIR=str(link))
     assert result.returncode == 1 and (given / ".local_multinode").is_file()
+
+
+RAY_STUB = """#!/usr/bin/env bash
+# records its arguments; `ray status` reports three alive nodes
+echo "$*" >>"$RAY_STUB_LOG"
+if [[ "$1" == status ]]; then printf 'Active:\\n 1 node_a\\n 1 node_b\\n 1 node_c\\nPending:\\n'; fi
+"""
+
+
+def test_local_multinode_up_status_down_keep_the_state_private(tmp_path):
+    """The whole `up` → `status` → `down` flow with stand-ins for `ray` (records its calls) and
+    `pgrep` (no Ray runs), so no cluster starts: where the token and state go, and that `down`
+    finds them again without LOCAL_RAY_DIR."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "ray").write_text(RAY_STUB)
+    (stubs / "pgrep").write_text("#!/usr/bin/env bash\nexit 1\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    log = tmp_path / "ray.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RAY_DIR", "XDG_STATE_HOME", "RAY_AUTH_TOKEN_PATH")}
+    env.update(HOME=str(tmp_path), PATH=f"{stubs}:{env['PATH']}", RAY_STUB_LOG=str(log), OTHER_RAY_WAIT="0")
+    up = subprocess.run(["bash", str(LOCAL), "up", "2"], env=env, capture_output=True, text=True, timeout=60)
+    assert up.returncode == 0, up.stderr
+    state = Path(re.search(r"its state \(token, logs\) is in (\S+) \(private\)", up.stdout).group(1))
+    try:
+        assert state.parent == Path("/tmp") and state.stat().st_mode & 0o777 == 0o700
+        token = state / "auth_token"
+        assert re.fullmatch(r"[0-9a-f]{64}\n", token.read_text()) and token.stat().st_mode & 0o777 == 0o600
+        assert f"RAY_AUTH_TOKEN_PATH={token}" in (state / "cluster.env").read_text()
+        starts = [line for line in log.read_text().splitlines() if line.startswith("start")]
+        assert len(starts) == 3 and all(f"--temp-dir={state}/t{i}" in s for i, s in enumerate(starts))
+        status = subprocess.run(["bash", str(LOCAL), "status"], env=env, capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0 and f"token file: {token}" in status.stdout, status.stderr
+        down = subprocess.run(["bash", str(LOCAL), "down"], env=env, capture_output=True, text=True, timeout=60)
+        assert down.returncode == 0, down.stderr
+        assert not state.exists()
+        again = subprocess.run(["bash", str(LOCAL), "down"], env=env, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 1 and "no local cluster from this script" in again.stderr
+    finally:
+        shutil.rmtree(state, ignore_errors=True)
