@@ -1,7 +1,7 @@
 """Hostile configuration files: each is refused quickly, in bounded memory, with one line naming the
 file, the field and the value (issue 13 parts 1 and 2).
 
-Every refusal is measured twice: once timed (under a second), once under ``tracemalloc`` (peak
+Every refusal is measured twice: once timed (under a CPU second), once under ``tracemalloc`` (peak
 under 50 MB; tracing slows the YAML scanner many times, so the two are separate runs). Before the
 bounds, the 10-line alias bomb below expanded to 10^9 nodes, the 50,000-level document ended in
 "maximum recursion depth exceeded" naming no file, and a ``..`` name put a generation's files in
@@ -42,11 +42,12 @@ generations:
 
 
 def refusal(path: Path, load=load_pipeline, error=PipelineConfigError) -> str:
-    """The one-line error of loading ``path``, checked to come within MAX_SECONDS and MAX_PEAK_BYTES."""
-    started = time.perf_counter()
+    """The one-line error of loading ``path``, checked to come within MAX_SECONDS of CPU time (this
+    process's: a busy machine's other processes do not count) and MAX_PEAK_BYTES."""
+    started = time.process_time()
     with pytest.raises(error) as info:
         load(path)
-    seconds = time.perf_counter() - started
+    seconds = time.process_time() - started
     tracemalloc.start()
     try:
         with pytest.raises(error):
