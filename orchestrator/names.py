@@ -23,7 +23,7 @@ NAME_HELP = (f"1-{limits.NAME_MAX_LENGTH} characters of A-Z a-z 0-9 _ - and dots
 
 def check_name(name: str) -> str:
     """``name`` if it follows the rule (module docstring); ValueError saying the rule otherwise."""
-    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+    if _NAME.fullmatch(name) is None:
         raise ValueError(f"not a valid name: {NAME_HELP}")
     return name
 
