@@ -16,8 +16,12 @@
 # Settings (environment variables):
 #   NUM_CPUS          logical CPUs each node offers (default 1)
 #   OBJECT_STORE_MB   object store per node, MiB (default 300; all nodes share /dev/shm)
-#   LOCAL_RAY_DIR     state dir: token, ports, per-node temp dirs (default /tmp/orc-localray; keep it
-#                     short, Ray's unix socket paths under it must stay below ~107 characters)
+#   LOCAL_RAY_DIR     state dir: token, ports, per-node temp dirs. Default: a fresh private (0700),
+#                     unpredictable dir made by `mktemp -d /tmp/orc-ray-XXXXXXXXXX`, whose path `up`
+#                     records (mode 600) in $XDG_STATE_HOME/orchestrator/local_multinode.dir for
+#                     `status` and `down`. If given, it is created mode 0700 and must not exist
+#                     (or be this script's own). Keep it short: Ray's unix socket paths under it
+#                     must stay below ~107 characters (hence /tmp, not $TMPDIR)
 #   RAY_AUTH_TOKEN_PATH  an existing token file to use; by default `up` generates one (mode 600)
 #   OTHER_RAY_WAIT    seconds `up` waits for another Ray on this machine to stop (default 120)
 #
@@ -27,7 +31,8 @@
 # free by the script and bound to 127.0.0.1.
 set -euo pipefail
 
-STATE_DIR="${LOCAL_RAY_DIR:-/tmp/orc-localray}"
+POINTER_FILE="${XDG_STATE_HOME:-${HOME:?}/.local/state}/orchestrator/local_multinode.dir"
+STATE_DIR="${LOCAL_RAY_DIR:-$(cat "$POINTER_FILE" 2>/dev/null || true)}"   # empty: no cluster recorded
 NUM_CPUS="${NUM_CPUS:-1}"
 OBJECT_STORE_MB="${OBJECT_STORE_MB:-300}"
 WORKER_PORTS=64            # ports in each node's worker-port range (one per worker process)
@@ -44,12 +49,41 @@ auth_env() {
 }
 
 load_state() {
-    if [[ ! -f "$STATE_DIR/cluster.env" ]]; then
+    if [[ -z "$STATE_DIR" || ! -f "$STATE_DIR/cluster.env" ]]; then
         echo "no local cluster recorded in $STATE_DIR (start one with: $0 up N)" >&2
         exit 1
     fi
     # shellcheck disable=SC1091
     source "$STATE_DIR/cluster.env"
+}
+
+new_state_dir() {  # sets STATE_DIR to a new private (0700) dir holding the marker file; see LOCAL_RAY_DIR
+    if [[ -n "${LOCAL_RAY_DIR:-}" ]]; then
+        STATE_DIR="$LOCAL_RAY_DIR"
+        if [[ -e "$STATE_DIR" || -L "$STATE_DIR" ]]; then
+            if [[ -L "$STATE_DIR" || ! -O "$STATE_DIR" || ! -f "$STATE_DIR/.local_multinode" ]]; then
+                echo "$STATE_DIR exists and is not this script's state dir; set LOCAL_RAY_DIR to a new path" >&2
+                exit 1
+            fi
+            rm -rf "$STATE_DIR"
+        fi
+        (umask 077 && mkdir -p "$STATE_DIR")
+    else
+        if [[ -n "$STATE_DIR" && -f "$STATE_DIR/.local_multinode" && -O "$STATE_DIR" && ! -L "$STATE_DIR" ]]; then
+            rm -rf "$STATE_DIR"   # the state of an earlier cluster that is not up any more
+        fi
+        # not $TMPDIR: a long one would make Ray's socket paths too long
+        STATE_DIR="$(mktemp -d /tmp/orc-ray-XXXXXXXXXX)"   # mode 0700, a name nobody can predict
+        (umask 077 && mkdir -p "$(dirname "$POINTER_FILE")" && printf '%s\n' "$STATE_DIR" >"$POINTER_FILE")
+    fi
+    chmod 700 "$STATE_DIR"
+    touch "$STATE_DIR/.local_multinode"
+}
+
+forget_state_dir() {  # the recorded path goes when its dir does
+    if [[ "$(cat "$POINTER_FILE" 2>/dev/null || true)" == "$STATE_DIR" ]]; then
+        rm -f "$POINTER_FILE"
+    fi
 }
 
 # Free ports, chosen together so that none repeats: 3 for the head (GCS, dashboard, Ray client), then
@@ -96,7 +130,7 @@ PY
 cmd_up() {
     local n="${1:-}"
     [[ "$n" =~ ^[0-9]+$ ]] || usage
-    if [[ -f "$STATE_DIR/cluster.env" ]] && pgrep -x raylet >/dev/null; then
+    if [[ -n "$STATE_DIR" && -f "$STATE_DIR/cluster.env" ]] && pgrep -x raylet >/dev/null; then
         echo "a local cluster from this script is already up ($STATE_DIR); '$0 down' first" >&2
         exit 1
     fi
@@ -110,14 +144,7 @@ cmd_up() {
         sleep 5; waited=$((waited + 5))
     done
 
-    if [[ -d "$STATE_DIR" && -n "$(ls -A "$STATE_DIR")" && ! -f "$STATE_DIR/.local_multinode" ]]; then
-        echo "$STATE_DIR exists and is not this script's state dir; set LOCAL_RAY_DIR to a new path" >&2
-        exit 1
-    fi
-    rm -rf "$STATE_DIR"
-    mkdir -p "$STATE_DIR"
-    touch "$STATE_DIR/.local_multinode"
-    chmod 700 "$STATE_DIR"
+    new_state_dir
     auth_env
     if [[ ! -s "$RAY_AUTH_TOKEN_PATH" ]]; then
         (umask 077 && python3 -c 'import secrets; print(secrets.token_hex(32))' > "$RAY_AUTH_TOKEN_PATH")
@@ -129,7 +156,7 @@ cmd_up() {
     local store=$((OBJECT_STORE_MB * 1024 * 1024))
 
     # On failure part-way, stop what was started.
-    trap 'echo "--- start failed; stopping the nodes started" >&2; kill -KILL $(own_pids) 2>/dev/null || true; rm -rf "$STATE_DIR"' ERR
+    trap 'echo "--- start failed; stopping the nodes started" >&2; kill -KILL $(own_pids) 2>/dev/null || true; rm -rf "$STATE_DIR"; forget_state_dir' ERR
 
     local i nm om ahttp agrpc rtenv metrics wmin wmax common
     for ((i = 0; i < nodes; i++)); do
@@ -192,6 +219,7 @@ print_addresses() {
     export RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=${RAY_AUTH_TOKEN_PATH}
     orchestrator run pipelines/lifelong.yaml --ray-address $1 --storage /tmp/runs/lifelong
     ray job submit --address $2 --working-dir . -- orchestrator run pipelines/lifelong.yaml --storage /tmp/runs/lifelong
+  its state (token, logs) is in ${STATE_DIR} (private)
   stop it with: $0 down
 EOF
 }
@@ -210,8 +238,8 @@ own_pids() {  # ids of this cluster's Ray processes: every one names its temp di
 }
 
 cmd_down() {
-    if [[ ! -f "$STATE_DIR/.local_multinode" ]]; then
-        echo "no local cluster from this script in $STATE_DIR" >&2
+    if [[ -z "$STATE_DIR" || ! -f "$STATE_DIR/.local_multinode" || ! -O "$STATE_DIR" ]]; then
+        echo "no local cluster from this script${STATE_DIR:+ in $STATE_DIR}" >&2
         exit 1
     fi
     # Not `ray stop`: that would stop every Ray on this machine, other users' and other runs' too.
@@ -230,12 +258,15 @@ cmd_down() {
         [[ -n "$pids" ]] && kill -KILL $pids 2>/dev/null || true
     fi
     rm -rf "$STATE_DIR"      # token, port records and the nodes' temp dirs (logs)
+    forget_state_dir
     echo "--- stopped; removed $STATE_DIR"
 }
 
-case "${1:-}" in
-    up) shift; cmd_up "$@" ;;
-    status) cmd_status ;;
-    down) cmd_down ;;
-    *) usage ;;
-esac
+if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then   # run, not sourced (tests source it to call its functions)
+    case "${1:-}" in
+        up) shift; cmd_up "$@" ;;
+        status) cmd_status ;;
+        down) cmd_down ;;
+        *) usage ;;
+    esac
+fi

@@ -59,15 +59,21 @@ def _demo_command(args: argparse.Namespace) -> int:
 
 
 def _parse_overrides(pairs: Sequence[str]) -> dict[str, object]:
-    """``--set a.b=value`` pairs → {"a.b": value}; values are read as YAML scalars (1 → int)."""
+    """``--set a.b=value`` pairs → {"a.b": value}; values are read as YAML (1 → int), within the
+    bounds of ``orchestrator.limits`` (``orchestrator.bounded_yaml``)."""
     import yaml
+
+    from orchestrator.bounded_yaml import load_value
 
     overrides: dict[str, object] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise ValueError(f"--set expects FIELD.PATH=VALUE, got {pair!r}")
-        overrides[key.strip()] = yaml.safe_load(value)
+        try:
+            overrides[key.strip()] = load_value(value)
+        except yaml.YAMLError as err:
+            raise ValueError(f"--set {key.strip()}: not a YAML value ({' '.join(str(err).split())})") from None
     return overrides
 
 

@@ -8,7 +8,8 @@ parent, encoder, compatibility method and hyperparameters, training settings, tr
 backfill policy. ``pipelines/lifelong.yaml`` is the commented reference.
 
 Every model forbids unknown fields, so a typo is an error rather than a silently ignored default.
-``load_pipeline`` reads a file with ``yaml.safe_load`` and turns every problem into one line naming
+``load_pipeline`` reads a file with ``orchestrator.bounded_yaml`` (``yaml.safe_load`` within the
+bounds of ``orchestrator.limits``) and turns every problem into one line naming
 the file, the field path and the bad value::
 
     pipelines/x.yaml: generations[1].method.params.lam: Input should be greater than or equal to 0 (got -1) [line 23]
@@ -50,6 +51,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from orchestrator import bounded_yaml, limits
+from orchestrator.bounded_yaml import YAMLLimitError
 from orchestrator.data import sources
 from orchestrator.data.gallery_sources import STREAMED_SOURCES
 from orchestrator.data.scenarios import (
@@ -62,9 +65,9 @@ from orchestrator.data.scenarios import (
 from orchestrator.methods.registry import available_methods, create_method, method_class
 from orchestrator.metrics import METRICS
 from orchestrator.models.encoder import HUB, EncoderConfig
+from orchestrator.names import Name
 from orchestrator.training.config import TrainConfig
 
-NAME_PATTERN = r"^[A-Za-z0-9_.-]+$"
 STORAGE_SCHEMES = ("file", "s3", "memory")
 LINEAGE_SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2")
 ScenarioName = Literal["extended_class", "extended_data", "new_architecture", "both", "multi_step", "custom"]
@@ -143,12 +146,12 @@ class RaySettings(_Strict):
     """
 
     address: str | None = None
-    num_workers: int = Field(1, ge=1)
-    cpus_per_worker: float = Field(1.0, gt=0)
-    gpus_per_worker: float = Field(0.0, ge=0)
+    num_workers: int = Field(1, ge=1, le=limits.MAX_WORKERS)
+    cpus_per_worker: float = Field(1.0, gt=0, le=limits.MAX_CPUS)
+    gpus_per_worker: float = Field(0.0, ge=0, le=limits.MAX_GPUS)
     use_gpu: bool = False
-    max_failures: int = Field(2, ge=-1)
-    checkpoints_to_keep: int = Field(2, ge=1)
+    max_failures: int = Field(2, ge=-1, le=limits.MAX_FAILURES)
+    checkpoints_to_keep: int = Field(2, ge=1, le=limits.MAX_CHECKPOINTS_TO_KEEP)
 
     @field_validator("address")
     @classmethod
@@ -275,8 +278,8 @@ class TaskSplits(_Strict):
     label order, unshuffled (stationary_dsimplex.md §7.1).
     """
 
-    first: int = Field(ge=1)
-    step: int = Field(ge=1)
+    first: int = Field(ge=1, le=limits.MAX_CLASSES)
+    step: int = Field(ge=1, le=limits.MAX_CLASSES)
 
     def splits(self, num_classes: int) -> list[list[int]]:
         """The class list of each task (``class_increment_splits``)."""
@@ -308,10 +311,10 @@ class DataSettings(_Strict):
     source: str
     options: dict[str, Any] = Field(default_factory=dict)
     split_options: dict[str, dict[str, Any]] = Field(default_factory=dict)
-    image_size: int | None = Field(32, ge=1)
+    image_size: int | None = Field(32, ge=1, le=limits.MAX_IMAGE_SIZE)
     train_split: str = "train"
     eval_split: str = "test"
-    train_per_class: int | None = Field(None, ge=1)
+    train_per_class: int | None = Field(None, ge=1, le=limits.MAX_ITEMS)
     scenario: ScenarioName = "custom"
     task_splits: TaskSplits | None = None
 
@@ -363,10 +366,11 @@ class ClassSelection(_Strict):
       classes seen so far.
     """
 
-    ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
+    ids: list[Annotated[int, Field(ge=0, lt=limits.MAX_CLASSES)]] | None = Field(
+        None, min_length=1, max_length=limits.MAX_CLASSES)
     first_fraction: float | None = Field(None, gt=0, le=1)
-    task: int | None = Field(None, ge=1)
-    memory_per_class: int | None = Field(None, ge=1)
+    task: int | None = Field(None, ge=1, le=limits.MAX_CLASSES)
+    memory_per_class: int | None = Field(None, ge=1, le=limits.MAX_ITEMS)
 
     @model_validator(mode="before")
     @classmethod
@@ -490,7 +494,7 @@ class GateSpec(_Strict):
 class GenerationSpec(_Strict):
     """One model generation: what it trains on, how, and what it must stay compatible with.
 
-    name:             unique, ``[A-Za-z0-9_.-]+`` (used in paths and the lineage).
+    name:             unique, a safe path component (``orchestrator.names``: used in paths and the lineage).
     parent:           the generation this one is aligned to (its gallery shards stay searchable),
                       defined earlier in the list; None for a first generation or a reference.
     model:            the encoder (``EncoderConfig``: timm arch, embed_dim, pretrained local path).
@@ -511,7 +515,7 @@ class GenerationSpec(_Strict):
     gate:             what must hold before it serves, and what happens otherwise (``GateSpec``).
     """
 
-    name: str = Field(pattern=NAME_PATTERN)
+    name: Name
     parent: str | None = None
     model: EncoderConfig = Field(default_factory=EncoderConfig)
     method: MethodSpec
@@ -551,10 +555,10 @@ class EmbeddingSpec(_Strict):
     num_cpus / num_gpus: resources per actor (a GPU actor runs the model on its GPU).
     """
 
-    batch_size: int = Field(256, ge=1)
-    concurrency: int = Field(1, ge=1)
-    num_cpus: float = Field(1.0, gt=0)
-    num_gpus: float = Field(0.0, ge=0)
+    batch_size: int = Field(256, ge=1, le=limits.MAX_BATCH_SIZE)
+    concurrency: int = Field(1, ge=1, le=limits.MAX_WORKERS)
+    num_cpus: float = Field(1.0, gt=0, le=limits.MAX_CPUS)
+    num_gpus: float = Field(0.0, ge=0, le=limits.MAX_GPUS)
 
 
 class GallerySpec(_Strict):
@@ -579,12 +583,12 @@ class GallerySpec(_Strict):
     embedding:        batch size, actor-pool size and resources of the Ray Data embedding.
     """
 
-    name: str = Field("gallery", pattern=NAME_PATTERN)
+    name: Name = "gallery"
     source: str | None = None
     options: dict[str, Any] | None = None
     split: str = "test"
-    num_shards: int | None = Field(None, ge=1)
-    items_per_shard: int | None = Field(None, ge=1)
+    num_shards: int | None = Field(None, ge=1, le=limits.MAX_SHARDS)
+    items_per_shard: int | None = Field(None, ge=1, le=limits.MAX_ITEMS)
     index: str = "flat"
     index_options: dict[str, Any] = Field(default_factory=dict)
     embedding: EmbeddingSpec = Field(default_factory=EmbeddingSpec)
@@ -599,6 +603,10 @@ class GallerySpec(_Strict):
         _raise_problems([_problem(("index_options", name), f"is not an option of index {self.index!r} "
                                   f"(its options: {', '.join(OPTIONS[self.index]) or 'none'})", self.index_options[name])
                          for name in unknown])
+        _raise_problems([_problem(("index_options", name), f"at most {limits.MAX_INDEX_OPTIONS[name]} "
+                                  "(limits.MAX_INDEX_OPTIONS)", value)
+                         for name, value in self.index_options.items() if name in limits.MAX_INDEX_OPTIONS
+                         and isinstance(value, (int, float)) and value > limits.MAX_INDEX_OPTIONS[name]])
         return self
 
     @field_validator("source")
@@ -614,10 +622,15 @@ class GallerySpec(_Strict):
         return self
 
     def shard_count(self, num_items: int) -> int:
-        """The number of initial shards for a gallery of ``num_items`` items."""
-        if self.items_per_shard is not None:
-            return max(1, -(-num_items // self.items_per_shard))
-        return 4 if self.num_shards is None else self.num_shards
+        """The number of initial shards for a gallery of ``num_items`` items; ValueError naming
+        ``gallery.items_per_shard`` when that would make more than ``limits.MAX_SHARDS``."""
+        if self.items_per_shard is None:
+            return 4 if self.num_shards is None else self.num_shards
+        count = max(1, -(-num_items // self.items_per_shard))
+        if count > limits.MAX_SHARDS:
+            raise ValueError(f"gallery.items_per_shard: {self.items_per_shard} items per shard make {count} shards "
+                             f"of the {num_items} gallery items, more than {limits.MAX_SHARDS} (limits.MAX_SHARDS)")
+        return count
 
 
 class EvaluationSpec(_Strict):
@@ -639,7 +652,7 @@ class EvaluationSpec(_Strict):
 
     reference: str | None = None
     backfill_curves: bool = False
-    gallery_sample: int = Field(10_000, ge=10)
+    gallery_sample: int = Field(10_000, ge=10, le=limits.MAX_ITEMS)
 
     metrics: ClassVar[tuple[str, ...]] = METRICS
 
@@ -655,7 +668,7 @@ class SearchSpec(_Strict):
     """
 
     criterion_metric: Literal[METRICS] = "map"  # type: ignore[valid-type]
-    eval_k: int | None = Field(None, ge=5)
+    eval_k: int | None = Field(None, ge=5, le=limits.MAX_TOP_K)
 
 
 class PipelineConfig(_Strict):
@@ -667,7 +680,7 @@ class PipelineConfig(_Strict):
              ``lineage.db`` under a local storage (required with remote storage).
     """
 
-    name: str = Field(pattern=NAME_PATTERN)
+    name: Name
     description: str = ""
     storage: str | None = None
     lineage: str | None = None
@@ -676,7 +689,7 @@ class PipelineConfig(_Strict):
     gallery: GallerySpec = Field(default_factory=GallerySpec)
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     search: SearchSpec = Field(default_factory=SearchSpec)
-    generations: list[GenerationSpec] = Field(min_length=1)
+    generations: list[GenerationSpec] = Field(min_length=1, max_length=limits.MAX_GENERATIONS)
 
     @field_validator("storage")
     @classmethod
@@ -914,11 +927,17 @@ def load_pipeline(path: str | Path, overrides: Mapping[str, Any] | None = None) 
 def read_yaml_mapping(path: str | Path, expected: str,
                       error: type[PipelineConfigError] = PipelineConfigError) -> tuple[str, dict, yaml.Node]:
     """``(file, data, node tree)`` of a YAML file whose top level must be a mapping (``expected``
-    describes its fields for the error). Read with ``yaml.safe_load``; the composed node tree gives
-    line numbers. Unreadable files, syntax errors and duplicate keys raise ``error``."""
+    describes its fields for the error). Read within the bounds of ``orchestrator.limits`` by
+    ``orchestrator.bounded_yaml`` (``yaml.safe_load``'s types); the node graph gives line numbers.
+    Unreadable files, files past a bound, syntax errors and duplicate keys raise ``error``."""
     file = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        text = bounded_yaml.read_text(path)
+        raw, root = bounded_yaml.load(text)
+    except YAMLLimitError as err:
+        raise error(file, [_limit_problem(err)]) from None
+    except yaml.YAMLError as err:
+        raise error(file, [_yaml_error(err)]) from None
     except FileNotFoundError:
         raise error(file, [f"file not found (looked for {Path(path).resolve()})"]) from None
     except IsADirectoryError:
@@ -927,11 +946,6 @@ def read_yaml_mapping(path: str | Path, expected: str,
         raise error(file, [f"not UTF-8 text ({err.reason} at byte {err.start})"]) from None
     except OSError as err:
         raise error(file, [f"cannot read the file ({err.strerror or err})"]) from None
-    try:
-        raw = yaml.safe_load(text)
-        root = yaml.compose(text, Loader=yaml.SafeLoader)  # nodes only (line numbers), no objects built
-    except yaml.YAMLError as err:
-        raise error(file, [_yaml_error(err)]) from None
     problems = _duplicate_keys(root, ())
     if problems:
         raise error(file, problems)
@@ -998,6 +1012,12 @@ def _apply_overrides(file: str, raw: dict, overrides: Mapping[str, Any]) -> tupl
                                                  f"has no field {part!r}"])
         applied.append(tuple(parts))
     return raw, applied
+
+
+def _limit_problem(err: YAMLLimitError) -> str:
+    """A file past a bound of ``orchestrator.limits``: the field path, the bound, the value, the line."""
+    line = f" [line {err.line}]" if err.line is not None else ""
+    return f"{_path(err.loc) or '(file)'}: {err.message} (got {err.value}){line}"
 
 
 def _yaml_error(err: yaml.YAMLError) -> str:

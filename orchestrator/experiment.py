@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from orchestrator import limits
 from orchestrator.data import ImageTensorDataset, LabeledImages, channel_statistics, load_digits
 from orchestrator.data.scenarios import extended_class
 from orchestrator.evaluation import CompatibilityReport, evaluate_generations
@@ -47,8 +48,8 @@ class ExperimentSettings(BaseModel):
 
     arch: str = "test_resnet"
     new_arch: str | None = None
-    embed_dim: int = Field(32, ge=2)
-    image_size: int = Field(32, ge=8)
+    embed_dim: int = Field(32, ge=2, le=limits.MAX_EMBED_DIM)
+    image_size: int = Field(32, ge=8, le=limits.MAX_IMAGE_SIZE)
     small_input: bool = False
     old_class_fraction: float = Field(0.5, gt=0, lt=1)
     training: TrainConfig = DEFAULT_TRAINING

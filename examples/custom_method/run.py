@@ -40,8 +40,8 @@ if str(HERE) not in sys.path:  # `python run.py` puts HERE first on the path; `r
     sys.path.insert(0, str(HERE))
 
 import cosine_anchor  # noqa: E402  (registers the method `cosine_anchor` in this process)
-import yaml  # noqa: E402
 
+from orchestrator import bounded_yaml  # noqa: E402
 from orchestrator.config import load_pipeline  # noqa: E402
 from orchestrator.distributed.runtime import WORKER_ENV_VARS  # noqa: E402
 from orchestrator.methods.registry import PLUGINS_ENV  # noqa: E402
@@ -60,7 +60,7 @@ def overrides(file: Path, epochs: int | None, storage: str | None) -> dict[str, 
     """``load_pipeline`` overrides: the storage root, and the epochs of every generation."""
     values: dict[str, object] = {"storage": storage}
     if epochs is not None:
-        generations = (yaml.safe_load(file.read_text()) or {}).get("generations") or []
+        generations = (bounded_yaml.load(bounded_yaml.read_text(file))[0] or {}).get("generations") or []
         values.update({f"generations.{i}.training.epochs": epochs for i in range(len(generations))})
     return values
 

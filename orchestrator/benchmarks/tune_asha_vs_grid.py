@@ -29,6 +29,8 @@ from typing import Any
 
 import yaml
 
+from orchestrator import bounded_yaml
+
 OBJECTIVE = {"maximize": "cross_map", "subject_to": {"metric": "p_up_map", "min": -0.05}}
 # max_concurrent_trials None: as many trials at once as the cluster's CPUs hold. The quick run's
 # trials last seconds; one at a time was faster on 2 busy cores than two (measured: 33 s against
@@ -44,7 +46,7 @@ def pipeline_file(lifelong: Path, folder: Path, storage: Path, epochs: int | Non
     g0-old → g1), written to ``folder``, results under ``storage``, every generation trained for
     ``epochs`` (None: the file's 20). The deployment gate records its decision but does not hold
     (``action: force``): this pipeline measures tuning, and short budgets may fail the gate."""
-    config = yaml.safe_load(Path(lifelong).read_text())
+    config = bounded_yaml.load(bounded_yaml.read_text(lifelong))[0]
     config["storage"] = str(storage)
     config["data"]["scenario"] = "extended_class"
     config["generations"] = [g for g in config["generations"] if g["name"] != "g2"]

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from orchestrator import limits
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import (
     FlatParams,
@@ -67,7 +68,7 @@ class AdvBCTParams(FlatParams):
     adversarial_weight: float = Field(1.0, ge=0)
     threshold: float = Field(0.5, gt=0)
     grl_gamma: float = Field(10.0, ge=0)
-    discriminator_hidden: int = Field(100, ge=1)
+    discriminator_hidden: int = Field(100, ge=1, le=limits.MAX_EMBED_DIM)
     iqr_factor: float = Field(1.5, ge=0)
 
 

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from pydantic import Field, model_validator
 from torch import nn
 
+from orchestrator import limits
 from orchestrator.geometry import poincare
 from orchestrator.geometry.spaces import Space
 from orchestrator.methods.base import CompatibilityMethod, MethodParams, TrainContext
@@ -42,7 +43,7 @@ class BinaryHyperbolicParams(MethodParams):
 
     curv: float = Field(0.1, gt=0)
     prototype_radius: float = Field(1.0, gt=0)
-    num_prototypes: int | None = Field(None, ge=2)
+    num_prototypes: int | None = Field(None, ge=2, le=limits.MAX_CLASSES)
     temperature: float = Field(1.0, gt=0)
     lam: float = Field(0.0, ge=0)
     clip: float | None = Field(None, gt=0)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from orchestrator import limits
 from orchestrator.geometry.spaces import Space
 from orchestrator.methods.base import CompatibilityMethod, MethodParams, TrainContext
 from orchestrator.methods.hoc import hoc_infonce
@@ -36,7 +37,7 @@ class DSimplexParams(MethodParams):
                       sets it uses disjoint from those of models it replaces.
     """
 
-    num_prototypes: int | None = Field(None, ge=2)
+    num_prototypes: int | None = Field(None, ge=2, le=limits.MAX_CLASSES)
     normalization: Literal["unit", "frobenius"] = "unit"
     lam: float = Field(0.1, ge=0, le=1)
     tau: float = Field(10.0, gt=0)

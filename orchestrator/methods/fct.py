@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from orchestrator import limits
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import FlatParams, SupervisedMethod, paired_train_embeddings
 from orchestrator.methods.registry import register_method
@@ -62,10 +63,10 @@ class FCTParams(FlatParams):
     """
 
     form: Literal["mlp", "affine"] = "mlp"
-    hidden_dim: int = Field(512, ge=1)
-    adapter_epochs: int = Field(80, ge=1)
+    hidden_dim: int = Field(512, ge=1, le=limits.MAX_EMBED_DIM)
+    adapter_epochs: int = Field(80, ge=1, le=limits.MAX_EPOCHS)
     adapter_lr: float = Field(1e-3, gt=0)
-    adapter_batch_size: int = Field(256, ge=2)
+    adapter_batch_size: int = Field(256, ge=2, le=limits.MAX_BATCH_SIZE)
     normalize_inputs: bool | None = None
 
     def inputs_normalized(self) -> bool:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from pydantic import Field
 from torch import nn
 
+from orchestrator import limits
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import (
     FlatParams,
@@ -93,9 +94,9 @@ class LambdaOrthParams(FlatParams):
     w_backward: float = Field(1.0, ge=0)
     w_contrastive: float = Field(1.0, ge=0)
     contrastive_tau: float = Field(0.1, gt=0)
-    adapter_epochs: int = Field(30, ge=1)
+    adapter_epochs: int = Field(30, ge=1, le=limits.MAX_EPOCHS)
     adapter_lr: float = Field(1e-3, gt=0)
-    adapter_batch_size: int = Field(256, ge=2)
+    adapter_batch_size: int = Field(256, ge=2, le=limits.MAX_BATCH_SIZE)
     normalize_inputs: bool | None = None
     procrustes_init: bool = True
 

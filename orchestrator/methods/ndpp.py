@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from orchestrator import limits
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.prototypes import (
     OLD_PROTOTYPES,
@@ -27,7 +28,7 @@ class NDPPParams(PrototypePerturbationParams):
     new_perturbation: False gives the "NDPP-old" ablation (Eq. 5 positives for every epoch);
     skip_first_epoch_new: skip r_t at epoch 0, where the new model is untrained (spec §13.6)."""
 
-    k: int = Field(100, ge=1)
+    k: int = Field(100, ge=1, le=limits.MAX_TOP_K)
     alpha_old: float = Field(0.01, ge=0)
     alpha_new: float = Field(0.01, ge=0)
     cumulative: bool = False

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
+from orchestrator import limits
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.prototypes import (
     OLD_PROTOTYPES,
@@ -30,10 +31,10 @@ class ODPPParams(PrototypePerturbationParams):
     theta_old: float = 0.6
     theta_new: float = 0.6
     gamma: float = Field(1.0, ge=0)
-    inner_epochs: int = Field(50, ge=0)
+    inner_epochs: int = Field(50, ge=0, le=limits.MAX_EPOCHS)
     inner_lr: float = Field(1e-3, gt=0)
-    inner_batch: int = Field(1024, ge=1)
-    max_pairs_per_epoch: int | None = Field(None, ge=1)
+    inner_batch: int = Field(1024, ge=1, le=limits.MAX_BATCH_SIZE)
+    max_pairs_per_epoch: int | None = Field(None, ge=1, le=limits.MAX_STEPS)
     new_term: bool = True
     seed: int = 0
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
+from orchestrator import limits
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import (
     FlatParams,
@@ -53,9 +54,9 @@ class UniBCTParams(FlatParams):
     lam: float = Field(1.0, ge=0)
     scale: float = Field(30.0, gt=0)
     margin: float = Field(0.3, ge=0, lt=math.pi)
-    neighbours: int = Field(10, ge=1)
+    neighbours: int = Field(10, ge=1, le=limits.MAX_TOP_K)
     temperature: float = Field(0.1, gt=0)
-    steps: int = Field(1, ge=0)
+    steps: int = Field(1, ge=0, le=limits.MAX_STEPS)
 
 
 def intra_class_graph(

@@ -8,6 +8,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
+from orchestrator import limits
 from orchestrator.geometry.spaces import Space
 from orchestrator.models import weights
 from orchestrator.models.outputs import ModelOutput
@@ -31,11 +32,11 @@ class EncoderConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     arch: str = "resnet18"
-    embed_dim: int = Field(128, gt=0)
+    embed_dim: int = Field(128, gt=0, le=limits.MAX_EMBED_DIM)
     small_input: bool = False
     pretrained: str | None = None
     freeze_backbone: bool = False
-    in_chans: int = Field(3, gt=0)
+    in_chans: int = Field(3, gt=0, le=limits.MAX_CHANNELS)
     drop_rate: float = Field(0.0, ge=0.0, lt=1.0)
 
 

@@ -37,7 +37,7 @@ from orchestrator.pipeline.report import (
     write_gallery_report,
     write_report,
 )
-from orchestrator.storage import join_uri, load_card, load_generation
+from orchestrator.storage import join_uri, load_card, load_generation, remove_stale_temporaries
 from orchestrator.training.seeds import derive_seed
 
 log = logging.getLogger(__name__)
@@ -81,6 +81,7 @@ class PipelineRunner:
         self.store = LineageStore(config.lineage)
         self.config_sha = config_sha256(config, exclude=("ray",))
         self._started = time.perf_counter()
+        self._started_at = time.time()
         self._train_images = None
         self._eval_images = None
         self._skipped: list[str] = []
@@ -114,8 +115,12 @@ class PipelineRunner:
     # --- steps -------------------------------------------------------------------------------
     def run(self) -> PipelineResult:
         """Every generation: train, evaluate; every served one then plans and executes its gallery
-        update, is deployed, and is evaluated on the served (mixed) gallery."""
+        update, is deployed, and is evaluated on the served (mixed) gallery. First, temporary files
+        that an earlier, killed run's writes left in the storage are removed."""
         self.store.register_run(self.config.name, self.config_sha)
+        removed = remove_stale_temporaries(self.storage, self._started_at)
+        if removed:
+            self._say(f"removed {removed} temporary file(s) left by interrupted writes under {self.storage}")
         served = {g.name for g in self.config.served_generations}
         for generation in self.config.generations:
             self._step(f"train:{generation.name}", lambda key, g=generation: self._train(g, key),

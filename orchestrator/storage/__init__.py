@@ -32,6 +32,7 @@ from orchestrator.storage.filesystem import (
     redact_options,
     redact_uri,
     remove,
+    remove_stale_temporaries,
     write_bytes_atomic,
     write_json_atomic,
 )
@@ -60,6 +61,7 @@ __all__ = [
     "redact_options",
     "redact_uri",
     "remove",
+    "remove_stale_temporaries",
     "save_generation",
     "save_training_state",
     "sha256_hex",

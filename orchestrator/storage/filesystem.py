@@ -18,7 +18,8 @@ Atomicity (``write_bytes_atomic``):
   (``.<name>.tmp-<random>``), are flushed and ``fsync``-ed, then ``os.replace`` renames the
   temporary file over the target (atomic on POSIX within one file system) and the directory is
   fsync-ed. Readers see the old file or the new one, never a partial file; a failure removes the
-  temporary file and leaves the old content untouched.
+  temporary file and leaves the old content untouched. A killed process cannot remove it: the
+  next pipeline run does (``remove_stale_temporaries``).
 - object stores: one upload of the whole object (s3fs: a single PUT, or for very large objects a
   multipart upload that becomes visible only on its final "complete" call). S3 makes an object
   visible atomically, so readers see the old object or the new one. There is no atomicity across
@@ -41,6 +42,14 @@ from fsspec.core import split_protocol
 log = logging.getLogger(__name__)
 
 LOCAL_PROTOCOLS = (None, "file", "local")
+
+#: Temporary files of local atomic writes: ``.<name>.tmp-<uuid4 hex>`` beside the target.
+_TEMPORARY_SUFFIX = ".tmp-"
+_TEMPORARY = re.compile(r"\..+" + re.escape(_TEMPORARY_SUFFIX) + r"[0-9a-f]{32}")
+#: A temporary file untouched this long before a run started belongs to no write in progress: a
+#: writer touches it with every 1 MiB chunk (another process may write to the same storage, e.g. a
+#: tune sweep saving its candidates, while a run starts).
+STALE_TEMPORARY_GRACE_S = 10.0
 
 #: Option names whose values are secrets (matched case-insensitively as substrings).
 _SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "credential", "auth", "signature")
@@ -108,17 +117,29 @@ def join_uri(base: str, *parts: str) -> str:
     """``base`` with ``parts`` appended as path components, keeping the scheme.
 
     ``join_uri("s3://b/p", "gen0", "model.safetensors")`` → ``"s3://b/p/gen0/model.safetensors"``;
-    ``join_uri("/data", "gen0")`` → ``"/data/gen0"``. Slashes around parts are collapsed; empty
-    parts are skipped.
+    ``join_uri("/data", "gen0")`` → ``"/data/gen0"``. A part may hold several components
+    (``"plans/g1.json"``); trailing slashes are dropped and empty parts skipped. The result stays
+    below ``base``: a part that is absolute (a leading ``/`` or a ``scheme://``) or has a ``.`` or
+    ``..`` component, a backslash or a NUL raises ValueError naming it, whatever its origin.
     """
     result = str(base)
     for part in parts:
-        part = str(part).strip("/")
+        part = _relative_part(str(part), base).rstrip("/")
         if not part:
             continue
         result = result if result.endswith("/") else result + "/"
         result += part
     return result
+
+
+def _relative_part(part: str, base: str) -> str:
+    """``part`` if it is a relative path below ``base`` (see ``join_uri``); ValueError otherwise."""
+    components = [c for c in part.split("/") if c]
+    if (part.startswith("/") or "\\" in part or "\0" in part or "://" in part
+            or any(c in (".", "..") for c in components)):
+        raise ValueError(f"path component {part!r} would leave {redact_uri(base)}: parts must be relative names "
+                         "without '.', '..', backslashes or a leading '/'")
+    return part
 
 
 def _s3_options(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -191,7 +212,7 @@ def write_bytes_atomic(uri: str, data: bytes, storage_options: Mapping[str, Any]
 def _write_local_atomic(path: str, data: bytes) -> None:
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.tmp-{uuid.uuid4().hex}")
+    tmp = os.path.join(directory, f".{os.path.basename(path)}{_TEMPORARY_SUFFIX}{uuid.uuid4().hex}")
     # O_EXCL: never clobber another writer's temporary file; mode 0o666 & ~umask like open().
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
     try:
@@ -207,6 +228,32 @@ def _write_local_atomic(path: str, data: bytes) -> None:
             pass
         raise
     _fsync_directory(directory)
+
+
+def remove_stale_temporaries(uri: str, started: float, grace_s: float = STALE_TEMPORARY_GRACE_S) -> int:
+    """Remove the temporary files that killed ``write_bytes_atomic`` calls left anywhere under the
+    local folder ``uri`` (``.<name>.tmp-<32 hex>``) last modified before ``started - grace_s``
+    (``started``: the current run's start, ``time.time()``); returns how many were removed.
+
+    A temporary file of a write still in progress is younger than that: its writer keeps touching
+    it until the rename. Object stores have no temporary files (0); a missing folder has none."""
+    if not is_local(uri):
+        return 0
+    removed = 0
+    for directory, _folders, files in os.walk(_local_path(uri)):
+        for name in files:
+            if _TEMPORARY.fullmatch(name) is None:
+                continue
+            path = os.path.join(directory, name)
+            try:
+                if os.lstat(path).st_mtime < started - grace_s:
+                    os.unlink(path)
+                    removed += 1
+            except FileNotFoundError:  # renamed or removed meanwhile
+                continue
+    if removed:
+        log.info("removed %d stale temporary file(s) of interrupted writes under %s", removed, redact_uri(uri))
+    return removed
 
 
 def _write_all(handle, data: bytes) -> None:

@@ -48,9 +48,9 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, model_validator
 
+from orchestrator import limits
 from orchestrator.config import (
     METRICS,
-    NAME_PATTERN,
     GenerationSpec,
     PipelineConfig,
     PipelineConfigError,
@@ -65,6 +65,7 @@ from orchestrator.config import (
     validate_yaml_mapping,
 )
 from orchestrator.methods.registry import method_class
+from orchestrator.names import Name
 
 KINDS = ("self", "cross", "p_com", "p_up")
 METRIC_NAMES: tuple[str, ...] = tuple(f"{kind}_{metric}" for kind in KINDS for metric in METRICS)
@@ -86,8 +87,8 @@ class ParameterRange(_Strict):
     loguniform: [low, high], 0 < low, a float whose logarithm is uniform (λ, τ, β).
     """
 
-    grid: list[Any] | None = Field(None, min_length=1)
-    choice: list[Any] | None = Field(None, min_length=1)
+    grid: list[Any] | None = Field(None, min_length=1, max_length=limits.MAX_SPACE_VALUES)
+    choice: list[Any] | None = Field(None, min_length=1, max_length=limits.MAX_SPACE_VALUES)
     uniform: tuple[float, float] | None = None
     loguniform: tuple[float, float] | None = None
 
@@ -131,7 +132,7 @@ class SearchSettings(_Strict):
     seed:        seed of the sampler, so a sweep draws the same configurations when run again."""
 
     algorithm: Literal["random", "optuna"] = "random"
-    num_samples: int = Field(1, ge=1)
+    num_samples: int = Field(1, ge=1, le=limits.MAX_NUM_SAMPLES)
     seed: int = 0
 
 
@@ -142,15 +143,15 @@ class SchedulerSettings(_Strict):
     reduction_factor: ASHA keeps the best 1/reduction_factor of the trials at each rung."""
 
     kind: Literal["asha", "fifo"] = "asha"
-    grace_period: int = Field(1, ge=1)
+    grace_period: int = Field(1, ge=1, le=limits.MAX_GRACE_PERIOD)
     reduction_factor: float = Field(3.0, gt=1)
 
 
 class Resources(_Strict):
     """Resources of one trial (one training process): CPUs and GPUs."""
 
-    cpu: float = Field(1.0, gt=0)
-    gpu: float = Field(0.0, ge=0)
+    cpu: float = Field(1.0, gt=0, le=limits.MAX_CPUS)
+    gpu: float = Field(0.0, ge=0, le=limits.MAX_GPUS)
 
 
 class Constraint(_Strict):
@@ -216,13 +217,13 @@ class Objective(_Strict):
 class TuneSpec(_Strict):
     """A whole tune file (module docstring).
 
-    name:                  the sweep, ``[A-Za-z0-9_.-]+``; its folder is ``<pipeline storage>/tune/<name>``.
+    name:                  the sweep, a safe path component (``orchestrator.names``); its folder is ``<pipeline storage>/tune/<name>``.
     pipeline:              the pipeline file (relative to the working directory).
     max_concurrent_trials: trials at once; None: as many as the cluster's CPUs (GPUs) fit.
     max_failures:          retries of a trial that raised.
     """
 
-    name: str = Field(pattern=NAME_PATTERN)
+    name: Name
     description: str = ""
     pipeline: str
     transition: Transition
@@ -230,8 +231,8 @@ class TuneSpec(_Strict):
     search: SearchSettings = Field(default_factory=SearchSettings)
     scheduler: SchedulerSettings = Field(default_factory=SchedulerSettings)
     resources: Resources = Field(default_factory=Resources)
-    max_concurrent_trials: int | None = Field(None, ge=1)
-    max_failures: int = Field(0, ge=0)
+    max_concurrent_trials: int | None = Field(None, ge=1, le=limits.MAX_WORKERS)
+    max_failures: int = Field(0, ge=0, le=limits.MAX_FAILURES)
     objective: Objective
 
     @model_validator(mode="after")

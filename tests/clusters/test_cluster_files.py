@@ -1,6 +1,7 @@
 """Static checks of the cluster files under clusters/: they parse, have the shape their tools need,
 turn Ray token authentication on for every node, and carry no secrets. Nothing is launched."""
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -197,3 +198,93 @@ def test_local_multinode_usage_without_arguments():
     result = subprocess.run(["bash", str(LOCAL)], capture_output=True, text=True, timeout=10)
     assert result.returncode == 2
     assert "up" in result.stderr and "down" in result.stderr
+
+
+def state_dir_shell(tmp_path: Path, command: str, **env: str) -> subprocess.CompletedProcess:
+    """``command`` in bash after sourcing the script (its functions, no subcommand run), with HOME
+    in ``tmp_path`` so the recorded state-dir path lands there."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RAY_DIR", "XDG_STATE_HOME")}
+    environment.update(HOME=str(tmp_path), **env)
+    return subprocess.run(["bash", "-c", f'source "{LOCAL}"; {command}'], env=environment, capture_output=True,
+                          text=True, timeout=30)
+
+
+def test_local_multinode_state_dir_is_private_and_unpredictable(tmp_path):
+    pointer = tmp_path / ".local" / "state" / "orchestrator" / "local_multinode.dir"
+    made = []
+    try:
+        for _ in range(2):
+            result = state_dir_shell(tmp_path, 'STATE_DIR=""; new_state_dir; echo "$STATE_DIR"')
+            assert result.returncode == 0, result.stderr
+            state = Path(result.stdout.strip())
+            made.append(state)
+            assert state.parent == Path("/tmp") and re.fullmatch(r"orc-ray-[A-Za-z0-9]{10}", state.name)
+            assert state.stat().st_mode & 0o777 == 0o700 and state.stat().st_uid == os.getuid()
+            assert pointer.read_text().strip() == str(state) and pointer.stat().st_mode & 0o777 == 0o600
+        assert made[0] != made[1]
+        # `down` finds the recorded dir (no processes of it run here), removes it and forgets it
+        down = subprocess.run(["bash", str(LOCAL), "down"], env={**os.environ, "HOME": str(tmp_path)},
+                              capture_output=True, text=True, timeout=60)
+        assert down.returncode == 0, down.stderr
+        assert not made[1].exists() and not pointer.exists()
+    finally:
+        for state in made:
+            shutil.rmtree(state, ignore_errors=True)
+
+
+def test_local_multinode_given_state_dir_is_private_and_never_someone_elses(tmp_path):
+    given = tmp_path / "cl"
+    result = state_dir_shell(tmp_path, "new_state_dir", LOCAL_RAY_DIR=str(given))
+    assert result.returncode == 0, result.stderr
+    assert given.stat().st_mode & 0o777 == 0o700 and (given / ".local_multinode").is_file()
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "data").write_text("kept")
+    result = state_dir_shell(tmp_path, "new_state_dir", LOCAL_RAY_DIR=str(foreign))
+    assert result.returncode == 1 and "is not this script's state dir" in result.stderr
+    assert (foreign / "data").read_text() == "kept"
+    link = tmp_path / "link"
+    link.symlink_to(given)
+    result = state_dir_shell(tmp_path, "new_state_dir", LOCAL_RAY_DIR=str(link))
+    assert result.returncode == 1 and (given / ".local_multinode").is_file()
+
+
+RAY_STUB = """#!/usr/bin/env bash
+# records its arguments; `ray status` reports three alive nodes
+echo "$*" >>"$RAY_STUB_LOG"
+if [[ "$1" == status ]]; then printf 'Active:\\n 1 node_a\\n 1 node_b\\n 1 node_c\\nPending:\\n'; fi
+"""
+
+
+def test_local_multinode_up_status_down_keep_the_state_private(tmp_path):
+    """The whole `up` → `status` → `down` flow with stand-ins for `ray` (records its calls) and
+    `pgrep` (no Ray runs), so no cluster starts: where the token and state go, and that `down`
+    finds them again without LOCAL_RAY_DIR."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "ray").write_text(RAY_STUB)
+    (stubs / "pgrep").write_text("#!/usr/bin/env bash\nexit 1\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    log = tmp_path / "ray.log"
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RAY_DIR", "XDG_STATE_HOME", "RAY_AUTH_TOKEN_PATH")}
+    env.update(HOME=str(tmp_path), PATH=f"{stubs}:{env['PATH']}", RAY_STUB_LOG=str(log), OTHER_RAY_WAIT="0")
+    up = subprocess.run(["bash", str(LOCAL), "up", "2"], env=env, capture_output=True, text=True, timeout=60)
+    assert up.returncode == 0, up.stderr
+    state = Path(re.search(r"its state \(token, logs\) is in (\S+) \(private\)", up.stdout).group(1))
+    try:
+        assert state.parent == Path("/tmp") and state.stat().st_mode & 0o777 == 0o700
+        token = state / "auth_token"
+        assert re.fullmatch(r"[0-9a-f]{64}\n", token.read_text()) and token.stat().st_mode & 0o777 == 0o600
+        assert f"RAY_AUTH_TOKEN_PATH={token}" in (state / "cluster.env").read_text()
+        starts = [line for line in log.read_text().splitlines() if line.startswith("start")]
+        assert len(starts) == 3 and all(f"--temp-dir={state}/t{i}" in s for i, s in enumerate(starts))
+        status = subprocess.run(["bash", str(LOCAL), "status"], env=env, capture_output=True, text=True, timeout=60)
+        assert status.returncode == 0 and f"token file: {token}" in status.stdout, status.stderr
+        down = subprocess.run(["bash", str(LOCAL), "down"], env=env, capture_output=True, text=True, timeout=60)
+        assert down.returncode == 0, down.stderr
+        assert not state.exists()
+        again = subprocess.run(["bash", str(LOCAL), "down"], env=env, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 1 and "no local cluster from this script" in again.stderr
+    finally:
+        shutil.rmtree(state, ignore_errors=True)

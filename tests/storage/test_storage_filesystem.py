@@ -22,9 +22,19 @@ from orchestrator.storage import (
 
 def test_join_uri_keeps_scheme_and_collapses_slashes():
     assert join_uri("s3://bucket/prefix", "gen0", "model.safetensors") == "s3://bucket/prefix/gen0/model.safetensors"
-    assert join_uri("s3://bucket/prefix/", "/gen0/") == "s3://bucket/prefix/gen0"
+    assert join_uri("s3://bucket/prefix/", "gen0/") == "s3://bucket/prefix/gen0"
     assert join_uri("/data", "a", "", "b") == "/data/a/b"
+    assert join_uri("/data", "plans/g1.json") == "/data/plans/g1.json"
     assert join_uri("file:///data", "x") == "file:///data/x"
+
+
+@pytest.mark.parametrize("part", ["..", ".", "a/../b", "../x", "a/.", "/abs", "/gen0/", "a\\b", "..\\x",
+                                  "a\0b", "s3://other/bucket"])
+def test_join_uri_refuses_a_part_that_leaves_the_base(part):
+    with pytest.raises(ValueError, match="would leave"):
+        join_uri("s3://bucket/prefix", "galleries", part)
+    with pytest.raises(ValueError, match="would leave"):
+        join_uri("/data/run", part, "x.json")
 
 
 def test_open_filesystem_local_and_file_uri(tmp_path):

@@ -92,7 +92,8 @@ def test_values_are_normalised_by_the_method_parameters(tmp_path):
     ("name: t", "name: t\nsearch: {algorithm: optuna}",
      "space.entail.grid: Optuna samples every parameter: use choice: [...] (or algorithm: random for a full grid) "
      "(got [true, false]) [line 7]"),
-    ("name: t", "name: t/x", "name: String should match pattern '^[A-Za-z0-9_.-]+$' (got \"t/x\") [line 1]"),
+    ("name: t", "name: t/x", "name: not a valid name: 1-64 characters of A-Z a-z 0-9 _ - and dots, not starting with a dot (it names a "
+     "folder: no separators, no . or ..) (got \"t/x\") [line 1]"),
 ])
 def test_a_bad_field_is_one_line_naming_file_field_value_and_line(tmp_path, old, new, expected):
     text = BASE.format(pipeline=LIFELONG)
