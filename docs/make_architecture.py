@@ -92,9 +92,11 @@ def _reachable(edges: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
-def layer_text() -> str:
-    """The layers as Markdown lines, top first (Ray users marked), as docs/architecture.md lists them."""
-    edges, ray_users = import_graph()
+def layer_text(edges: dict[str, set[str]] | None = None, ray_users: set[str] | None = None) -> str:
+    """The layers as Markdown lines, top first (Ray users marked), as docs/architecture.md lists
+    them; of ``import_graph()`` unless a graph is given."""
+    if edges is None or ray_users is None:
+        edges, ray_users = import_graph()
     rows = layers(edges)
     return "\n".join(f"- layer {number}: " + ", ".join(f"`{p}`" + (" (Ray)" if p in ray_users else "") for p in row)
                      for number, row in reversed(list(enumerate(rows))))
