@@ -200,8 +200,8 @@ def _add_run_commands(commands: argparse._SubParsersAction) -> None:
     gc = commands.add_parser("gc", help="remove shard files and Ray Train epoch checkpoints nothing retained needs")
     gc.add_argument("file", help="pipeline YAML whose storage to collect")
     add_pipeline_options(gc, ("storage",))
-    gc.add_argument("--keep-deployments", type=int_at_least(0), default=2, metavar="N",
-                    help="newest deployments whose shard files are kept for a rollback")
+    gc.add_argument("--keep-deployments", type=int_at_least(1), default=2, metavar="N",
+                    help="newest deployments (the serving one included) whose shard files are kept for a rollback")
     gc.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
     gc.set_defaults(handler=_gc_command)
 

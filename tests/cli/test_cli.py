@@ -227,7 +227,7 @@ def test_demo_options_show_their_defaults():
     (["demo", "--workers", "two"], "--workers: expected a whole number, got 'two'"),
     (["search", "p.yaml", "--split", "test", "-k", "0"], "expected a number of at least 1, got 0"),
     (["search", "p.yaml", "--split", "test", "--eval-k", "3"], "--eval-k: expected a number of at least 5, got 3"),
-    (["gc", "p.yaml", "--keep-deployments", "-1"], "expected a number of at least 0, got -1"),
+    (["gc", "p.yaml", "--keep-deployments", "0"], "--keep-deployments: expected a number of at least 1, got 0"),
     (["nosuch"], "invalid choice: 'nosuch'"),
 ])
 def test_usage_errors_exit_2_before_any_output(argv, message, capsys):
