@@ -3,7 +3,8 @@
 - ``markdown_reference()``: ``docs/configuration.md``, one table per section of each file (field,
   type with its bounds, default, description);
 - ``json_schema(kind)``: the JSON Schema of a pipeline (``docs/pipeline.schema.json``) or tune file
-  (``docs/tune.schema.json``) for editors, every property with its description;
+  (``docs/tune.schema.json``) for editors, every property with its description, and a built-in
+  method's ``params`` checked against that method's ``Params``;
 - ``python3 -m orchestrator.config_reference [DIR]`` writes the three files (default ``docs/``);
   ``orchestrator schema [--markdown] [--tune]`` prints them.
 
@@ -28,7 +29,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from orchestrator.config import ClassSelection, PipelineConfig
+from orchestrator.config import ClassSelection, MethodSpec, PipelineConfig
 from orchestrator.tuning.config import TuneSpec
 
 FILES = {"pipeline": PipelineConfig, "tune": TuneSpec}
@@ -250,9 +251,25 @@ def json_schema(kind: str = "pipeline") -> dict[str, Any]:
         target["description"] = _plain(summary(model))
         for field_name, prop in target.get("properties", {}).items():
             prop["description"] = _plain(describe(model, field_name))
+        if model is MethodSpec:
+            target["allOf"] = _method_params_rules()
         if model in SHORTHANDS:
             definitions[name] = {"anyOf": [SHORTHANDS[model], target]}
     return {"$schema": SCHEMA_DIALECT, **schema, "title": f"orchestrator {kind} file"}
+
+
+def _method_params_rules() -> list[dict[str, Any]]:
+    """For each built-in method: if ``name`` is it, ``params`` follows its ``Params`` model (a
+    plug-in method's name matches no rule, so its params are left to the loader)."""
+    rules = []
+    for name, cls in builtin_methods().items():
+        params = cls.Params.model_json_schema()
+        params.pop("title", None)
+        for field_name, prop in params.get("properties", {}).items():
+            prop.pop("title", None)
+        rules.append({"if": {"properties": {"name": {"const": name}}, "required": ["name"]},
+                      "then": {"properties": {"params": {"anyOf": [params, {"type": "null"}]}}}})
+    return rules
 
 
 def _plain(text: str) -> str:

@@ -103,8 +103,13 @@ def test_every_shipped_file_validates_against_its_schema_and_a_typo_does_not():
     typo = yaml.safe_load((REPO / "pipelines" / "lifelong.yaml").read_text())
     typo["generations"][1]["trainig"] = {"epochs": 3}
     typo["gallery"]["num_shards"] = 0
+    typo["generations"][2]["method"]["params"]["lamda"] = 0.5  # hbct has lam, not lamda
+    typo["generations"][0]["method"]["params"]["clip"] = -1.0  # hbct's clip is > 0
     errors = {e.json_path: e.message for e in jsonschema.Draft202012Validator(schemas["pipeline"]).iter_errors(typo)}
     assert "'trainig' was unexpected" in errors["$.generations[1]"] and "$.gallery.num_shards" in errors
+    assert "$.generations[2].method.params" in errors and "$.generations[0].method.params" in errors
+    assert set(errors) == {"$.generations[1]", "$.gallery.num_shards", "$.generations[2].method.params",
+                           "$.generations[0].method.params"}
 
 
 def test_every_field_of_the_reference_has_a_description():
