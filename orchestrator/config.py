@@ -572,7 +572,7 @@ class EmbeddingSpec(_Strict):
 class GallerySpec(_Strict):
     """The served gallery: which items, how many shards, which index per shard.
 
-    name:             the gallery's name in the lineage, paths and reports.
+    name:             the gallery's name in the lineage, paths and reports (a safe path component).
     source / options: the gallery's own data source (e.g. CIFAR-10 for the open-set evaluation of
                       stationary_dsimplex.md §7.1); None uses ``data.source`` and ``data.options``.
                       Streamed sources, for galleries of any size (never loaded whole):
@@ -683,7 +683,8 @@ class SearchSpec(_Strict):
 class PipelineConfig(_Strict):
     """A whole pipeline file (see the module docstring and ``pipelines/lifelong.yaml``).
 
-    name:        the pipeline's name, ``[A-Za-z0-9_.-]+`` (the default storage is ``./runs/<name>``).
+    name:        the pipeline's name, a safe path component (``orchestrator.names``; the default
+                 storage is ``./runs/<name>``).
     description: free text, shown nowhere else.
     storage: a local path or ``s3://bucket/prefix`` (also ``file://``; ``memory://`` for tests);
              default ``./runs/<name>``.
