@@ -688,9 +688,9 @@ class SearchSpec(_Strict):
 class TrackingSettings(_Strict):
     """Experiment tracking with MLflow (optional: the ``tracking`` extra, ``pip install -e '.[tracking]'``).
 
-    enabled:    log the run to MLflow: a run per ``orchestrator run`` and, nested in it, a run per
-                generation (parameters, per-epoch losses, compatibility, checkpoint URI and sha256),
-                the pipeline's run holding the matrices, update summaries and report files.
+    enabled:    log the run to MLflow: a run per ``orchestrator run`` (the compatibility matrices,
+                the report files) and, nested in it, a run per generation (parameters, per-epoch
+                losses, checkpoint URI and sha256, compatibility, its update's summary).
     uri:        the MLflow tracking URI (``sqlite:///path/mlflow.db``, ``postgresql://...``,
                 ``http(s)://`` server, ``databricks``); default ``sqlite:///<storage>/mlflow.db`` under
                 a local storage (required with remote storage when enabled).

@@ -82,7 +82,17 @@ def open_tracker(config: PipelineConfig, storage: str, progress: Callable[[str],
     uri = config.tracking.uri
     if uri.startswith("sqlite:///") and uri != "sqlite:///:memory:":  # SQLite makes the file, not its folder
         Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    return MlflowTracker(MlflowClient(tracking_uri=config.tracking.uri), config, storage, progress)
+    try:
+        client = MlflowClient(tracking_uri=uri)  # opens (and migrates) a SQL store now
+    except Exception as error:  # noqa: BLE001 - MLflow's own errors: one line, before anything runs
+        raise store_error(uri, error) from error
+    return MlflowTracker(client, config, storage, progress)
+
+
+def store_error(uri: str, error: Exception) -> RuntimeError:
+    """The one-line error of a tracking store that cannot be used."""
+    return RuntimeError(f"tracking: could not start an MLflow run at {shown_uri(uri)}: "
+                        f"{type(error).__name__}: {' '.join(str(error).split())[:300]}")
 
 
 class MlflowTracker(Tracker):
@@ -99,11 +109,10 @@ class MlflowTracker(Tracker):
             run = self.client.create_run(self._experiment_id(), run_name=self.config.name, tags={
                 "orchestrator.pipeline": self.config.name, "orchestrator.config_sha256": config_sha256})
         except Exception as error:  # noqa: BLE001 - MLflow's own errors: one line, before anything ran
-            raise RuntimeError(f"tracking: could not start an MLflow run at {redact_uri(self.config.tracking.uri)}: "
-                               f"{type(error).__name__}: {' '.join(str(error).split())[:300]}") from error
+            raise store_error(self.config.tracking.uri, error) from error
         self.run_id = run.info.run_id
         self.progress(f"tracking: MLflow run {self.run_id} of experiment {self.config.tracking.experiment!r} at "
-                      f"{redact_uri(self.config.tracking.uri)}")
+                      f"{shown_uri(self.config.tracking.uri)}")
         settings = redact_options(self.config.model_dump(mode="json", include=PIPELINE_SECTIONS))
         self._guarded("log the pipeline's settings", self._log_params, self.run_id, flat_params(settings))
         try:
@@ -204,6 +213,12 @@ class MlflowTracker(Tracker):
 
 
 # --- what is logged ------------------------------------------------------------------------------
+def shown_uri(uri: str) -> str:
+    """A tracking URI safe to print: a server's or database's ``user:password@`` masked (a SQLite
+    path has none, and stays as given)."""
+    return uri if uri.startswith("sqlite:") else redact_uri(uri)
+
+
 def metric_key(*parts: str) -> str:
     """An MLflow metric name: ``parts`` joined by ``/``, without the ``@`` of ``cmc@1``."""
     return "/".join(parts).replace("@", "")
