@@ -699,6 +699,7 @@ class TrackingSettings(_Strict):
 
     enabled: bool = False
     uri: str | None = None
+    # not a Name: an experiment may be a path (Databricks: /Users/<user>/<name>) of a few names
     experiment: str | None = Field(None, min_length=1, max_length=limits.NAME_MAX_LENGTH * 4)
 
     @field_validator("uri")

@@ -101,12 +101,14 @@ class MlflowTracker(Tracker):
     def __init__(self, client: Any, config: PipelineConfig, storage: str, progress: Callable[[str], None]):
         self.client, self.config, self.storage, self.progress = client, config, storage, progress
         self.run_id: str | None = None
+        self.experiment_id: str | None = None
         self.generation_runs: dict[str, str] = {}
 
     @contextlib.contextmanager
     def pipeline_run(self, config_sha256: str) -> Iterator[None]:
         try:
-            run = self.client.create_run(self._experiment_id(), run_name=self.config.name, tags={
+            self.experiment_id = self._experiment_id()
+            run = self.client.create_run(self.experiment_id, run_name=self.config.name, tags={
                 "orchestrator.pipeline": self.config.name, "orchestrator.config_sha256": config_sha256})
         except Exception as error:  # noqa: BLE001 - MLflow's own errors: one line, before anything ran
             raise store_error(self.config.tracking.uri, error) from error
@@ -127,7 +129,7 @@ class MlflowTracker(Tracker):
 
     def start_generation(self, generation: GenerationSpec) -> None:
         def start() -> None:
-            run = self.client.create_run(self._experiment_id(), run_name=generation.name, tags={
+            run = self.client.create_run(self.experiment_id, run_name=generation.name, tags={
                 "mlflow.parentRunId": self.run_id, "orchestrator.pipeline": self.config.name,
                 "orchestrator.generation": generation.name, "orchestrator.parent": generation.parent or ""})
             self.generation_runs[generation.name] = run.info.run_id
