@@ -70,6 +70,8 @@ from orchestrator.training.config import TrainConfig
 
 STORAGE_SCHEMES = ("file", "s3", "memory")
 LINEAGE_SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2")
+# MLflow tracking URIs: its SQL stores (with a driver: postgresql+psycopg2://), a tracking server, Databricks
+TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
 ScenarioName = Literal["extended_class", "extended_data", "new_architecture", "both", "multi_step", "custom"]
 SCENARIOS: tuple[str, ...] = typing.get_args(ScenarioName)
 
@@ -143,6 +145,8 @@ class RaySettings(_Strict):
     checkpoints_to_keep: the newest epoch checkpoints Ray Train keeps per generation (older ones are
                      deleted; a restarted worker resumes from the newest). The finished generation
                      is saved separately and never deleted.
+    dashboard:       a local Ray (address null) starts its dashboard, and the run prints its address
+                     (a cluster's dashboard is the cluster's; its address is printed when Ray gives it).
     """
 
     address: str | None = None
@@ -152,6 +156,7 @@ class RaySettings(_Strict):
     use_gpu: bool = False
     max_failures: int = Field(2, ge=-1, le=limits.MAX_FAILURES)
     checkpoints_to_keep: int = Field(2, ge=1, le=limits.MAX_CHECKPOINTS_TO_KEEP)
+    dashboard: bool = False
 
     @field_validator("address")
     @classmethod
@@ -680,6 +685,36 @@ class SearchSpec(_Strict):
     eval_k: int | None = Field(None, ge=5, le=limits.MAX_TOP_K)
 
 
+class TrackingSettings(_Strict):
+    """Experiment tracking with MLflow (optional: the ``tracking`` extra, ``pip install -e '.[tracking]'``).
+
+    enabled:    log the run to MLflow: a run per ``orchestrator run`` (the compatibility matrices,
+                the report files) and, nested in it, a run per generation (parameters, per-epoch
+                losses, checkpoint URI and sha256, compatibility, its update's summary).
+    uri:        the MLflow tracking URI (``sqlite:///path/mlflow.db``, ``postgresql://...``,
+                ``http(s)://`` server, ``databricks``); default ``sqlite:///<storage>/mlflow.db`` under
+                a local storage (required with remote storage when enabled).
+    experiment: the MLflow experiment; default the pipeline's name.
+    """
+
+    enabled: bool = False
+    uri: str | None = None
+    # not a Name: an experiment may be a path (Databricks: /Users/<user>/<name>) of a few names
+    experiment: str | None = Field(None, min_length=1, max_length=limits.NAME_MAX_LENGTH * 4)
+
+    @field_validator("uri")
+    @classmethod
+    def _check_uri(cls, uri: str | None) -> str | None:
+        if uri is None:
+            return None
+        uri = uri.strip()
+        scheme = _scheme(uri) or ("databricks" if uri == "databricks" else None)
+        if scheme is None or scheme.split("+")[0] not in TRACKING_SCHEMES:
+            raise ValueError("expected an MLflow tracking URI: sqlite:///path/mlflow.db, postgresql://..., "
+                             "http(s)://host:port or databricks")
+        return uri
+
+
 class PipelineConfig(_Strict):
     """A whole pipeline file (see the module docstring and ``pipelines/lifelong.yaml``).
 
@@ -690,6 +725,7 @@ class PipelineConfig(_Strict):
              default ``./runs/<name>``.
     lineage: a SQLAlchemy URL, ``sqlite:///path`` or ``postgresql://...``; default a SQLite file
              ``lineage.db`` under a local storage (required with remote storage).
+    tracking: optional MLflow experiment tracking (``TrackingSettings``; off by default).
     """
 
     name: Name
@@ -702,6 +738,7 @@ class PipelineConfig(_Strict):
     evaluation: EvaluationSpec = Field(default_factory=EvaluationSpec)
     search: SearchSpec = Field(default_factory=SearchSpec)
     generations: list[GenerationSpec] = Field(min_length=1, max_length=limits.MAX_GENERATIONS)
+    tracking: TrackingSettings = Field(default_factory=TrackingSettings)
 
     @field_validator("storage")
     @classmethod
@@ -744,6 +781,7 @@ class PipelineConfig(_Strict):
         problems += self._check_reference()
         problems += self._check_gallery()
         problems += self._check_scenario()
+        problems += self._tracking_defaults()
         _raise_problems(problems)
         return self
 
@@ -843,6 +881,19 @@ class PipelineConfig(_Strict):
         ):
             needs.append("data.task_splits and at least two generations with classes: {task: i}")
         return [_problem(("data", "scenario"), f"scenario {scenario!r} needs {' and '.join(needs)}", scenario)] if needs else []
+
+    def _tracking_defaults(self) -> list[dict[str, Any]]:
+        """The MLflow experiment defaults to the pipeline's name, the URI to a SQLite file under a
+        local storage; remote storage needs an explicit URI (SQLite cannot live on object storage)."""
+        tracking = self.tracking
+        if tracking.experiment is None:
+            tracking.experiment = self.name
+        if tracking.uri is None and not self.is_remote_storage:
+            tracking.uri = f"sqlite:///{_local_path(self.storage).rstrip('/')}/mlflow.db"
+        if tracking.uri is None and tracking.enabled:
+            return [_problem(("tracking", "uri"), f"required with remote storage ({self.storage}) when tracking is "
+                             "enabled: give sqlite:///<volume path>/mlflow.db, postgresql://... or http(s)://<server>")]
+        return []
 
     # --- conveniences for the pipeline ----------------------------------------------------------
     @property
@@ -978,11 +1029,14 @@ def validate_yaml_mapping(model: type[BaseModel], file: str, raw: dict, root: ya
         raise error(file, _format_errors(err.errors(include_url=False), raw, root, overridden or [], model)) from None
 
 
+RUNTIME_SECTIONS = ("ray", "tracking")  # where and how a run runs, not what it computes
+
+
 def config_sha256(config: PipelineConfig, exclude: Iterable[str] = ()) -> str:
     """sha256 (hex) of the normalised config: canonical JSON (sorted keys) of every validated field.
 
-    ``exclude`` leaves top-level fields out (e.g. ``("ray",)`` to identify a run independently of
-    the cluster it runs on).
+    ``exclude`` leaves top-level fields out (e.g. ``RUNTIME_SECTIONS`` to identify a run
+    independently of the cluster it runs on and of where it is tracked).
     """
     data = config.model_dump(mode="json", exclude=set(exclude) or None)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)

@@ -45,14 +45,15 @@ class ScalingSettings:
 
 
 def train_generation_with_ray(job: GenerationJob, scaling: ScalingSettings, storage_path: str,
-                              run_name: str | None = None,
-                              progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                              run_name: str | None = None, progress: Callable[[str], None] | None = None,
+                              on_epoch: Callable[[dict[str, float]], None] | None = None) -> dict[str, Any]:
     """Run ``job`` as a ``TorchTrainer`` and return the last reported metrics.
 
     storage_path: Ray Train's persistent storage (absolute local path or URI) for its per-epoch
                   checkpoints; the finished generation goes to ``job.output_uri``.
     Worker failures inside a run resume from the last epoch checkpoint. ``progress`` receives
-    one line per finished epoch, or a bar on a terminal (see ``EpochReports``).
+    one line per finished epoch, or a bar on a terminal, and ``on_epoch`` each finished epoch's
+    metrics (with ``epoch``), in the driver (see ``EpochReports``).
     """
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, TrainingFailedError
     from ray.train.torch import TorchTrainer
@@ -62,7 +63,9 @@ def train_generation_with_ray(job: GenerationJob, scaling: ScalingSettings, stor
         resources["GPU"] = max(scaling.gpus_per_worker, 1.0)
     run_name = run_name or f"train-{job.name}"
     storage_path, storage_filesystem = _ray_storage(storage_path, job.storage_options)
-    watcher = None if progress is None else EpochReports(TrainConfig(**job.training).epochs, progress)
+    watcher = None
+    if progress is not None or on_epoch is not None:
+        watcher = EpochReports(TrainConfig(**job.training).epochs, progress, on_epoch)
     trainer = TorchTrainer(
         _train_worker,
         train_loop_config={"job": asdict(job), "epoch_queue": None if watcher is None else watcher.queue},
@@ -140,15 +143,19 @@ def _save_epoch_state(folder: Path, model: torch.nn.Module, optimizer: torch.opt
 class EpochReports(threading.Thread):
     """Driver-side progress of one run: rank 0 puts each finished epoch's metrics into a Ray queue
     (``EpochReports.queue``, passed to the workers), and this thread turns them into a ``Meter``
-    (a bar on a terminal, else one line per epoch: epoch, loss terms, learning rate). Works the same
-    for local, object-store and cluster runs: nothing is read back from storage."""
+    (a bar on a terminal, else one line per epoch: epoch, loss terms, learning rate), and hands each
+    epoch's metrics to ``on_epoch`` (e.g. experiment tracking). Works the same for local,
+    object-store and cluster runs: nothing is read back from storage."""
 
-    def __init__(self, epochs: int, progress: Callable[[str], None]):
+    def __init__(self, epochs: int, progress: Callable[[str], None] | None,
+                 on_epoch: Callable[[dict[str, float]], None] | None = None):
         from ray.util.queue import Queue
 
         super().__init__(daemon=True)
         self.queue = Queue(maxsize=1000, actor_options={"num_cpus": 0})
-        self.meter = Meter(progress, "epoch", epochs, interval=0.0)
+        self.meter = Meter(progress or (lambda line: None), "epoch", epochs, interval=0.0,
+                           mode=None if progress else "off")  # no progress asked for: no bar either
+        self.on_epoch = on_epoch
         self._stop_event = threading.Event()
 
     def run(self) -> None:
@@ -164,6 +171,8 @@ class EpochReports(threading.Thread):
             return
         self.meter.done = int(metrics["epoch"])  # the epoch before this one (resumed runs skip some)
         self.meter.advance(1, epoch_note(metrics))
+        if self.on_epoch is not None:
+            self.on_epoch(metrics)
 
     def stop(self) -> None:
         self._stop_event.set()

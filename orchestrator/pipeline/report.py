@@ -12,6 +12,11 @@ from orchestrator.metrics import KEY_METRICS, METRICS
 from orchestrator.storage import join_uri, write_bytes_atomic, write_json_atomic
 
 
+def update_label(parent: str, generation: str) -> str:
+    """How reports name the update from ``parent`` to ``generation``: ``g1 → g2``."""
+    return f"{parent} → {generation}"
+
+
 def compatibility_matrix(values: Iterable[Any], names: Sequence[str], metric: str) -> np.ndarray:
     """(T, T) matrix of ``metric`` from lineage compatibility records (query row, gallery column);
     NaN where nothing was recorded."""

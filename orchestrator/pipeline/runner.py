@@ -17,9 +17,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from orchestrator.config import BackfillPolicy, GenerationSpec, PipelineConfig, config_sha256, training_indices
+from orchestrator.config import (
+    RUNTIME_SECTIONS,
+    BackfillPolicy,
+    GenerationSpec,
+    PipelineConfig,
+    config_sha256,
+    training_indices,
+)
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_source
-from orchestrator.distributed.runtime import connect
+from orchestrator.distributed.runtime import connect, dashboard_message
 from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
 from orchestrator.evaluation import evaluate_generations
 from orchestrator.lineage import LineageStore
@@ -34,9 +41,11 @@ from orchestrator.pipeline.report import (
     format_gallery_rows,
     format_matrix,
     gallery_report_rows,
+    update_label,
     write_gallery_report,
     write_report,
 )
+from orchestrator.pipeline.tracking import open_tracker
 from orchestrator.storage import join_uri, load_card, load_generation, remove_stale_temporaries
 from orchestrator.training.seeds import derive_seed
 
@@ -79,13 +88,14 @@ class PipelineRunner:
         self.progress = progress or (lambda line: print(line, flush=True))
         self.storage = storage_root(config.storage)
         self.store = LineageStore(config.lineage)
-        self.config_sha = config_sha256(config, exclude=("ray",))
+        self.config_sha = config_sha256(config, exclude=RUNTIME_SECTIONS)
         self._started = time.perf_counter()
         self._started_at = time.time()
         self._train_images = None
         self._eval_images = None
         self._skipped: list[str] = []
         self._parents = {g.name: g.parent for g in config.generations}
+        self.tracker = open_tracker(config, self.storage, self._say)
 
     # --- data --------------------------------------------------------------------------------
     @property
@@ -116,20 +126,25 @@ class PipelineRunner:
     def run(self) -> PipelineResult:
         """Every generation: train, evaluate; every served one then plans and executes its gallery
         update, is deployed, and is evaluated on the served (mixed) gallery. First, temporary files
-        that an earlier, killed run's writes left in the storage are removed."""
+        that an earlier, killed run's writes left in the storage are removed. With tracking on, the
+        whole run is an MLflow run (``tracking``), FINISHED or FAILED as the run ends."""
         self.store.register_run(self.config.name, self.config_sha)
         removed = remove_stale_temporaries(self.storage, self._started_at)
         if removed:
             self._say(f"removed {removed} temporary file(s) left by interrupted writes under {self.storage}")
         served = {g.name for g in self.config.served_generations}
-        for generation in self.config.generations:
-            self._step(f"train:{generation.name}", lambda key, g=generation: self._train(g, key),
-                       self._train_spec(generation), generation.name)
-            self._step(f"evaluate:{generation.name}", lambda key, g=generation: self._evaluate(g, key),
-                       evaluate_spec(self.config), generation.name)
-            if generation.name in served:
-                self._serve(generation)
-        return self._finish()
+        with self.tracker.pipeline_run(self.config_sha):
+            for generation in self.config.generations:
+                self.tracker.start_generation(generation)
+                self._step(f"train:{generation.name}", lambda key, g=generation: self._train(g, key),
+                           self._train_spec(generation), generation.name)
+                record = self.store.get_generation(generation.name)
+                self.tracker.log_checkpoint(generation.name, record.checkpoint_uri, record.sha256)
+                self._step(f"evaluate:{generation.name}", lambda key, g=generation: self._evaluate(g, key),
+                           evaluate_spec(self.config), generation.name)
+                if generation.name in served:
+                    self._serve(generation)
+            return self._finish()
 
     def _serve(self, generation) -> None:
         """Gallery plan and shard updates, deployment, then the served gallery's evaluation."""
@@ -264,7 +279,8 @@ class PipelineRunner:
                   f"{scaling.num_workers} worker(s)")
         metrics = train_generation_with_ray(job, scaling, storage_path=join_uri(self.storage, "ray"),
                                             run_name=f"train-{generation.name}-{self.config_sha[:8]}",
-                                            progress=lambda line: self._say(f"{key}: {line}"))
+                                            progress=lambda line: self._say(f"{key}: {line}"),
+                                            on_epoch=self.tracker.epoch_callback(generation.name))
         card = load_card(output)
         self.store.upsert_generation(generation.name, space=card.space, curv=card.curv)
         self.store.mark_generation_trained(
@@ -308,6 +324,8 @@ class PipelineRunner:
             self._say(f"served gallery {self.gallery.name}: not scored: {unscored}")
         files += write_gallery_report(reports, self.gallery.name, gallery_rows)
         self._say(f"report written to {reports}")
+        updates = {g.name: summaries[update_label(g.parent, g.name)] for g in self.config.generations if g.parent}
+        self.tracker.log_results(names, matrices, updates, files)
         return PipelineResult(names, matrices, summaries, files, self._skipped, gallery_rows)
 
     def _update_summaries(self, matrices: dict[str, np.ndarray], names: list[str]) -> dict[str, dict[str, Any]]:
@@ -324,7 +342,7 @@ class PipelineRunner:
                 summary = update_summary(matrix[new, new], matrix[new, old], matrix[old, old],
                                          None if ref_self is None or np.isnan(ref_self) else ref_self)
                 per_metric[metric] = {k: _json_number(v) for k, v in summary.items()}
-            summaries[f"{generation.parent} → {generation.name}"] = per_metric
+            summaries[update_label(generation.parent, generation.name)] = per_metric
         return summaries
 
     def _say(self, message: str) -> None:
@@ -336,9 +354,13 @@ def _raise(error: BaseException) -> None:
 
 
 def run_pipeline(config: PipelineConfig, progress: Progress | None = None) -> PipelineResult:
-    """Connect to (or start) Ray as the file says and run the pipeline; see ``PipelineRunner``."""
-    connect(config.ray.address)
-    return PipelineRunner(config, progress).run()
+    """Connect to (or start) Ray as the file says and run the pipeline; see ``PipelineRunner``.
+    The Ray dashboard's address is printed when Ray reports one."""
+    runner = PipelineRunner(config, progress)  # before Ray starts: a missing MLflow fails fast
+    dashboard = connect(config.ray.address, dashboard=config.ray.dashboard)
+    if dashboard:
+        runner.progress(dashboard_message(dashboard))
+    return runner.run()
 
 
 def _json_number(value: Any) -> Any:

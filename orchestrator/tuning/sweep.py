@@ -31,9 +31,9 @@ import ray
 from ray import tune
 from ray.tune import Callback
 
-from orchestrator.config import config_sha256
+from orchestrator.config import RUNTIME_SECTIONS, config_sha256
 from orchestrator.data import ImageTensorDataset
-from orchestrator.distributed.runtime import connect
+from orchestrator.distributed.runtime import connect, dashboard_message
 from orchestrator.progress import Meter
 from orchestrator.evaluation import evaluate_generations
 from orchestrator.pipeline.runner import PipelineRunner
@@ -133,7 +133,9 @@ def run_sweep(tune_file: TuneFile, progress: Progress | None = None) -> SweepRes
     say = progress or (lambda line: print(line, flush=True))
     started = time.perf_counter()
     spec, pipeline = tune_file.spec, tune_file.pipeline
-    connect(pipeline.ray.address)
+    dashboard = connect(pipeline.ray.address, dashboard=pipeline.ray.dashboard)
+    if dashboard:
+        say(dashboard_message(dashboard))
     runner = PipelineRunner(pipeline, say)
     candidate = tune_file.candidate
     needed = _ancestors(tune_file, candidate.parent) + ([pipeline.evaluation.reference] if pipeline.evaluation.reference else [])
@@ -190,7 +192,7 @@ def _check_guard(sweep_uri: str, tune_file: TuneFile) -> None:
     """Refuse a sweep folder that holds another tune file's (or pipeline's) sweep; write the guard
     for a new folder."""
     identity = {"tune": tune_file.spec.model_dump(mode="json", exclude={"description"}),
-                "pipeline_sha256": config_sha256(tune_file.pipeline, exclude=("ray",))}
+                "pipeline_sha256": config_sha256(tune_file.pipeline, exclude=RUNTIME_SECTIONS)}
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
     guard = join_uri(sweep_uri, GUARD)
     if exists(guard):
