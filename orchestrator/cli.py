@@ -1,4 +1,7 @@
-"""Command line: ``orchestrator run``, ``tune``, ``search``, ``lineage``, ``methods`` and ``demo``."""
+"""Command line: ``orchestrator run``, ``tune``, ``search``, ``lineage``, ``deploy``, ``gc``, ``methods``
+and ``demo``. Exit codes: 0 done, 1 a failed step or a storage/database error, 2 bad input (also a
+lineage store that does not exist), 3 the gate held a generation back, 4 busy: another process
+holds the pipeline's run lock (the message names it)."""
 from __future__ import annotations
 
 import argparse
@@ -7,6 +10,7 @@ import sys
 import time
 from typing import Literal, Sequence, get_args, get_origin
 
+from orchestrator.cli_options import add_location_options, location_overrides
 from orchestrator.search.cli import add_search_command
 
 DEMO_METHODS = ("independent", "l2", "bct", "hot_refresh", "hoc", "hbct")
@@ -81,9 +85,7 @@ def _run_command(args: argparse.Namespace) -> int:
     from orchestrator.config import load_pipeline
     from orchestrator.pipeline.runner import run_pipeline
 
-    overrides = _parse_overrides(args.set or [])
-    if args.storage:
-        overrides["storage"] = args.storage
+    overrides = {**_parse_overrides(args.set or []), **location_overrides(args)}
     if args.ray_address:
         overrides["ray.address"] = args.ray_address
     config = load_pipeline(args.file, overrides)
@@ -98,7 +100,7 @@ def _tune_command(args: argparse.Namespace) -> int:
     from orchestrator.tuning.results import plot_axes
     from orchestrator.tuning.sweep import run_sweep
 
-    tune_file = load_tune_file(args.file)
+    tune_file = load_tune_file(args.file, location_overrides(args))
     result = run_sweep(tune_file)
     objective = tune_file.spec.objective
     print()
@@ -111,14 +113,15 @@ def _lineage_command(args: argparse.Namespace) -> int:
 
     from orchestrator.lineage import LineageStore, lineage_json, lineage_tree_text
 
-    if args.lineage:
+    if args.file is None and not args.lineage:
+        raise ValueError("lineage: give a pipeline file or --lineage URL")
+    if args.file is None:
         url = args.lineage
     else:
         from orchestrator.config import load_pipeline
 
-        overrides = {"storage": args.storage} if args.storage else None
-        url = load_pipeline(args.file, overrides).lineage
-    store = LineageStore(url)
+        url = load_pipeline(args.file, location_overrides(args)).lineage
+    store = LineageStore(url, readonly=True)
     print(json.dumps(lineage_json(store), indent=2) if args.json else lineage_tree_text(store))
     return 0
 
@@ -129,7 +132,7 @@ def _served_store(args: argparse.Namespace):
     from orchestrator.lineage import LineageStore
     from orchestrator.pipeline.runner import storage_root
 
-    config = load_pipeline(args.file, {"storage": args.storage} if args.storage else None)
+    config = load_pipeline(args.file, location_overrides(args))
     return config, LineageStore(config.lineage), storage_root(config.storage)
 
 
@@ -137,7 +140,8 @@ def _deploy_command(args: argparse.Namespace) -> int:
     from orchestrator.pipeline.operations import redeploy
 
     config, store, _storage = _served_store(args)
-    redeploy(store, config.gallery.name, args.generation, args.rollback, print)
+    with store.run_lock(config.name, "orchestrator deploy"):
+        redeploy(store, config.gallery.name, args.generation, args.rollback, print)
     return 0
 
 
@@ -145,7 +149,8 @@ def _gc_command(args: argparse.Namespace) -> int:
     from orchestrator.pipeline.operations import collect_garbage
 
     config, store, storage = _served_store(args)
-    collection = collect_garbage(store, storage, config.gallery.name, args.keep_deployments, args.dry_run)
+    with store.run_lock(config.name, "orchestrator gc"):
+        collection = collect_garbage(store, storage, config.gallery.name, args.keep_deployments, args.dry_run)
     for uri in collection.removed:
         print(f"{'would remove' if args.dry_run else 'removed'} {uri}")
     print(collection.describe())
@@ -160,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a pipeline file: train, evaluate and deploy every generation "
                                            "(resumes where a previous run stopped)")
     run.add_argument("file", help="pipeline YAML, e.g. pipelines/lifelong.yaml")
-    run.add_argument("--storage", help="storage root (local path or s3://bucket/prefix), overrides the file")
+    add_location_options(run)
     run.add_argument("--ray-address", help="Ray cluster address (auto, host:port, ray://...), overrides the file")
     run.add_argument("--set", action="append", metavar="FIELD.PATH=VALUE",
                      help="override any field, e.g. --set generations.0.training.epochs=2 (repeatable)")
@@ -169,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     deploy = commands.add_parser("deploy", help="serve an earlier deployed generation again, with the shards it "
                                                  "served with (a rollback); search follows it")
     deploy.add_argument("file", help="pipeline YAML whose lineage and gallery to re-point")
-    deploy.add_argument("--storage", help="storage root override, as for run")
+    add_location_options(deploy)
     target = deploy.add_mutually_exclusive_group(required=True)
     target.add_argument("--generation", help="the generation to serve")
     target.add_argument("--rollback", action="store_true", help="the generation served before the current one")
@@ -177,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     gc = commands.add_parser("gc", help="remove shard files and Ray Train epoch checkpoints nothing retained needs")
     gc.add_argument("file", help="pipeline YAML whose storage to collect")
-    gc.add_argument("--storage", help="storage root override, as for run")
+    add_location_options(gc)
     gc.add_argument("--keep-deployments", type=int, default=2,
                     help="newest deployments whose shard files are kept for a rollback (default 2)")
     gc.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
@@ -186,15 +191,14 @@ def build_parser() -> argparse.ArgumentParser:
     tune = commands.add_parser("tune", help="sweep a generation's method parameters with Ray Tune (ASHA, Optuna); "
                                              "resumes an interrupted sweep")
     tune.add_argument("file", help="tune YAML, e.g. pipelines/tune.yaml")
+    add_location_options(tune)
     tune.set_defaults(handler=_tune_command)
 
     add_search_command(commands)
 
     lineage = commands.add_parser("lineage", help="show the generation tree, metrics and gallery shards")
-    source = lineage.add_mutually_exclusive_group(required=True)
-    source.add_argument("file", nargs="?", help="pipeline YAML whose lineage store to read")
-    source.add_argument("--lineage", help="a lineage URL (sqlite:///path/lineage.db, postgresql://...)")
-    lineage.add_argument("--storage", help="storage root override, as for run")
+    lineage.add_argument("file", nargs="?", help="pipeline YAML whose lineage store to read (or only --lineage)")
+    add_location_options(lineage)
     lineage.add_argument("--json", action="store_true", help="machine-readable JSON")
     lineage.set_defaults(handler=_lineage_command)
 
@@ -219,6 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
+    from orchestrator.lineage.errors import LineageBusy, LineageNotFound
     from orchestrator.pipeline.gate import DeploymentHeld
 
     args = build_parser().parse_args(argv)
@@ -226,6 +231,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(name)s: %(message)s")
     try:
         return args.handler(args)
+    except LineageNotFound as error:  # a reader never creates a store
+        print(f"orchestrator: error: LineageNotFound: {error}", file=sys.stderr)
+        return 2
+    except LineageBusy as error:  # another run of the pipeline holds its lock; nothing was done
+        print(f"orchestrator: busy: {error}", file=sys.stderr)
+        return 4
     except (ValueError, ImportError) as error:  # bad input: the message names the file, field and value
         print(f"orchestrator: error: {error}", file=sys.stderr)
         return 2

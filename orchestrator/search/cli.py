@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.cli_options import add_location_options, location_overrides
 from orchestrator.metrics import METRICS
 
 
@@ -23,7 +24,7 @@ def add_search_command(commands: argparse._SubParsersAction) -> None:
     search = commands.add_parser("search", help="search the served gallery with the deployed generation "
                                                  "(older shards along their compatibility path)")
     search.add_argument("file", help="pipeline YAML whose lineage and gallery to search")
-    search.add_argument("--storage", help="storage root override, as for run")
+    add_location_options(search)
     source = search.add_mutually_exclusive_group(required=True)
     source.add_argument("--queries", nargs="+", metavar="PATH",
                         help=".npy/.npz of uint8 images (N,H,W[,3]) or float embeddings (N,D), image files, "
@@ -52,7 +53,7 @@ def search_command(args: argparse.Namespace) -> int:
         raise ValueError(f"--limit must be a positive number of queries, got {args.limit}")
     if args.k < 1:
         raise ValueError(f"--k must be a positive number of results, got {args.k}")
-    config = load_pipeline(args.file, {"storage": args.storage} if args.storage else None)
+    config = load_pipeline(args.file, location_overrides(args))
     service = service_for_pipeline(config, args.serving, metric=args.criterion_metric,
                                    on_incompatible="skip" if args.skip_incompatible else "refuse")
     embeddings, labels, ids, names = _queries(args, config, service)

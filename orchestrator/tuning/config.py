@@ -44,7 +44,7 @@ from __future__ import annotations
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Mapping
 
 from pydantic import Field, ValidationError, ValidationInfo, model_validator
 
@@ -336,8 +336,9 @@ class TuneFile:
         return self.pipeline.generation(self.candidate.parent)
 
 
-def load_tune_file(path: str | Path) -> TuneFile:
-    """Read and validate a tune file and the pipeline file it names.
+def load_tune_file(path: str | Path, pipeline_overrides: Mapping[str, object] | None = None) -> TuneFile:
+    """Read and validate a tune file and the pipeline file it names (with ``pipeline_overrides``,
+    e.g. the command line's ``--storage`` and ``--lineage``, as ``load_pipeline`` takes them).
 
     Raises ``TuneFileError`` (one line per problem: file, field path, bad value, line) for the tune
     file, and ``PipelineConfigError`` naming the pipeline file for problems there.
@@ -351,6 +352,6 @@ def load_tune_file(path: str | Path) -> TuneFile:
             line = next((k.start_mark.line + 1 for k, _v in root.value if k.value == "pipeline"), None)
             raise TuneFileError(file, [f"pipeline: no such pipeline file (looked for {Path(pipeline_path).resolve()}) "
                                        f"[line {line}]"])
-        pipeline = load_pipeline(pipeline_path)
+        pipeline = load_pipeline(pipeline_path, pipeline_overrides)
     spec = validate_yaml_mapping(TuneSpec, file, raw, root, context={"pipeline": pipeline}, error=TuneFileError)
     return TuneFile(file, spec, pipeline)
