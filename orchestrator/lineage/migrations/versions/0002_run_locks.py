@@ -20,7 +20,7 @@ def upgrade() -> None:
         sa.Column("pipeline", sa.String(255), nullable=False),
         sa.Column("holder", sa.Text(), nullable=False),
         sa.Column("acquired_at", sa.DateTime(timezone=True), nullable=False),
-        sa.PrimaryKeyConstraint("pipeline", name="pk_run_locks"),
+        sa.PrimaryKeyConstraint("pipeline", name=op.f("pk_run_locks")),
     )
 
 
