@@ -158,9 +158,12 @@ class PipelineRunner:
         ``gate`` settings, and act: ``hold`` fails the deploy step and stops the run (the serving
         generation keeps serving, no shard has changed); ``full_backfill`` plans a full re-embed
         (``plan:<gallery>:<gen>:full``) that ``execute`` then follows. None: nothing serves yet
-        (or this generation already does), so there is nothing to protect."""
+        (or this generation already does), or this generation's deployment has committed already
+        (a resumed run: a later generation may serve by now, and the gate is not asked again)."""
         serving = self.store.current_deployment()
         if serving is None or serving.generation == generation.name:
+            return None
+        if self.store.step_status(f"deploy:{generation.name}") == "committed":
             return None
         gallery = self.gallery
         plan = gallery.committed_plan(generation.name)
