@@ -676,7 +676,7 @@ class PipelineConfig(_Strict):
 
     storage: a local path or ``s3://bucket/prefix`` (also ``file://``; ``memory://`` for tests);
              default ``./runs/<name>``.
-    lineage: a SQLAlchemy URL, ``sqlite:///path`` or ``postgresql://...``; default a SQLite file
+    lineage: a SQLAlchemy URL, ``sqlite:///path`` or ``postgresql+psycopg://...``; default a SQLite file
              ``lineage.db`` under a local storage (required with remote storage).
     """
 
@@ -714,7 +714,7 @@ class PipelineConfig(_Strict):
             return None
         scheme = _scheme(lineage.strip())
         if scheme not in LINEAGE_SCHEMES:
-            raise ValueError("expected a database URL: sqlite:///path/lineage.db or postgresql://user@host/db")
+            raise ValueError("expected a database URL: sqlite:///path/lineage.db or postgresql+psycopg://user@host/db")
         return lineage.strip()
 
     @model_validator(mode="after")
@@ -725,7 +725,7 @@ class PipelineConfig(_Strict):
         if self.lineage is None:
             if self.is_remote_storage:
                 problems.append(_problem(("lineage",), f"required with remote storage ({self.storage}): SQLite cannot "
-                                         "live on object storage; give sqlite:///<volume path> or postgresql://..."))
+                                         "live on object storage; give sqlite:///<volume path> or postgresql+psycopg://..."))
             else:
                 self.lineage = f"sqlite:///{_local_path(self.storage).rstrip('/')}/lineage.db"
         problems += self._check_generations()

@@ -96,7 +96,8 @@ T = TypeVar("T")
 
 _WRITE_OPTION = "lineage_write"
 _WRITE_RETRIES = 2  # one retry after an insert race (IntegrityError) on backends without a table lock
-_DEFAULT_DRIVERS = {"postgresql": "postgresql+psycopg"}  # SQLAlchemy's own default, psycopg2, is not installed
+# SQLAlchemy's own default driver, psycopg2, is not installed; "postgres" is an alias SQLAlchemy 2 dropped.
+_DEFAULT_DRIVERS = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg"}
 STEP_SPEC = "spec"  # the key of a step's outputs that holds what it ran from (``start_step(spec=...)``)
 
 
