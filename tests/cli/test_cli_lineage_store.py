@@ -74,3 +74,26 @@ def test_a_pipeline_held_by_another_process_is_exit_4_naming_it(tmp_path, capsys
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+
+
+@pytest.mark.parametrize("command", ["run", "tune", "search", "lineage", "deploy", "gc"])
+def test_every_command_on_a_pipeline_takes_a_lineage_url(command):
+    from orchestrator.cli import build_parser
+    from orchestrator.cli_options import location_overrides
+
+    extra = {"search": ["--split", "test"], "deploy": ["--rollback"]}.get(command, [])
+    args = build_parser().parse_args([command, "file.yaml", "--lineage", "sqlite:///x/l.db", *extra])
+    assert location_overrides(args) == {"lineage": "sqlite:///x/l.db"}
+
+
+def test_lineage_url_overrides_the_pipeline_files_store(tmp_path, capsys):
+    from orchestrator.lineage import LineageStore
+
+    url = f"sqlite:///{tmp_path / 'elsewhere' / 'lineage.db'}"
+    store = LineageStore(url)
+    store.upsert_generation("only-here", method="independent", params={})
+    store.close()
+    storage = tmp_path / "run"  # the file's own lineage would be run/lineage.db: it does not exist
+    assert main(["lineage", str(PIPELINE), "--storage", str(storage), "--lineage", url]) == 0
+    assert "only-here" in capsys.readouterr().out
+    assert not storage.exists()
