@@ -59,10 +59,12 @@ def lock_file(database: str, pipeline: str) -> Path:
 
 
 class RunLocks:
-    """The run locks of one store (``LineageStore.run_lock``)."""
+    """The run locks of one store (``LineageStore.run_lock``); ``sqlite_file``: the store's SQLite
+    database file (None for PostgreSQL and in-memory SQLite)."""
 
-    def __init__(self, store: "LineageStore"):
+    def __init__(self, store: "LineageStore", sqlite_file: Optional[str]):
         self.store = store
+        self.sqlite_file = sqlite_file
         self._depth: dict[str, int] = {}
 
     @contextmanager
@@ -90,11 +92,10 @@ class RunLocks:
                 release()
 
     def _acquire(self, pipeline: str) -> Optional[Release]:
-        url = self.store.url
-        if url.get_backend_name() == "postgresql":
+        if self.store.url.get_backend_name() == "postgresql":
             return _advisory_lock(self.store, pipeline)
-        if url.database and url.database not in ("", ":memory:") and "mode=memory" not in url.database:
-            return _file_lock(lock_file(url.database, pipeline))
+        if self.sqlite_file is not None:
+            return _file_lock(lock_file(self.sqlite_file, pipeline))
         return _memory_lock((id(self.store.engine), pipeline))
 
     def _record(self, pipeline: str, holder: str) -> None:

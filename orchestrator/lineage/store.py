@@ -234,7 +234,9 @@ class LineageStore:
         self._write_engine = self.engine.execution_options(**{_WRITE_OPTION: True})
         self._read_sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self._write_engine, expire_on_commit=False)
-        self._locks = locks.RunLocks(self)
+        sqlite_file = self.url.database if self.url.get_backend_name() == "sqlite" and not _sqlite_in_memory(self.url) \
+            else None
+        self._locks = locks.RunLocks(self, sqlite_file)
         if readonly:
             self._check_exists()
         else:
