@@ -1,38 +1,63 @@
-"""Command line: ``orchestrator run``, ``tune``, ``search``, ``lineage``, ``deploy``, ``gc``, ``methods``
-and ``demo``. Exit codes: 0 done, 1 a failed step or a storage/database error, 2 bad input (also a
-lineage store that does not exist), 3 the gate held a generation back, 4 busy: another process
-holds the pipeline's run lock (the message names it)."""
+"""The ``orchestrator`` command line: one subcommand per job (``run``, ``tune``, ``search``, ...).
+
+Exit codes (``ExitCode``; docs/cli.md): 0 done; 1 a runtime failure (a failed step, a storage or
+database error); 2 a usage or configuration error (bad arguments, a bad file or value: nothing was
+started; also a lineage store that does not exist: ``LineageNotFound``); 3 the deployment gate held
+a generation back; 4 busy: another process holds the pipeline's run lock (the message names it,
+nothing was done). Every error is reported before any other
+output where it can be checked up front (arguments, files, method names).
+"""
 from __future__ import annotations
 
 import argparse
+import enum
 import logging
 import sys
 import time
-from typing import Literal, Sequence, get_args, get_origin
+from typing import Sequence
 
-from orchestrator.cli_options import add_location_options, location_overrides
+from orchestrator import __version__
+from orchestrator.cli_options import (
+    SET_OPTION,
+    HelpFormatter,
+    add_pipeline_options,
+    add_verbose,
+    int_at_least,
+    pipeline_overrides,
+)
 from orchestrator.search.cli import add_search_command
 
 DEMO_METHODS = ("independent", "l2", "bct", "hot_refresh", "hoc", "hbct")
+DESCRIPTION = ("Train, evaluate, deploy and search backward-compatible embedding-model generations "
+               "described by a pipeline file. 'orchestrator COMMAND -h' shows a command's options.")
+
+
+class ExitCode(enum.IntEnum):
+    """The process exit status of every command (docs/cli.md)."""
+
+    OK = 0
+    FAILED = 1  # a runtime failure: a failed step, a storage or database problem
+    USAGE = 2  # bad arguments, a bad pipeline / tune file or value: nothing was started
+    HELD = 3  # the deployment gate held a generation back (nothing broke, nothing was deployed)
+    BUSY = 4  # another process holds the pipeline's run lock (nothing was done)
 
 
 def _methods_command(args: argparse.Namespace) -> int:
+    from orchestrator.config_reference import describe_type
     from orchestrator.methods import available_methods
 
     for name, cls in available_methods().items():
         print(f"{name}: {cls.summary}")
         for field_name, field in cls.Params.model_fields.items():
-            print(f"    {field_name:<22} {_describe_type(field.annotation):<32} default {field.default!r}")
+            print(f"    {field_name:<22} {describe_type(field.annotation):<32} default {field.default!r}")
     return 0
 
 
-def _describe_type(annotation: object) -> str:
-    """``Literal['a', 'b']`` → ``a|b``; ``float | None`` → ``float|None``; classes by name."""
-    if get_origin(annotation) is Literal:
-        return "|".join(str(choice) for choice in get_args(annotation))
-    if get_args(annotation):
-        return "|".join(_describe_type(arg) for arg in get_args(annotation))
-    return "None" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
+def _schema_command(args: argparse.Namespace) -> int:
+    from orchestrator.config_reference import markdown_reference, schema_text
+
+    print(markdown_reference() if args.markdown else schema_text("tune" if args.tune else "pipeline"), end="")
+    return 0
 
 
 def _demo_command(args: argparse.Namespace) -> int:
@@ -41,6 +66,13 @@ def _demo_command(args: argparse.Namespace) -> int:
     from orchestrator.experiment import ExperimentSettings, run_update_experiment
     from orchestrator.training.config import TrainConfig
 
+    from orchestrator.methods.registry import method_class
+
+    methods = [name.strip() for name in args.methods.split(",") if name.strip()]
+    if not methods:
+        raise ValueError(f"--methods names no method (got {args.methods!r})")
+    for name in methods:
+        method_class(name)  # an unknown name is an error before anything is printed or trained
     if args.threads:
         torch.set_num_threads(args.threads)
     settings = ExperimentSettings(
@@ -49,7 +81,6 @@ def _demo_command(args: argparse.Namespace) -> int:
         embed_dim=args.embed_dim,
         training=TrainConfig(epochs=args.epochs, batch_size=64, lr=0.05, augment=False, seed=args.seed),
     )
-    methods = [name.strip() for name in args.methods.split(",") if name.strip()]
     started = time.perf_counter()
     print(f"extended-class update on the bundled digits: old model on classes 0-4, new models on 0-9 "
           f"({', '.join(methods)}; {args.epochs} epochs each)", flush=True)
@@ -62,33 +93,11 @@ def _demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_overrides(pairs: Sequence[str]) -> dict[str, object]:
-    """``--set a.b=value`` pairs → {"a.b": value}; values are read as YAML (1 → int), within the
-    bounds of ``orchestrator.limits`` (``orchestrator.bounded_yaml``)."""
-    import yaml
-
-    from orchestrator.bounded_yaml import load_value
-
-    overrides: dict[str, object] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--set expects FIELD.PATH=VALUE, got {pair!r}")
-        try:
-            overrides[key.strip()] = load_value(value)
-        except yaml.YAMLError as err:
-            raise ValueError(f"--set {key.strip()}: not a YAML value ({' '.join(str(err).split())})") from None
-    return overrides
-
-
 def _run_command(args: argparse.Namespace) -> int:
     from orchestrator.config import load_pipeline
     from orchestrator.pipeline.runner import run_pipeline
 
-    overrides = {**_parse_overrides(args.set or []), **location_overrides(args)}
-    if args.ray_address:
-        overrides["ray.address"] = args.ray_address
-    config = load_pipeline(args.file, overrides)
+    config = load_pipeline(args.file, pipeline_overrides(args))
     result = run_pipeline(config)
     print()
     print(result.format())
@@ -97,10 +106,11 @@ def _run_command(args: argparse.Namespace) -> int:
 
 def _tune_command(args: argparse.Namespace) -> int:
     from orchestrator.tuning.config import load_tune_file
+
+    tune_file = load_tune_file(args.file, pipeline_overrides(args))  # checked before Ray Tune is imported
     from orchestrator.tuning.results import plot_axes
     from orchestrator.tuning.sweep import run_sweep
 
-    tune_file = load_tune_file(args.file, location_overrides(args))
     result = run_sweep(tune_file)
     objective = tune_file.spec.objective
     print()
@@ -120,7 +130,7 @@ def _lineage_command(args: argparse.Namespace) -> int:
     else:
         from orchestrator.config import load_pipeline
 
-        url = load_pipeline(args.file, location_overrides(args)).lineage
+        url = load_pipeline(args.file, pipeline_overrides(args)).lineage
     store = LineageStore(url, readonly=True)
     print(json.dumps(lineage_json(store), indent=2) if args.json else lineage_tree_text(store))
     return 0
@@ -132,7 +142,7 @@ def _served_store(args: argparse.Namespace):
     from orchestrator.lineage import LineageStore
     from orchestrator.pipeline.runner import storage_root
 
-    config = load_pipeline(args.file, location_overrides(args))
+    config = load_pipeline(args.file, pipeline_overrides(args))
     return config, LineageStore(config.lineage), storage_root(config.storage)
 
 
@@ -158,23 +168,37 @@ def _gc_command(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="orchestrator", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log every training step")
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="orchestrator", description=DESCRIPTION, formatter_class=HelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_verbose(parser, top_level=True)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_run_commands(commands)
+    add_search_command(commands)
+    _add_inspection_commands(commands)
+    for command in commands.choices.values():  # every subcommand, wherever it was defined
+        command.formatter_class = HelpFormatter
+        add_verbose(command, top_level=False)
+    return parser
 
+
+def _add_run_commands(commands: argparse._SubParsersAction) -> None:
+    """``run``, ``tune``, ``deploy``, ``gc``: the commands that change a pipeline's storage."""
     run = commands.add_parser("run", help="run a pipeline file: train, evaluate and deploy every generation "
                                            "(resumes where a previous run stopped)")
     run.add_argument("file", help="pipeline YAML, e.g. pipelines/lifelong.yaml")
-    add_location_options(run)
-    run.add_argument("--ray-address", help="Ray cluster address (auto, host:port, ray://...), overrides the file")
-    run.add_argument("--set", action="append", metavar="FIELD.PATH=VALUE",
-                     help="override any field, e.g. --set generations.0.training.epochs=2 (repeatable)")
+    add_pipeline_options(run, ("storage", "lineage", "ray_address", SET_OPTION))
     run.set_defaults(handler=_run_command)
+
+    tune = commands.add_parser("tune", help="sweep a generation's method parameters with Ray Tune (ASHA, Optuna); "
+                                             "resumes an interrupted sweep")
+    tune.add_argument("file", help="tune YAML, e.g. pipelines/tune.yaml")
+    add_pipeline_options(tune, ("storage", "lineage", "ray_address", SET_OPTION))  # applied to the pipeline it names
+    tune.set_defaults(handler=_tune_command)
 
     deploy = commands.add_parser("deploy", help="serve an earlier deployed generation again, with the shards it "
                                                  "served with (a rollback); search follows it")
     deploy.add_argument("file", help="pipeline YAML whose lineage and gallery to re-point")
-    add_location_options(deploy)
+    add_pipeline_options(deploy, ("storage", "lineage"))
     target = deploy.add_mutually_exclusive_group(required=True)
     target.add_argument("--generation", help="the generation to serve")
     target.add_argument("--rollback", action="store_true", help="the generation served before the current one")
@@ -182,42 +206,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     gc = commands.add_parser("gc", help="remove shard files and Ray Train epoch checkpoints nothing retained needs")
     gc.add_argument("file", help="pipeline YAML whose storage to collect")
-    add_location_options(gc)
-    gc.add_argument("--keep-deployments", type=int, default=2,
-                    help="newest deployments whose shard files are kept for a rollback (default 2)")
+    add_pipeline_options(gc, ("storage", "lineage"))
+    gc.add_argument("--keep-deployments", type=int_at_least(1), default=2, metavar="N",
+                    help="newest deployments (the serving one included) whose shard files are kept for a rollback")
     gc.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
     gc.set_defaults(handler=_gc_command)
 
-    tune = commands.add_parser("tune", help="sweep a generation's method parameters with Ray Tune (ASHA, Optuna); "
-                                             "resumes an interrupted sweep")
-    tune.add_argument("file", help="tune YAML, e.g. pipelines/tune.yaml")
-    add_location_options(tune)
-    tune.set_defaults(handler=_tune_command)
 
-    add_search_command(commands)
-
+def _add_inspection_commands(commands: argparse._SubParsersAction) -> None:
+    """``lineage``, ``methods``, ``schema``, ``demo``: commands that read, describe or try."""
     lineage = commands.add_parser("lineage", help="show the generation tree, metrics and gallery shards")
     lineage.add_argument("file", nargs="?", help="pipeline YAML whose lineage store to read (or only --lineage)")
-    add_location_options(lineage)
+    add_pipeline_options(lineage, ("storage", "lineage"))
     lineage.add_argument("--json", action="store_true", help="machine-readable JSON")
     lineage.set_defaults(handler=_lineage_command)
 
     methods = commands.add_parser("methods", help="list compatibility methods with their parameters and defaults")
     methods.set_defaults(handler=_methods_command)
 
-    demo = commands.add_parser("demo", help="train an old and compatible new models on the bundled digits; "
-                                             "print the compatibility table")
-    demo.add_argument("--methods", default=",".join(DEMO_METHODS), help="comma-separated method names")
-    demo.add_argument("--epochs", type=int, default=20)
+    schema = commands.add_parser("schema", help="print the JSON Schema of a pipeline file (for editors), or the "
+                                                 "configuration reference (docs/configuration.md)")
+    schema.add_argument("--markdown", action="store_true", help="the Markdown reference of pipeline and tune files")
+    schema.add_argument("--tune", action="store_true", help="the JSON Schema of a tune file instead")
+    schema.set_defaults(handler=_schema_command)
+
+    demo = commands.add_parser("demo", help="train an old and compatible new models on the bundled digits "
+                                             "without Ray; print the compatibility table")
+    demo.add_argument("--methods", default=",".join(DEMO_METHODS), help="comma-separated method names of the new models")
+    demo.add_argument("--epochs", type=int_at_least(1), default=20, help="training epochs of every model")
     demo.add_argument("--arch", default="test_resnet", help="timm architecture of the old and reference models")
-    demo.add_argument("--new-arch", default=None, help="timm architecture of the new models (new-architecture update)")
-    demo.add_argument("--embed-dim", type=int, default=32)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = torch's default)")
-    demo.add_argument("--workers", type=int, default=1,
+    demo.add_argument("--new-arch", default=None,
+                      help="timm architecture of the new models (a new-architecture update; default: --arch)")
+    demo.add_argument("--embed-dim", type=int_at_least(2), default=32, help="embedding size of every model")
+    demo.add_argument("--seed", type=int, default=0, help="training seed (same seed, same weights)")
+    demo.add_argument("--threads", type=int_at_least(0), default=1, help="torch CPU threads; 0 lets torch choose")
+    demo.add_argument("--workers", type=int_at_least(1), default=1,
                       help="processes training models in parallel (one torch thread each); same results")
     demo.set_defaults(handler=_demo_command)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -233,25 +258,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.handler(args)
     except LineageNotFound as error:  # a reader never creates a store
         print(f"orchestrator: error: LineageNotFound: {error}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     except LineageBusy as error:  # another run of the pipeline holds its lock; nothing was done
         print(f"orchestrator: busy: {error}", file=sys.stderr)
-        return 4
+        return ExitCode.BUSY
     except (ValueError, ImportError) as error:  # bad input: the message names the file, field and value
         print(f"orchestrator: error: {error}", file=sys.stderr)
-        return 2
+        return ExitCode.USAGE
     except DeploymentHeld as error:  # the gate held a generation back: nothing broke, nothing was deployed
         print(f"orchestrator: held: {error}", file=sys.stderr)
-        return 3
+        return ExitCode.HELD
     except RuntimeError as error:  # a failed step; the lineage records it and a re-run resumes
         print(f"orchestrator: failed: {error}", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
     except (OSError, SQLAlchemyError) as error:  # a missing file, a storage or database problem: one line
         if args.verbose:
             raise
         text = " ".join(str(error).split()) or type(error).__name__
         print(f"orchestrator: error: {type(error).__name__}: {text[:500]} (-v shows the traceback)", file=sys.stderr)
-        return 1
+        return ExitCode.FAILED
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -273,6 +273,9 @@ def _source_name(source: str, streamed: bool = False) -> str:
 class TaskSplits(_Strict):
     """A class-incremental sequence: classes [0, first) in task 1, then ``step`` more per task.
 
+    first: the classes of task 1.
+    step:  the classes each later task adds (the class count minus ``first`` must be a multiple).
+
     (first 10, step 15) on 100 classes is the 7-task [10, 15×6] sequence and (10, 3) the 31-task
     one (stationary_dsimplex.md §6.2); (20, 20) HBCT's 5 stages (hbct.md §14). Classes are taken in
     label order, unshuffled (stationary_dsimplex.md §7.1).
@@ -364,6 +367,7 @@ class ClassSelection(_Strict):
       class (an episodic memory, stationary_dsimplex.md §6.3; drawn once per class, seeded, so a
       class keeps the same memory items in every later task); without it, all items of all
       classes seen so far.
+    - ``memory_per_class``: with ``task``, the episodic memory size m above.
     """
 
     ids: list[Annotated[int, Field(ge=0, lt=limits.MAX_CLASSES)]] | None = Field(
@@ -394,6 +398,9 @@ class ClassSelection(_Strict):
 
 class MethodSpec(_Strict):
     """A compatibility method by registry name with its hyperparameters.
+
+    name:   the method's registry name (``orchestrator methods`` lists them).
+    params: the method's hyperparameters (its ``Params``; the section "Method parameters" below).
 
     ``params`` is validated by the method's own ``Params`` model (papers' defaults for missing
     fields, unknown ones rejected) and stored completed, so the config records every value used.
@@ -503,6 +510,7 @@ class GenerationSpec(_Strict):
     classes:          the training classes (``ClassSelection``); None = all.
     data_fraction:    a class-stratified random fraction of the selected items (extended-data,
                       hbct.md §10: 0.3), drawn with ``data_seed``.
+    data_seed:        the seed of the ``data_fraction`` draw.
     init_from_parent: start from the parent's weights (sequential fine-tuning, IAM-CL²R
                       stationary_dsimplex.md §6.3) instead of ``model.pretrained`` / random init;
                       needs the parent's architecture and embedding size.
@@ -564,6 +572,7 @@ class EmbeddingSpec(_Strict):
 class GallerySpec(_Strict):
     """The served gallery: which items, how many shards, which index per shard.
 
+    name:             the gallery's name in the lineage, paths and reports (a safe path component).
     source / options: the gallery's own data source (e.g. CIFAR-10 for the open-set evaluation of
                       stationary_dsimplex.md §7.1); None uses ``data.source`` and ``data.options``.
                       Streamed sources, for galleries of any size (never loaded whole):
@@ -674,6 +683,9 @@ class SearchSpec(_Strict):
 class PipelineConfig(_Strict):
     """A whole pipeline file (see the module docstring and ``pipelines/lifelong.yaml``).
 
+    name:        the pipeline's name, a safe path component (``orchestrator.names``; the default
+                 storage is ``./runs/<name>``).
+    description: free text, shown nowhere else.
     storage: a local path or ``s3://bucket/prefix`` (also ``file://``; ``memory://`` for tests);
              default ``./runs/<name>``.
     lineage: a SQLAlchemy URL, ``sqlite:///path`` or ``postgresql+psycopg://...``; default a SQLite file

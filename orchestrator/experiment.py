@@ -29,7 +29,7 @@ from orchestrator.data import ImageTensorDataset, LabeledImages, channel_statist
 from orchestrator.data.scenarios import extended_class
 from orchestrator.evaluation import CompatibilityReport, evaluate_generations
 from orchestrator.methods import CompatibilityMethod, create_method
-from orchestrator.metrics import KEY_METRICS, METRICS
+from orchestrator.metrics import KEY_METRICS, METRICS, format_value
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
@@ -72,7 +72,7 @@ class UpdateResult:
         lines = [header, "-" * len(header)]
         for method, per_metric in self.summaries.items():
             cells = "".join(
-                f"{per_metric[m][col]:>14.3f}" for m in metrics for col in ("self", "cross", "p_com", "p_up")
+                format_value(per_metric[m][col], 3, 14) for m in metrics for col in ("self", "cross", "p_com", "p_up")
             )
             verdict = "yes" if per_metric[metrics[0]]["compatible"] else "no"
             lines.append(f"{method:<18}{cells}{verdict:>12}")

@@ -1,6 +1,7 @@
 """Retrieval accuracy (CMC@k, mAP) and the compatibility metrics built on it."""
 
 from orchestrator.metrics.compatibility import (
+    MIN_NORMALISER,
     GenerationEmbeddings,
     PerturbationScores,
     average_compatibility,
@@ -9,6 +10,7 @@ from orchestrator.metrics.compatibility import (
     compatibility_matrices,
     compatibility_matrix,
     empirically_compatible,
+    format_value,
     p_com,
     p_up,
     perturbation_scores,
@@ -29,6 +31,7 @@ from orchestrator.metrics.retrieval import (
 __all__ = [
     "KEY_METRICS",
     "METRICS",
+    "MIN_NORMALISER",
     "GenerationEmbeddings",
     "PerturbationScores",
     "RetrievalResult",
@@ -40,6 +43,7 @@ __all__ = [
     "compatibility_matrix",
     "default_chunk_size",
     "empirically_compatible",
+    "format_value",
     "mean_average_precision",
     "p_com",
     "p_up",

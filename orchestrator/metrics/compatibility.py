@@ -26,6 +26,7 @@ from orchestrator.geometry.spaces import Space
 from orchestrator.metrics.retrieval import RetrievalResult, retrieval_metrics
 
 __all__ = [
+    "MIN_NORMALISER",
     "GenerationEmbeddings",
     "PerturbationScores",
     "average_compatibility",
@@ -34,6 +35,7 @@ __all__ = [
     "compatibility_matrices",
     "compatibility_matrix",
     "empirically_compatible",
+    "format_value",
     "p_com",
     "p_up",
     "perturbation_scores",
@@ -41,6 +43,7 @@ __all__ = [
 ]
 
 _CMC_METRIC = re.compile(r"cmc@([1-9][0-9]*)")
+MIN_NORMALISER = 0.01  # the smallest denominator P_com / P_up are reported with (update_summary)
 
 
 def p_com(cross: float, old_self: float, reference_self: float) -> float:
@@ -86,21 +89,32 @@ def update_summary(new_self: float, cross: float, old_self: float,
     Returns ``{"self": M(φ_n; φ_n), "cross": M(φ_n^Q; φ_o^G), "old_self": M(φ_o; φ_o),
     "compatible": ECC (cross > old self), "p_com": P_com (eq. 14), "p_up": P_up}``. Given no
     reference self-test M(φ_*; φ_*), ``p_com`` and ``p_up`` are None; where one is undefined (a NaN
-    input, a zero denominator) it is NaN.
+    input, a reference too weak to normalise by) it is NaN, shown as "n/a".
 
-    Decision: P_com is also undefined (NaN) when the reference does not beat the old model
-    (M(φ_*; φ_*) ≤ M(φ_o; φ_o)). P_com is the share of the attainable gain φ_o → φ_* that the update
-    recovers on the old gallery; with no gain to share the ratio's sign flips or explodes (the
-    digits' default run gave −5.7 and −48.7 with a saturated φ_*), so no number is reported.
+    Decision (the weak-reference rule): a ratio is reported only when its denominator is at least
+    ``MIN_NORMALISER`` (0.01, one point of a metric in [0, 1]): P_com needs the reference to beat
+    the old model by that much (M(φ_*; φ_*) − M(φ_o; φ_o) ≥ 0.01), P_up needs M(φ_*; φ_*) ≥ 0.01.
+    P_com is the share of the attainable gain φ_o → φ_* that the update recovers on the old
+    gallery; with a smaller gain the ratio divides by less than the metric's sampling noise (one
+    query of the digits' 539 is 0.0019) and flips sign or explodes (the digits' default run gave
+    −5.67 and −48.66 next to a saturated φ_*), so no number is reported.
     """
     summary: dict[str, float | bool | None] = {"self": new_self, "cross": cross, "old_self": old_self,
                                                "compatible": empirically_compatible(cross, old_self),
                                                "p_com": None, "p_up": None}
     if reference_self is not None:
-        summary["p_com"] = (_where_defined(p_com, cross, old_self, reference_self) if reference_self > old_self
-                            else math.nan)
-        summary["p_up"] = _where_defined(p_up, new_self, reference_self)
+        summary["p_com"] = (_where_defined(p_com, cross, old_self, reference_self)
+                            if reference_self - old_self >= MIN_NORMALISER else math.nan)
+        summary["p_up"] = _where_defined(p_up, new_self, reference_self) if reference_self >= MIN_NORMALISER else math.nan
     return summary
+
+
+def format_value(value: float | None, digits: int = 3, width: int = 0) -> str:
+    """A right-aligned number with ``digits`` decimals, or "n/a" where it is undefined (None, NaN:
+    no reference, a reference too weak to normalise by, no common distance)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return f"{'n/a':>{width}}"
+    return f"{value:>{width}.{digits}f}"
 
 
 def _where_defined(fn, *args: float) -> float:

@@ -24,7 +24,7 @@ from orchestrator.distributed.train import GenerationJob, ScalingSettings, train
 from orchestrator.evaluation import evaluate_generations
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.store import STEP_SPEC, clean_json
-from orchestrator.metrics import KEY_METRICS, METRICS, update_summary
+from orchestrator.metrics import KEY_METRICS, METRICS, format_value, update_summary
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
 from orchestrator.pipeline.gate import DeploymentHeld, GateDecision, GateMeasurement, decide
 from orchestrator.pipeline.operations import shard_snapshot
@@ -61,8 +61,8 @@ class PipelineResult:
             lines = [f"{'update':<24}{'metric':>8}{'self':>9}{'cross':>9}{'old self':>10}{'P_com':>9}{'P_up':>9}  compatible"]
             for update, per_metric in self.summaries.items():
                 for metric in KEY_METRICS:
-                    s = {k: "n/a" if v is None else v for k, v in per_metric[metric].items()}
-                    cells = "".join(f"{_cell(s.get(k), digits, width)}" for k, digits, width in
+                    s = per_metric[metric]
+                    cells = "".join(format_value(s.get(k), digits, width) for k, digits, width in
                                     (("self", 4, 9), ("cross", 4, 9), ("old_self", 4, 10), ("p_com", 3, 9), ("p_up", 3, 9)))
                     lines.append(f"{update:<24}{metric:>8}{cells}  {'yes' if s['compatible'] is True else 'no'}")
             parts.append("\n".join(lines))
@@ -344,11 +344,6 @@ class PipelineRunner:
 
     def _say(self, message: str) -> None:
         self.progress(f"[{time.perf_counter() - self._started:7.1f}s] {message}")
-
-
-def _cell(value: Any, digits: int, width: int) -> str:
-    """A right-aligned number with ``digits`` decimals, or "n/a" (undefined or not comparable)."""
-    return f"{'n/a':>{width}}" if value is None or value == "n/a" else f"{value:>{width}.{digits}f}"
 
 
 def _raise(error: BaseException) -> None:

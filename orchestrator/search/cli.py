@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.cli_options import add_location_options, location_overrides
+from orchestrator.cli_options import add_pipeline_options, int_at_least, pipeline_overrides
 from orchestrator.metrics import METRICS
 
 
@@ -24,22 +24,22 @@ def add_search_command(commands: argparse._SubParsersAction) -> None:
     search = commands.add_parser("search", help="search the served gallery with the deployed generation "
                                                  "(older shards along their compatibility path)")
     search.add_argument("file", help="pipeline YAML whose lineage and gallery to search")
-    add_location_options(search)
+    add_pipeline_options(search, ("storage", "lineage"))
     source = search.add_mutually_exclusive_group(required=True)
     source.add_argument("--queries", nargs="+", metavar="PATH",
                         help=".npy/.npz of uint8 images (N,H,W[,3]) or float embeddings (N,D), image files, "
                              "or folders of images")
     source.add_argument("--split", help="take the queries from this split of the pipeline's data source")
-    search.add_argument("--limit", type=int, default=None, help="use only the first N queries")
-    search.add_argument("-k", "--k", type=int, default=10, help="results per query (default 10)")
+    search.add_argument("--limit", type=int_at_least(1), default=None, metavar="N", help="use only the first N queries")
+    search.add_argument("-k", "--k", type=int_at_least(1), default=10, help="results per query")
     search.add_argument("--serving", help="the generation whose queries search (default: the deployed one)")
     search.add_argument("--criterion-metric", default="map", choices=METRICS,
                         help="recorded metric of the compatibility criterion that admits older shards")
     search.add_argument("--skip-incompatible", action="store_true",
                         help="search only the shards the serving generation is compatible with (default: refuse)")
     search.add_argument("--evaluate", action="store_true", help="score the search against the query labels")
-    search.add_argument("--eval-k", type=int, default=None,
-                        help="depth of --evaluate's ranking (default: the whole gallery: full-ranking mAP)")
+    search.add_argument("--eval-k", type=int_at_least(5), default=None,
+                        help="depth of --evaluate's ranking, at least 5 (default: the whole gallery: full-ranking mAP)")
     search.add_argument("--json", action="store_true", help="print JSON instead of tables")
     search.add_argument("--output", help="write the JSON result to this file")
     search.set_defaults(handler=search_command)
@@ -49,11 +49,7 @@ def search_command(args: argparse.Namespace) -> int:
     from orchestrator.config import load_pipeline
     from orchestrator.search.service import service_for_pipeline
 
-    if args.limit is not None and args.limit < 1:
-        raise ValueError(f"--limit must be a positive number of queries, got {args.limit}")
-    if args.k < 1:
-        raise ValueError(f"--k must be a positive number of results, got {args.k}")
-    config = load_pipeline(args.file, location_overrides(args))
+    config = load_pipeline(args.file, pipeline_overrides(args))
     service = service_for_pipeline(config, args.serving, metric=args.criterion_metric,
                                    on_incompatible="skip" if args.skip_incompatible else "refuse")
     embeddings, labels, ids, names = _queries(args, config, service)
@@ -110,8 +106,6 @@ def _evaluate(args, config, service, embeddings, labels, ids) -> dict[str, Any]:
         raise ValueError(f"--evaluate ranks the whole gallery in memory; gallery {config.gallery.name!r} is streamed "
                          f"from {source}: the pipeline's gallery-eval step scores a labelled sample of it instead")
     gallery = load_source(source, **kwargs)
-    if args.eval_k is not None and args.eval_k < 5:
-        raise ValueError(f"--eval-k must be at least 5 (CMC@5 is reported), got {args.eval_k}")
     evaluation = evaluate_search(service.router, embeddings, labels, gallery.ids, gallery.labels, args.eval_k, query_ids=ids)
     return evaluation.as_row()
 

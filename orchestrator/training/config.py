@@ -13,6 +13,20 @@ class TrainConfig(BaseModel):
 
     The defaults are the HBCT ResNet18 recipe (SGD, lr 0.1, momentum 0.9, weight decay 5e-4,
     cosine annealing, batch 128; hbct.md §10) with few epochs, sized for the bundled dataset.
+
+    epochs:         passes over the training items.
+    batch_size:     items per gradient step (per worker under Ray Train).
+    optimizer:      sgd (with ``momentum``), adam or adamw.
+    lr:             the peak learning rate.
+    momentum:       SGD momentum.
+    weight_decay:   L2 weight decay of the optimiser.
+    schedule:       cosine (annealed from ``lr`` towards ``min_lr`` after the warm-up) or constant.
+    min_lr:         the learning rate the cosine schedule ends at.
+    warmup_epochs:  epochs of linear warm-up before the schedule.
+    grad_clip_norm: clip the gradient's global norm to this value; None does not clip.
+    augment:        random crop (zero-padded) and horizontal flip of the training images.
+    seed:           the base seed; a generation's seed is derived from it and its name, so the same
+                    settings give the same weights.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

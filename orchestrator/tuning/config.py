@@ -42,9 +42,10 @@ Decisions:
 from __future__ import annotations
 
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Literal
 
 from pydantic import Field, ValidationError, ValidationInfo, model_validator
 
@@ -119,15 +120,21 @@ class ParameterRange(_Strict):
 
 
 class Transition(_Strict):
-    """The update tuned: ``candidate`` (a generation of the pipeline) aligned to ``parent``
-    (default: the candidate's parent in the pipeline; if given, it must be that one)."""
+    """The update tuned: a candidate generation of the pipeline and its parent.
+
+    candidate: the generation whose method parameters are tuned (it needs a parent).
+    parent:    the generation it is aligned to; default (and if given, it must be) its parent in
+               the pipeline.
+    """
 
     candidate: str
     parent: str | None = None
 
 
 class SearchSettings(_Strict):
-    """algorithm:   ``random`` (Tune's variant generator; grids crossed in full) or ``optuna`` (TPE).
+    """How trial configurations are drawn.
+
+    algorithm:   ``random`` (Tune's variant generator; grids crossed in full) or ``optuna`` (TPE).
     num_samples: trials (``random``: repeats of the whole grid, each with fresh samples).
     seed:        seed of the sampler, so a sweep draws the same configurations when run again."""
 
@@ -137,7 +144,9 @@ class SearchSettings(_Strict):
 
 
 class SchedulerSettings(_Strict):
-    """kind:             ``asha`` (asynchronous successive halving on the per-epoch objective) or
+    """Which trials stop early.
+
+    kind:             ``asha`` (asynchronous successive halving on the per-epoch objective) or
                          ``fifo`` (every trial runs all its epochs).
     grace_period:     epochs every trial runs before ASHA may stop it.
     reduction_factor: ASHA keeps the best 1/reduction_factor of the trials at each rung."""
@@ -148,14 +157,23 @@ class SchedulerSettings(_Strict):
 
 
 class Resources(_Strict):
-    """Resources of one trial (one training process): CPUs and GPUs."""
+    """Resources of one trial (one training process).
+
+    cpu: CPUs per trial.
+    gpu: GPUs per trial (fractions share a GPU).
+    """
 
     cpu: float = Field(1.0, gt=0, le=limits.MAX_CPUS)
     gpu: float = Field(0.0, ge=0, le=limits.MAX_GPUS)
 
 
 class Constraint(_Strict):
-    """``metric`` ≥ ``min`` or ``metric`` ≤ ``max`` (exactly one bound)."""
+    """``metric`` ≥ ``min`` or ``metric`` ≤ ``max`` (exactly one bound).
+
+    metric: the constrained metric (``<kind>_<metric>``, see ``maximize``).
+    min:    the lowest feasible value.
+    max:    the highest feasible value.
+    """
 
     metric: MetricName
     min: float | None = None
@@ -181,6 +199,8 @@ class Objective(_Strict):
     pareto:     two metrics (e.g. ``[self_map, cross_map]``): the result is their Pareto front; Tune
                 optimises their mean, and the best configuration is the front's trial with the
                 largest mean.
+    subject_to: the constraint of ``maximize`` (optional).
+    penalty:    the weight of the constraint's violation in the scalar Tune optimises.
     """
 
     maximize: MetricName | None = None
@@ -218,6 +238,7 @@ class TuneSpec(_Strict):
     """A whole tune file (module docstring).
 
     name:                  the sweep, a safe path component (``orchestrator.names``); its folder is ``<pipeline storage>/tune/<name>``.
+    description:           free text.
     pipeline:              the pipeline file (relative to the working directory).
     max_concurrent_trials: trials at once; None: as many as the cluster's CPUs (GPUs) fit.
     max_failures:          retries of a trial that raised.
@@ -336,9 +357,10 @@ class TuneFile:
         return self.pipeline.generation(self.candidate.parent)
 
 
-def load_tune_file(path: str | Path, pipeline_overrides: Mapping[str, object] | None = None) -> TuneFile:
-    """Read and validate a tune file and the pipeline file it names (with ``pipeline_overrides``,
-    e.g. the command line's ``--storage`` and ``--lineage``, as ``load_pipeline`` takes them).
+def load_tune_file(path: str | Path, pipeline_overrides: Mapping[str, Any] | None = None) -> TuneFile:
+    """Read and validate a tune file and the pipeline file it names, with ``pipeline_overrides``
+    (dotted field paths → values, as ``load_pipeline`` takes them: ``orchestrator tune --storage /
+    --ray-address / --set``) applied to that pipeline.
 
     Raises ``TuneFileError`` (one line per problem: file, field path, bad value, line) for the tune
     file, and ``PipelineConfigError`` naming the pipeline file for problems there.

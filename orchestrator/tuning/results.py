@@ -25,7 +25,7 @@ import yaml
 
 from orchestrator.config import GenerationSpec
 from orchestrator.lineage import LineageStore
-from orchestrator.metrics import METRICS
+from orchestrator.metrics import METRICS, format_value
 from orchestrator.storage import join_uri, load_card, write_bytes_atomic
 from orchestrator.tuning import objective as objectives
 from orchestrator.tuning.config import METRIC_NAMES, Objective, TuneFile
@@ -147,16 +147,12 @@ def best_generation_block(tune_file: TuneFile, best: TrialRow) -> str:
     block["method"]["params"] = {**block["method"]["params"], **best.params}
     GenerationSpec.model_validate(block)
     spec = tune_file.spec
-    shown = ", ".join(f"{name} {_format(best.metrics.get(name))}" for name in
+    shown = ", ".join(f"{name} {format_value(best.metrics.get(name), 4)}" for name in
                       dict.fromkeys([*spec.objective.metrics, *plot_axes(spec.objective)]))
     header = (f"# Best configuration of sweep {spec.name!r} (trial {best.trial_id}, {best.epochs} epochs): {shown}\n"
               f"# Paste over generation {block['name']!r} in {spec.pipeline}. Keep its name: the training seed\n"
               f"# derives from it, and with it the pipeline reproduces these numbers.\n")
     return header + yaml.safe_dump([block], sort_keys=False, allow_unicode=True)
-
-
-def _format(value: Any) -> str:
-    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.4f}"
 
 
 def write_results(folder: str, tune_file: TuneFile, rows: list[TrialRow], best: TrialRow | None) -> dict[str, str]:

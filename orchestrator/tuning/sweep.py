@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
@@ -91,7 +92,7 @@ def _cell(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return str(value)
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return "n/a" if math.isnan(value) else f"{value:.4g}"  # undefined (e.g. P_com, docs/concepts.md)
     return str(value)
 
 

@@ -1,14 +1,19 @@
 """The command line: method listing, the embedded demo, the quickstart example, errors."""
 from __future__ import annotations
 
+import argparse
+import json
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from orchestrator.cli import main
+import orchestrator
+from orchestrator import cli
+from orchestrator.cli import ExitCode, build_parser, main
 from orchestrator.methods import available_methods
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,14 +48,15 @@ def test_demo_prints_the_pair_table_and_one_summary_row_per_method(capsys):
     out = capsys.readouterr().out
     assert re.search(r"^old/independent → old/independent\s+[01]\.\d{4}\s+[01]\.\d{4}\s+[01]\.\d{4}$", out, re.MULTILINE)
     assert re.search(r"^l2 → old/independent\s+", out, re.MULTILINE)
-    summary_rows = re.findall(r"^(independent|l2)\s+(-?\d+\.\d{3}\s+){8}(yes|no)$", out, re.MULTILINE)
+    summary_rows = re.findall(r"^(independent|l2)\s+((-?\d+\.\d{3}|n/a)\s+){8}(yes|no)$", out, re.MULTILINE)
     assert [row[0] for row in summary_rows] == ["independent", "l2"]
 
 
-def test_unknown_method_is_a_clear_error(capsys):
+def test_unknown_method_is_a_clear_error_before_any_output(capsys):
     assert main(["demo", "--epochs", "1", "--methods", "bct,nosuch"]) == 2
-    err = capsys.readouterr().err
-    assert "unknown method 'nosuch'" in err and "hbct" in err
+    captured = capsys.readouterr()
+    assert "unknown method 'nosuch'" in captured.err and "hbct" in captured.err
+    assert captured.out == ""  # the header is not printed for a run that cannot start
 
 
 @pytest.mark.e2e
@@ -108,3 +114,163 @@ def test_a_garbled_lineage_database_is_one_line_not_a_traceback(tmp_path, capsys
     assert "file is not a database" in error and "Traceback" not in error
     with pytest.raises(Exception, match="file is not a database"):
         main(["-v", "lineage", "--lineage", f"sqlite:///{database}"])  # -v: the real exception
+
+
+# --------------------------------------------------------------------------- parser behaviour
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def _option_help_blocks(help_text: str) -> dict[str, str]:
+    """{first flag: its help paragraph} of a formatted help text."""
+    blocks, current = {}, None
+    for line in help_text.splitlines():
+        match = re.match(r"^  (-[-\w]+)", line)
+        if match:
+            current = match.group(1)
+            blocks[current] = line
+        elif current and line.startswith("    "):
+            blocks[current] += " " + line.strip()
+        else:
+            current = None
+    return blocks
+
+
+def test_version_is_the_package_version(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"orchestrator {orchestrator.__version__}"
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    assert "version" in project["project"]["dynamic"]  # pyproject reads the same attribute
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "orchestrator.__version__"}
+
+
+@pytest.mark.parametrize("argv", [["-v", "methods"], ["methods", "-v"], ["--verbose", "methods"], ["methods", "--verbose"]])
+def test_verbose_is_accepted_before_or_after_the_subcommand(argv):
+    assert build_parser().parse_args(argv).verbose is True
+    assert build_parser().parse_args(["methods"]).verbose is False
+
+
+def test_verbose_after_the_subcommand_shows_the_real_error(tmp_path):
+    database = tmp_path / "lineage.db"
+    database.write_bytes(b"not a database at all\n" * 64)
+    with pytest.raises(Exception, match="file is not a database"):
+        main(["lineage", "--lineage", f"sqlite:///{database}", "-v"])
+
+
+def test_tune_takes_the_pipeline_overrides_of_run():
+    parser = build_parser()
+    extra = ["--storage", "/tmp/x", "--ray-address", "auto", "--set", "generations.1.training.epochs=3",
+             "--set", "ray.num_workers=2"]
+    run, tune = parser.parse_args(["run", "p.yaml", *extra]), parser.parse_args(["tune", "t.yaml", *extra])
+    expected = {"generations.1.training.epochs": 3, "ray.num_workers": 2, "storage": "/tmp/x", "ray.address": "auto"}
+    assert cli.pipeline_overrides(run) == cli.pipeline_overrides(tune) == expected
+
+
+def test_tune_applies_the_overrides_to_the_pipeline_it_names(tmp_path, monkeypatch, capsys):
+    import orchestrator.tuning.config as tune_config
+
+    loaded, real_load = [], tune_config.load_tune_file
+
+    def load_and_stop(path, overrides=None):  # the real loader, then stop before the sweep starts Ray
+        loaded.append(real_load(path, overrides))
+        raise ValueError("stopped by the test before the sweep")
+
+    monkeypatch.setattr(tune_config, "load_tune_file", load_and_stop)
+    storage = tmp_path / "elsewhere"
+    code = main(["tune", str(REPO / "pipelines" / "tune.yaml"), "--storage", str(storage), "--ray-address", "auto",
+                 "--set", "generations.1.training.epochs=7"])
+    assert code == ExitCode.USAGE and "stopped by the test" in capsys.readouterr().err
+    pipeline = loaded[0].pipeline
+    assert pipeline.storage == str(storage) and pipeline.ray.address == "auto"
+    assert pipeline.generation("g1").training.epochs == 7
+    assert pipeline.generation("g0-old").training.epochs == 20  # only the named field changed
+    assert not storage.exists()  # nothing was started
+
+
+def test_tune_override_errors_name_the_pipeline_field(capsys):
+    code = main(["tune", str(REPO / "pipelines" / "tune.yaml"), "--set", "generations.1.training.epochs=0"])
+    assert code == ExitCode.USAGE
+    err = capsys.readouterr().err
+    assert "pipelines/lifelong.yaml" in err and "generations[1].training.epochs" in err and "(got 0)" in err
+
+
+def test_help_texts_have_no_markup_and_show_every_default():
+    for name, parser in _subcommands().items():
+        text = parser.format_help()
+        assert not re.search(r"``|:(func|class|mod|meth):", text), name
+        blocks = _option_help_blocks(text)
+        for action in parser._actions:
+            if not action.option_strings or action.help == argparse.SUPPRESS:
+                continue
+            block = blocks[action.option_strings[0]]
+            assert action.help and len(action.help) > 10, (name, action.option_strings)  # every option explained
+            if action.default not in (None, False, argparse.SUPPRESS) and not isinstance(action, argparse._HelpAction):
+                assert "default" in block and (str(action.default) in block or "default:" in block), (name, block)
+    top = build_parser().format_help()
+    assert "``" not in top and "--version" in top
+
+
+def test_demo_options_show_their_defaults():
+    blocks = _option_help_blocks(_subcommands()["demo"].format_help())
+    assert "(default: 20)" in blocks["--epochs"] and "(default: 32)" in blocks["--embed-dim"]
+    assert "(default: 0)" in blocks["--seed"] and "(default: test_resnet)" in blocks["--arch"]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["demo", "--epochs", "0"], "--epochs: expected a number of at least 1, got 0"),
+    (["demo", "--workers", "two"], "--workers: expected a whole number, got 'two'"),
+    (["search", "p.yaml", "--split", "test", "-k", "0"], "expected a number of at least 1, got 0"),
+    (["search", "p.yaml", "--split", "test", "--eval-k", "3"], "--eval-k: expected a number of at least 5, got 3"),
+    (["gc", "p.yaml", "--keep-deployments", "0"], "--keep-deployments: expected a number of at least 1, got 0"),
+    (["nosuch"], "invalid choice: 'nosuch'"),
+])
+def test_usage_errors_exit_2_before_any_output(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    captured = capsys.readouterr()
+    assert exit_info.value.code == ExitCode.USAGE == 2
+    assert message in captured.err and captured.out == ""
+
+
+@pytest.mark.parametrize(("error", "code", "prefix"), [
+    (ValueError("pipelines/x.yaml: name: bad (got 'a b')"), 2, "orchestrator: error: pipelines/x.yaml"),
+    (RuntimeError("step train:g1 failed"), 1, "orchestrator: failed: step train:g1"),
+    (FileNotFoundError(2, "No such file or directory", "/nowhere"), 1, "orchestrator: error: FileNotFoundError: "),
+])
+def test_exit_codes_by_kind_of_error(error, code, prefix, monkeypatch, capsys):
+    def fail(args):
+        raise error
+
+    monkeypatch.setattr(cli, "_methods_command", fail)
+    assert main(["methods"]) == code
+    err = capsys.readouterr().err
+    assert err.startswith(prefix) and err.count("\n") == 1
+
+
+def test_a_generation_held_by_the_gate_exits_3(monkeypatch, capsys):
+    from orchestrator.pipeline.gate import DeploymentHeld
+
+    def held(args):
+        raise DeploymentHeld("gate of g2: failed (...); action: hold. g1 keeps serving")
+
+    monkeypatch.setattr(cli, "_run_command", held)
+    assert main(["run", "pipelines/lifelong.yaml"]) == ExitCode.HELD == 3
+    assert capsys.readouterr().err.startswith("orchestrator: held: gate of g2")
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4]  # 4: busy (tests/cli/test_cli_lineage_store.py)
+
+
+def test_schema_prints_the_json_schema_and_the_reference(capsys):
+    from orchestrator.config_reference import json_schema, markdown_reference
+
+    assert main(["schema"]) == 0
+    assert json.loads(capsys.readouterr().out) == json_schema("pipeline")
+    assert main(["schema", "--tune"]) == 0
+    assert json.loads(capsys.readouterr().out)["title"] == "orchestrator tune file"
+    assert main(["schema", "--markdown"]) == 0
+    assert capsys.readouterr().out == markdown_reference()

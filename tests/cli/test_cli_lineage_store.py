@@ -79,11 +79,11 @@ def test_a_pipeline_held_by_another_process_is_exit_4_naming_it(tmp_path, capsys
 @pytest.mark.parametrize("command", ["run", "tune", "search", "lineage", "deploy", "gc"])
 def test_every_command_on_a_pipeline_takes_a_lineage_url(command):
     from orchestrator.cli import build_parser
-    from orchestrator.cli_options import location_overrides
+    from orchestrator.cli_options import pipeline_overrides
 
     extra = {"search": ["--split", "test"], "deploy": ["--rollback"]}.get(command, [])
     args = build_parser().parse_args([command, "file.yaml", "--lineage", "sqlite:///x/l.db", *extra])
-    assert location_overrides(args) == {"lineage": "sqlite:///x/l.db"}
+    assert pipeline_overrides(args) == {"lineage": "sqlite:///x/l.db"}
 
 
 def test_lineage_url_overrides_the_pipeline_files_store(tmp_path, capsys):

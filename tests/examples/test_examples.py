@@ -61,7 +61,7 @@ def test_cluster_walkthrough_submits_the_pipeline_and_prints_the_lineage(tmp_pat
         "needs the `ray` and `orchestrator` commands on PATH (pip install -e .)"
     run_dir = tmp_path / "run"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_TOKEN")}
-    env.update(EPOCHS="1", RUN_DIR=str(run_dir))
+    env.update(EPOCHS="1", RUN_DIR=str(run_dir), PIPELINE="pipelines/quickstart.yaml")  # two generations
     result = subprocess.run(["bash", str(REPO / "examples" / "cluster_walkthrough.sh")], capture_output=True,
                             text=True, timeout=900, cwd=tmp_path, env=env)
     output = result.stdout + result.stderr
@@ -70,15 +70,15 @@ def test_cluster_walkthrough_submits_the_pipeline_and_prints_the_lineage(tmp_pat
     refusal = result.stdout.split("--- a submission with a wrong token", 1)[1].split("--- submitting", 1)[0]
     assert "Invalid authentication token" in refusal, refusal
     assert "this must not run" not in output
-    assert "deploy:g2: g2 serves queries" in result.stdout
+    assert "deploy:g1: g1 serves queries" in result.stdout
     lineage = result.stdout.split("--- lineage", 1)[1]
-    assert re.search(r"^\s*(?:[│├└─ ]*)g2\s+hbct\s+trained\b.*\[serving\]$", lineage, re.MULTILINE), lineage
+    assert re.search(r"^\s*(?:[│├└─ ]*)g1\s+hbct\s+trained\b.*\[serving\]$", lineage, re.MULTILINE), lineage
     assert re.search(r"^g0-old\s+hbct\s+trained\b", lineage, re.MULTILINE), lineage
     store = LineageStore(f"sqlite:///{run_dir / 'lineage.db'}")
     try:
         assert [(g.name, g.status) for g in store.list_generations()] == [
-            ("g0-old", "trained"), ("g1", "trained"), ("g2", "trained"), ("phi-star", "trained")]
-        assert store.current_deployment().generation == "g2"
+            ("g0-old", "trained"), ("g1", "trained")]
+        assert store.current_deployment().generation == "g1"
     finally:
         store.close()
     assert not any(run_dir.glob("ray_token*")), "the token must not be left in the run folder"

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
 
 from orchestrator.metrics import (
+    MIN_NORMALISER,
     average_compatibility,
     average_multi_model_accuracy,
     backfill_curve_area,
     empirically_compatible,
+    format_value,
     p_com,
     p_up,
     perturbation_scores,
@@ -111,6 +114,27 @@ def test_update_summary_without_a_reference_or_where_p_com_is_undefined():
     weak_reference = update_summary(0.95, 0.90, 0.99, 0.98)  # φ_* below φ_o: no attainable gain to share
     assert np.isnan(weak_reference["p_com"]) and weak_reference["p_up"] == pytest.approx(0.95 / 0.98 - 1)
 
+
+
+def test_a_reference_within_one_point_of_the_old_model_leaves_p_com_undefined():
+    # the digits' default run, g1 → g2 at CMC@1: φ_* beats φ_o by 0.0056, so P_com would be
+    # (0.959 − 0.991) / 0.0056 = −5.7, a ratio of differences smaller than the metric's noise
+    assert math.isnan(update_summary(0.976, 0.959, 0.991, 0.9966)["p_com"])
+    just_enough = update_summary(0.80, 0.75, 0.70, 0.71)  # φ_* − φ_o = 0.01: reported
+    assert just_enough["p_com"] == pytest.approx((0.75 - 0.70) / (0.71 - 0.70))
+    assert math.isnan(update_summary(0.80, 0.75, 0.70, 0.709)["p_com"])
+    assert update_summary(0.80, 0.75, 0.70, 0.709)["p_up"] == pytest.approx(0.80 / 0.709 - 1)
+    # P_up normalises by φ_*'s own accuracy: below 0.01 it is undefined too
+    assert math.isnan(update_summary(0.5, 0.4, 0.001, 0.009)["p_up"])
+    assert update_summary(0.5, 0.4, 0.0, 0.01)["p_up"] == pytest.approx(0.5 / 0.01 - 1)
+    assert MIN_NORMALISER == 0.01  # the rule the docs state (docs/concepts.md)
+
+
+def test_undefined_values_print_as_n_a():
+    assert format_value(float("nan"), 3, 9) == "      n/a"
+    assert format_value(None, 3, 5) == "  n/a"
+    assert format_value(-1.0123, 3, 9) == "   -1.012"
+    assert format_value(0.5) == "0.500"
 
 # Official-code d-Simplex-HOC 7-task matrix (stationary_dsimplex.md §8.4).
 DSIMPLEX_MATRIX = [
