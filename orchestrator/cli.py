@@ -2,7 +2,9 @@
 
 Exit codes (``ExitCode``; docs/cli.md): 0 done; 1 a runtime failure (a failed step, a storage or
 database error); 2 a usage or configuration error (bad arguments, a bad file or value: nothing was
-started); 3 the deployment gate held a generation back. Every error is reported before any other
+started; also a lineage store that does not exist: ``LineageNotFound``); 3 the deployment gate held
+a generation back; 4 busy: another process holds the pipeline's run lock (the message names it,
+nothing was done). Every error is reported before any other
 output where it can be checked up front (arguments, files, method names).
 """
 from __future__ import annotations
@@ -37,6 +39,7 @@ class ExitCode(enum.IntEnum):
     FAILED = 1  # a runtime failure: a failed step, a storage or database problem
     USAGE = 2  # bad arguments, a bad pipeline / tune file or value: nothing was started
     HELD = 3  # the deployment gate held a generation back (nothing broke, nothing was deployed)
+    BUSY = 4  # another process holds the pipeline's run lock (nothing was done)
 
 
 def _methods_command(args: argparse.Namespace) -> int:
@@ -120,13 +123,15 @@ def _lineage_command(args: argparse.Namespace) -> int:
 
     from orchestrator.lineage import LineageStore, lineage_json, lineage_tree_text
 
-    if args.lineage:
+    if args.file is None and not args.lineage:
+        raise ValueError("lineage: give a pipeline file or --lineage URL")
+    if args.file is None:
         url = args.lineage
     else:
         from orchestrator.config import load_pipeline
 
         url = load_pipeline(args.file, pipeline_overrides(args)).lineage
-    store = LineageStore(url)
+    store = LineageStore(url, readonly=True)
     print(json.dumps(lineage_json(store), indent=2) if args.json else lineage_tree_text(store))
     return 0
 
@@ -145,7 +150,8 @@ def _deploy_command(args: argparse.Namespace) -> int:
     from orchestrator.pipeline.operations import redeploy
 
     config, store, _storage = _served_store(args)
-    redeploy(store, config.gallery.name, args.generation, args.rollback, print)
+    with store.run_lock(config.name, "orchestrator deploy"):
+        redeploy(store, config.gallery.name, args.generation, args.rollback, print)
     return 0
 
 
@@ -153,7 +159,8 @@ def _gc_command(args: argparse.Namespace) -> int:
     from orchestrator.pipeline.operations import collect_garbage
 
     config, store, storage = _served_store(args)
-    collection = collect_garbage(store, storage, config.gallery.name, args.keep_deployments, args.dry_run)
+    with store.run_lock(config.name, "orchestrator gc"):
+        collection = collect_garbage(store, storage, config.gallery.name, args.keep_deployments, args.dry_run)
     for uri in collection.removed:
         print(f"{'would remove' if args.dry_run else 'removed'} {uri}")
     print(collection.describe())
@@ -179,19 +186,19 @@ def _add_run_commands(commands: argparse._SubParsersAction) -> None:
     run = commands.add_parser("run", help="run a pipeline file: train, evaluate and deploy every generation "
                                            "(resumes where a previous run stopped)")
     run.add_argument("file", help="pipeline YAML, e.g. pipelines/lifelong.yaml")
-    add_pipeline_options(run, ("storage", "ray_address", SET_OPTION))
+    add_pipeline_options(run, ("storage", "lineage", "ray_address", SET_OPTION))
     run.set_defaults(handler=_run_command)
 
     tune = commands.add_parser("tune", help="sweep a generation's method parameters with Ray Tune (ASHA, Optuna); "
                                              "resumes an interrupted sweep")
     tune.add_argument("file", help="tune YAML, e.g. pipelines/tune.yaml")
-    add_pipeline_options(tune, ("storage", "ray_address", SET_OPTION))  # applied to the pipeline it names
+    add_pipeline_options(tune, ("storage", "lineage", "ray_address", SET_OPTION))  # applied to the pipeline it names
     tune.set_defaults(handler=_tune_command)
 
     deploy = commands.add_parser("deploy", help="serve an earlier deployed generation again, with the shards it "
                                                  "served with (a rollback); search follows it")
     deploy.add_argument("file", help="pipeline YAML whose lineage and gallery to re-point")
-    add_pipeline_options(deploy, ("storage",))
+    add_pipeline_options(deploy, ("storage", "lineage"))
     target = deploy.add_mutually_exclusive_group(required=True)
     target.add_argument("--generation", help="the generation to serve")
     target.add_argument("--rollback", action="store_true", help="the generation served before the current one")
@@ -199,7 +206,7 @@ def _add_run_commands(commands: argparse._SubParsersAction) -> None:
 
     gc = commands.add_parser("gc", help="remove shard files and Ray Train epoch checkpoints nothing retained needs")
     gc.add_argument("file", help="pipeline YAML whose storage to collect")
-    add_pipeline_options(gc, ("storage",))
+    add_pipeline_options(gc, ("storage", "lineage"))
     gc.add_argument("--keep-deployments", type=int_at_least(1), default=2, metavar="N",
                     help="newest deployments (the serving one included) whose shard files are kept for a rollback")
     gc.add_argument("--dry-run", action="store_true", help="list what would be removed, remove nothing")
@@ -209,10 +216,8 @@ def _add_run_commands(commands: argparse._SubParsersAction) -> None:
 def _add_inspection_commands(commands: argparse._SubParsersAction) -> None:
     """``lineage``, ``methods``, ``schema``, ``demo``: commands that read, describe or try."""
     lineage = commands.add_parser("lineage", help="show the generation tree, metrics and gallery shards")
-    source = lineage.add_mutually_exclusive_group(required=True)
-    source.add_argument("file", nargs="?", help="pipeline YAML whose lineage store to read")
-    source.add_argument("--lineage", help="a lineage URL (sqlite:///path/lineage.db, postgresql://...)")
-    add_pipeline_options(lineage, ("storage",))
+    lineage.add_argument("file", nargs="?", help="pipeline YAML whose lineage store to read (or only --lineage)")
+    add_pipeline_options(lineage, ("storage", "lineage"))
     lineage.add_argument("--json", action="store_true", help="machine-readable JSON")
     lineage.set_defaults(handler=_lineage_command)
 
@@ -243,6 +248,7 @@ def _add_inspection_commands(commands: argparse._SubParsersAction) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
+    from orchestrator.lineage.errors import LineageBusy, LineageNotFound
     from orchestrator.pipeline.gate import DeploymentHeld
 
     args = build_parser().parse_args(argv)
@@ -250,6 +256,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         format="%(asctime)s %(name)s: %(message)s")
     try:
         return args.handler(args)
+    except LineageNotFound as error:  # a reader never creates a store
+        print(f"orchestrator: error: LineageNotFound: {error}", file=sys.stderr)
+        return ExitCode.USAGE
+    except LineageBusy as error:  # another run of the pipeline holds its lock; nothing was done
+        print(f"orchestrator: busy: {error}", file=sys.stderr)
+        return ExitCode.BUSY
     except (ValueError, ImportError) as error:  # bad input: the message names the file, field and value
         print(f"orchestrator: error: {error}", file=sys.stderr)
         return ExitCode.USAGE

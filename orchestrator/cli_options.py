@@ -38,6 +38,9 @@ class PipelineOption:
 PIPELINE_OPTIONS: tuple[PipelineOption, ...] = (
     PipelineOption("storage", "--storage", "storage",
                    "storage root (a local path or s3://bucket/prefix); overrides the file's 'storage'"),
+    PipelineOption("lineage", "--lineage", "lineage",
+                   "lineage database URL (sqlite:///path/lineage.db or postgresql+psycopg://user@host/db; "
+                   "password from PGPASSWORD or ~/.pgpass, never the URL); overrides the file's 'lineage'"),
     PipelineOption("ray_address", "--ray-address", "ray.address",
                    "Ray cluster address (auto, host:port, ray://host:10001); overrides the file's 'ray.address'"),
 )

@@ -723,7 +723,7 @@ class PipelineConfig(_Strict):
     description: free text, shown nowhere else.
     storage: a local path or ``s3://bucket/prefix`` (also ``file://``; ``memory://`` for tests);
              default ``./runs/<name>``.
-    lineage: a SQLAlchemy URL, ``sqlite:///path`` or ``postgresql://...``; default a SQLite file
+    lineage: a SQLAlchemy URL, ``sqlite:///path`` or ``postgresql+psycopg://...``; default a SQLite file
              ``lineage.db`` under a local storage (required with remote storage).
     tracking: optional MLflow experiment tracking (``TrackingSettings``; off by default).
     """
@@ -763,7 +763,7 @@ class PipelineConfig(_Strict):
             return None
         scheme = _scheme(lineage.strip())
         if scheme not in LINEAGE_SCHEMES:
-            raise ValueError("expected a database URL: sqlite:///path/lineage.db or postgresql://user@host/db")
+            raise ValueError("expected a database URL: sqlite:///path/lineage.db or postgresql+psycopg://user@host/db")
         return lineage.strip()
 
     @model_validator(mode="after")
@@ -774,7 +774,7 @@ class PipelineConfig(_Strict):
         if self.lineage is None:
             if self.is_remote_storage:
                 problems.append(_problem(("lineage",), f"required with remote storage ({self.storage}): SQLite cannot "
-                                         "live on object storage; give sqlite:///<volume path> or postgresql://..."))
+                                         "live on object storage; give sqlite:///<volume path> or postgresql+psycopg://..."))
             else:
                 self.lineage = f"sqlite:///{_local_path(self.storage).rstrip('/')}/lineage.db"
         problems += self._check_generations()

@@ -4,7 +4,9 @@ Torch's intra-op thread pool is pinned to one thread: the suite's tensors are sm
 2-core machine shared with other processes, two spinning threads per op made tiny operations
 orders of magnitude slower (measured in this repo while building it). Results do not depend on it.
 
-Also: a local S3 server (moto's server mode, on loopback) for the storage and pipeline tests.
+Also: a local S3 server (moto's server mode, on loopback) for the storage and pipeline tests, and
+one real PostgreSQL server per session (``postgres_server.py``) for the lineage tests: each test
+asking for ``postgres_url`` gets a new empty database on it.
 """
 import pytest
 import torch
@@ -47,3 +49,21 @@ def s3_bucket(moto_endpoint, monkeypatch, tmp_path):
     s3fs.S3FileSystem.clear_instance_cache()
     yield bucket, moto_endpoint
     s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """The session's PostgreSQL server (started on first use; an error, not a skip, if it cannot)."""
+    from postgres_server import PostgresServer
+
+    server = PostgresServer()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server):
+    """The SQLAlchemy URL of a new, empty database on the session's PostgreSQL server."""
+    return postgres_server.new_database()

@@ -1,8 +1,10 @@
 """Tables of the lineage store (SQLAlchemy 2.0 declarative models).
 
 Portable on purpose: only Integer, String, Text, Float, DateTime(timezone=True) and JSON columns,
-plain foreign keys, and named UNIQUE / CHECK constraints, so the same metadata creates the schema on
-SQLite (the default, one file under the storage root) and on PostgreSQL. Idempotency comes from
+plain foreign keys, and named UNIQUE / CHECK constraints, so the same schema serves SQLite (the
+default, one file under the storage root) and PostgreSQL. The database is created and changed by
+the Alembic revisions in ``migrations/versions`` (``migrate.py``), never by ``create_all``: a
+change here needs a new revision, and a test checks that the migrated schema equals these models. Idempotency comes from
 the unique constraints: a generation, gallery, shard (gallery, index), compatibility value
 (query, gallery, metric, dataset) or step key exists at most once, whatever re-runs do.
 
@@ -24,9 +26,9 @@ Tables:
                     started|committed|failed, attempts, outputs, error
     candidates      a generation trained by a tuning sweep's trial (UNIQUE generation; UNIQUE
                     sweep, trial): outcome finished|stopped|error, epochs run, objective. A
-                    candidate is never deployed. A table of its own (not a generation status), so
-                    stores created before sweeps existed gain it on open (``create_all`` adds
-                    missing tables; it cannot widen an existing CHECK constraint).
+                    candidate is never deployed. A table of its own (not a generation status):
+                    stores created before sweeps existed gain it when they are migrated.
+    run_locks       who holds a pipeline's run lock (``locks.py``): pipeline, holder, since when
 """
 from __future__ import annotations
 
@@ -208,6 +210,14 @@ class Candidate(Base):
     objective: Mapped[Optional[float]] = mapped_column(Float, nullable=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class RunLock(Base):
+    __tablename__ = "run_locks"
+
+    pipeline: Mapped[str] = mapped_column(String(255), primary_key=True)
+    holder: Mapped[str] = mapped_column(Text)
+    acquired_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 TABLES = tuple(Base.metadata.sorted_tables)

@@ -5,8 +5,14 @@ have committed.
 Backends
     ``LineageStore("sqlite:////abs/path/lineage.db")`` (the default: one file under the storage
     root; parent directories are created), a plain filesystem path (same thing), ``"sqlite://"``
-    (in memory, tests), or any SQLAlchemy URL such as ``postgresql+psycopg://…``. The schema is
-    created on open (``create_all`` is idempotent and serialised).
+    (in memory, tests), or any SQLAlchemy URL such as ``postgresql+psycopg://…`` (a bare
+    ``postgresql://`` means psycopg 3, the ``postgres`` extra). A writer's open creates or upgrades
+    the schema through the Alembic migrations (``migrate.py``; serialised, a no-op when current).
+    ``readonly=True`` opens for reading only: a store that does not exist raises
+    ``LineageNotFound`` and nothing is created (no folder, file, WAL file or table).
+
+    ``store.run_lock(pipeline, purpose)`` (``locks.py``) keeps two runs of one pipeline apart: the
+    second raises ``LineageBusy`` naming the holder.
 
     On SQLite every connection gets WAL journaling (readers never block the writer and vice
     versa), a busy timeout (a second writer waits instead of failing) and foreign keys. The
@@ -44,17 +50,20 @@ from __future__ import annotations
 import math
 import os
 import traceback
+import urllib.parse
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence, TypeVar
 
-from sqlalchemy import Engine, create_engine, event, inspect, select
+from sqlalchemy import Engine, create_engine, event, select
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
+from orchestrator.lineage import locks, migrate
+from orchestrator.lineage.errors import LineageNotFound
 from orchestrator.lineage.records import (
     BackfillRecord,
     CandidateRecord,
@@ -87,6 +96,8 @@ T = TypeVar("T")
 
 _WRITE_OPTION = "lineage_write"
 _WRITE_RETRIES = 2  # one retry after an insert race (IntegrityError) on backends without a table lock
+# SQLAlchemy's own default driver, psycopg2, is not installed; "postgres" is an alias SQLAlchemy 2 dropped.
+_DEFAULT_DRIVERS = {"postgresql": "postgresql+psycopg", "postgres": "postgresql+psycopg"}
 STEP_SPEC = "spec"  # the key of a step's outputs that holds what it ran from (``start_step(spec=...)``)
 
 
@@ -144,13 +155,14 @@ def _missing(kind: str, names: Iterable[str]) -> LookupError:
 
 
 def normalise_url(url: str | os.PathLike) -> URL:
-    """A SQLAlchemy URL, or a filesystem path → ``sqlite:///<absolute path>``."""
-    if isinstance(url, URL):
-        return url
-    text = os.fspath(url)
-    if "://" not in text:
-        return URL.create("sqlite", database=str(Path(text).expanduser().resolve()))
-    return make_url(text)
+    """A SQLAlchemy URL, or a filesystem path → ``sqlite:///<absolute path>``; ``postgresql://``
+    → ``postgresql+psycopg://``."""
+    if not isinstance(url, URL):
+        text = os.fspath(url)
+        if "://" not in text:
+            return URL.create("sqlite", database=str(Path(text).expanduser().resolve()))
+        url = make_url(text)
+    return url.set(drivername=_DEFAULT_DRIVERS.get(url.drivername, url.drivername))
 
 
 def _sqlite_in_memory(url: URL) -> bool:
@@ -158,13 +170,25 @@ def _sqlite_in_memory(url: URL) -> bool:
     return database in ("", ":memory:") or "mode=memory" in database
 
 
-def _make_engine(url: URL, busy_timeout_s: float, echo: bool) -> Engine:
+def _readonly_sqlite(url: URL) -> URL:
+    """The URL of an existing SQLite file opened read-only (``mode=ro``); LineageNotFound when
+    there is none: checked before connecting, since connecting would create the file."""
+    path = Path(url.database or "").expanduser()
+    if _sqlite_in_memory(url) or not path.is_file():
+        raise LineageNotFound(f"no lineage store at {url.render_as_string(hide_password=True)} (no such file)")
+    return url.set(database=f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro", query={"uri": "true"})
+
+
+def _make_engine(url: URL, busy_timeout_s: float, echo: bool, readonly: bool) -> Engine:
     if not url.get_backend_name() == "sqlite":
-        return create_engine(url, echo=echo, pool_pre_ping=True)
+        connect_args = {"options": "-c default_transaction_read_only=on"} if readonly else {}
+        return create_engine(url, echo=echo, pool_pre_ping=True, connect_args=connect_args)
 
     in_memory = _sqlite_in_memory(url)
     kwargs: dict[str, Any] = {"echo": echo, "connect_args": {"timeout": busy_timeout_s}}
-    if in_memory:
+    if readonly:
+        url = _readonly_sqlite(url)
+    elif in_memory:
         # One shared connection, or every pooled connection would see its own empty database.
         kwargs["poolclass"] = StaticPool
         kwargs["connect_args"]["check_same_thread"] = False
@@ -180,7 +204,7 @@ def _make_engine(url: URL, busy_timeout_s: float, echo: bool) -> Engine:
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {int(busy_timeout_s * 1000)}")
         cursor.execute("PRAGMA foreign_keys = ON")
-        if not in_memory:
+        if not in_memory and not readonly:
             cursor.execute("PRAGMA journal_mode = WAL")
         cursor.close()
 
@@ -202,13 +226,21 @@ class LineageStore:
     not meant to be pickled into Ray tasks — pass the URL and open a store there.
     """
 
-    def __init__(self, url: str | os.PathLike | URL, *, busy_timeout_s: float = 30.0, echo: bool = False):
+    def __init__(self, url: str | os.PathLike | URL, *, readonly: bool = False, busy_timeout_s: float = 30.0,
+                 echo: bool = False):
         self.url = normalise_url(url)
-        self.engine = _make_engine(self.url, busy_timeout_s, echo)
+        self.readonly = readonly
+        self.engine = _make_engine(self.url, busy_timeout_s, echo, readonly)
         self._write_engine = self.engine.execution_options(**{_WRITE_OPTION: True})
         self._read_sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self._write_engine, expire_on_commit=False)
-        self._create_schema()
+        sqlite_file = self.url.database if self.url.get_backend_name() == "sqlite" and not _sqlite_in_memory(self.url) \
+            else None
+        self._locks = locks.RunLocks(self, sqlite_file)
+        if readonly:
+            self._check_exists()
+        else:
+            migrate.upgrade(self.engine, self._write_engine)
 
     @classmethod
     def under(cls, root: str | os.PathLike, filename: str = "lineage.db", **kwargs: Any) -> "LineageStore":
@@ -228,24 +260,19 @@ class LineageStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _create_schema(self) -> None:
-        # Read first: opening an existing store takes no write lock, so it never waits for
-        # another process's long write transaction.
+    def _check_exists(self) -> None:
         with self.engine.connect() as connection:
-            present = set(inspect(connection).get_table_names())
-        if present.issuperset(Base.metadata.tables):
-            return
-        for attempt in range(_WRITE_RETRIES):
-            try:
-                # In a write transaction: on SQLite, BEGIN IMMEDIATE serialises concurrent openers
-                # and makes the DDL transactional.
-                with self._write_engine.begin() as connection:
-                    Base.metadata.create_all(connection)
-                return
-            except (IntegrityError, OperationalError, ProgrammingError):
-                # Two processes creating the same table on PostgreSQL; the second try sees it.
-                if attempt == _WRITE_RETRIES - 1:
-                    raise
+            found = migrate.state(connection)
+        if found is None:
+            self.close()
+            raise LineageNotFound(f"no lineage store at {self.url.render_as_string(hide_password=True)} "
+                                  "(the database has no lineage tables)")
+
+    def run_lock(self, pipeline: str, purpose: str):
+        """``with store.run_lock(pipeline, "orchestrator run"):`` — this process alone runs
+        ``pipeline`` on this store until the block ends (reentrant); ``LineageBusy`` naming the
+        holder when another process has it. See ``locks.py``."""
+        return self._locks.hold(pipeline, purpose)
 
     # ------------------------------------------------------------------ transactions
 

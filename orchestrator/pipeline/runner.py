@@ -123,11 +123,21 @@ class PipelineRunner:
         return join_uri(self.storage, "generations", name)
 
     # --- steps -------------------------------------------------------------------------------
+    def locked(self, purpose: str):
+        """``with runner.locked("orchestrator run"):`` — the pipeline's run lock (reentrant; another
+        process holding it: ``LineageBusy`` naming the holder, before anything is recorded)."""
+        return self.store.run_lock(self.config.name, purpose)
+
     def run(self) -> PipelineResult:
         """Every generation: train, evaluate; every served one then plans and executes its gallery
-        update, is deployed, and is evaluated on the served (mixed) gallery. First, temporary files
-        that an earlier, killed run's writes left in the storage are removed. With tracking on, the
+        update, is deployed, and is evaluated on the served (mixed) gallery. Under the run lock;
+        first, temporary files that an earlier, killed run's writes left in the storage are removed
+        (no other run of the pipeline can be writing them: the lock says so). With tracking on, the
         whole run is an MLflow run (``tracking``), FINISHED or FAILED as the run ends."""
+        with self.locked("pipeline run"):
+            return self._run()
+
+    def _run(self) -> PipelineResult:
         self.store.register_run(self.config.name, self.config_sha)
         removed = remove_stale_temporaries(self.storage, self._started_at)
         if removed:
@@ -163,9 +173,12 @@ class PipelineRunner:
         ``gate`` settings, and act: ``hold`` fails the deploy step and stops the run (the serving
         generation keeps serving, no shard has changed); ``full_backfill`` plans a full re-embed
         (``plan:<gallery>:<gen>:full``) that ``execute`` then follows. None: nothing serves yet
-        (or this generation already does), so there is nothing to protect."""
+        (or this generation already does), or this generation's deployment has committed already
+        (a resumed run: a later generation may serve by now, and the gate is not asked again)."""
         serving = self.store.current_deployment()
         if serving is None or serving.generation == generation.name:
+            return None
+        if self.store.step_status(f"deploy:{generation.name}") == "committed":
             return None
         gallery = self.gallery
         plan = gallery.committed_plan(generation.name)
@@ -224,14 +237,16 @@ class PipelineRunner:
     def train_generations(self, names: list[str]) -> list[str]:
         """Only the ``train:<gen>`` steps of the named generations, in the file's order (their
         parents must be among them or trained already); committed steps are skipped, so a sweep
-        and a later ``run`` of the same file share these generations. Returns the skipped keys."""
-        self.store.register_run(self.config.name, self.config_sha)
-        already = len(self._skipped)
-        for generation in self.config.generations:
-            if generation.name in names:
-                self._step(f"train:{generation.name}", lambda key, g=generation: self._train(g, key),
-                           self._train_spec(generation), generation.name)
-        return self._skipped[already:]
+        and a later ``run`` of the same file share these generations. Returns the skipped keys.
+        Under the run lock."""
+        with self.locked("pipeline training"):
+            self.store.register_run(self.config.name, self.config_sha)
+            already = len(self._skipped)
+            for generation in self.config.generations:
+                if generation.name in names:
+                    self._step(f"train:{generation.name}", lambda key, g=generation: self._train(g, key),
+                               self._train_spec(generation), generation.name)
+            return self._skipped[already:]
 
     def generation_job(self, generation: GenerationSpec, output_uri: str) -> GenerationJob:
         """The training job of ``generation`` (its parent already trained): its items, the shared
@@ -354,13 +369,15 @@ def _raise(error: BaseException) -> None:
 
 
 def run_pipeline(config: PipelineConfig, progress: Progress | None = None) -> PipelineResult:
-    """Connect to (or start) Ray as the file says and run the pipeline; see ``PipelineRunner``.
+    """Take the pipeline's run lock (``LineageBusy`` when another process has it: nothing started,
+    not even Ray), connect to (or start) Ray as the file says and run it; see ``PipelineRunner``.
     The Ray dashboard's address is printed when Ray reports one."""
     runner = PipelineRunner(config, progress)  # before Ray starts: a missing MLflow fails fast
-    dashboard = connect(config.ray.address, dashboard=config.ray.dashboard)
-    if dashboard:
-        runner.progress(dashboard_message(dashboard))
-    return runner.run()
+    with runner.locked("orchestrator run"):
+        dashboard = connect(config.ray.address, dashboard=config.ray.dashboard)
+        if dashboard:
+            runner.progress(dashboard_message(dashboard))
+        return runner.run()
 
 
 def _json_number(value: Any) -> Any:

@@ -24,7 +24,7 @@ def add_search_command(commands: argparse._SubParsersAction) -> None:
     search = commands.add_parser("search", help="search the served gallery with the deployed generation "
                                                  "(older shards along their compatibility path)")
     search.add_argument("file", help="pipeline YAML whose lineage and gallery to search")
-    add_pipeline_options(search, ("storage",))
+    add_pipeline_options(search, ("storage", "lineage"))
     source = search.add_mutually_exclusive_group(required=True)
     source.add_argument("--queries", nargs="+", metavar="PATH",
                         help=".npy/.npz of uint8 images (N,H,W[,3]) or float embeddings (N,D), image files, "

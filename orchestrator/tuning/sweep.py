@@ -132,11 +132,16 @@ def run_sweep(tune_file: TuneFile, progress: Progress | None = None) -> SweepRes
     """Run (or resume) the sweep of ``tune_file``; see the module docstring."""
     say = progress or (lambda line: print(line, flush=True))
     started = time.perf_counter()
+    runner = PipelineRunner(tune_file.pipeline, say)
+    with runner.locked("orchestrator tune"):  # no run of the pipeline trains or deploys meanwhile
+        return _sweep(tune_file, runner, say, started)
+
+
+def _sweep(tune_file: TuneFile, runner: PipelineRunner, say: Progress, started: float) -> SweepResult:
     spec, pipeline = tune_file.spec, tune_file.pipeline
     dashboard = connect(pipeline.ray.address, dashboard=pipeline.ray.dashboard)
     if dashboard:
         say(dashboard_message(dashboard))
-    runner = PipelineRunner(pipeline, say)
     candidate = tune_file.candidate
     needed = _ancestors(tune_file, candidate.parent) + ([pipeline.evaluation.reference] if pipeline.evaluation.reference else [])
     runner.train_generations(needed)

@@ -29,7 +29,7 @@ def spawn(tmp_path: Path, source: str, *args: str) -> subprocess.Popen:
                             text=True, env=env, cwd=REPO)
 
 
-def wait_for_line(proc: subprocess.Popen, wanted: str, timeout: float = 15.0) -> None:
+def wait_for_line(proc: subprocess.Popen, wanted: str, timeout: float = 60.0) -> None:  # a loaded machine is slow
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         line = proc.stdout.readline()

@@ -9,7 +9,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 from orchestrator.lineage.schema import Base
 
 EXPECTED_TABLES = {"pipeline_runs", "generations", "galleries", "shards", "backfills", "compatibility",
-                   "deployments", "steps", "candidates"}
+                   "deployments", "steps", "candidates", "run_locks"}
 
 
 def test_all_tables_are_defined():

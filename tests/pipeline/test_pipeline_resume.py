@@ -161,8 +161,11 @@ def test_killed_driver_resumes_without_redoing_or_duplicating(tmp_path):
     counts = store.row_counts()
     assert counts["generations"] == len(GENERATIONS)
     plans = {g: read_json(store.committed_outputs(f"plan:digits-test:{g}")["plan_uri"]) for g in ("g0-old", "g1", "g2")}
-    # train + evaluate per generation; per served generation: plan, gate, one step per entry, deploy, gallery-eval
-    assert counts["steps"] == 2 * len(GENERATIONS) + sum(4 + len(p["entries"]) for p in plans.values())
+    # train + evaluate per generation; per served generation: plan, one step per entry, deploy, gallery-eval;
+    # a gate for each generation deployed while another served (g1, g2), none for g0-old on the re-runs
+    assert counts["steps"] == 2 * len(GENERATIONS) + sum(3 + len(p["entries"]) for p in plans.values()) + 2
+    assert sorted(s.key for s in store.steps() if s.key.startswith("gate:")) == ["gate:digits-test:g1",
+                                                                                 "gate:digits-test:g2"]
     assert all(step.status == "committed" for step in store.steps())
     attempts = {step.key: step.attempts for step in store.steps()}
     assert attempts["train:g0-old"] == 1 and attempts["evaluate:g0-old"] == 1  # not redone
