@@ -29,8 +29,8 @@ CARD_SHA256 = "card_sha256"
 INTEGRITY_PREFIX = "integrity:"
 
 
-class IntegrityError(ValueError):
-    """A stored file does not match (or has no) hash in the lineage."""
+class IntegrityError(RuntimeError):
+    """A stored file does not match (or has no) hash in the lineage (the CLI's exit code 1)."""
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -45,6 +45,11 @@ def ids_sha256(ids: Any) -> str:
 def card_sha256(checkpoint_uri: str, storage_options: Mapping[str, Any] | None = None) -> str:
     """The sha256 of the card file of the checkpoint folder ``checkpoint_uri``."""
     return sha256_bytes(read_bytes(join_uri(checkpoint_uri, CARD_FILE), storage_options))
+
+
+def trained_outputs(checkpoint_uri: str, weights_sha256: str) -> dict[str, Any]:
+    """The outputs of a ``train:<gen>`` step: the checkpoint, its weights' and its card's sha256."""
+    return {"checkpoint_uri": checkpoint_uri, "sha256": weights_sha256, CARD_SHA256: card_sha256(checkpoint_uri)}
 
 
 def integrity_key(uri: str) -> str:

@@ -29,7 +29,7 @@ from orchestrator.data import ImageTensorDataset, channel_statistics, load_sourc
 from orchestrator.distributed.runtime import connect, dashboard_message
 from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
 from orchestrator.evaluation import evaluate_generations
-from orchestrator.integrity import CARD_SHA256, card_sha256, check_checkpoint, load_checked_generation
+from orchestrator.integrity import check_checkpoint, load_checked_generation, trained_outputs
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.store import STEP_SPEC, clean_json
 from orchestrator.metrics import KEY_METRICS, METRICS, format_value, update_summary
@@ -298,7 +298,7 @@ class PipelineRunner:
         self.store.mark_generation_trained(
             generation.name, output, card.sha256,
             metrics={k: v for k, v in metrics.items() if k.startswith("loss") or k in ("epoch", "lr")},
-            step=key, step_outputs={"checkpoint_uri": output, "sha256": card.sha256, CARD_SHA256: card_sha256(output)},
+            step=key, step_outputs=trained_outputs(output, card.sha256),
         )
 
     def _evaluate(self, generation, key: str) -> None:

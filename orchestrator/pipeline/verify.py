@@ -99,7 +99,7 @@ def _check(result: Verification, what: str, check) -> None:
         check()
     except FileNotFoundError as missing:
         result.problems.append(f"{what}: missing (orphan): {missing}")
-    except (IntegrityError, ValueError) as error:
+    except (IntegrityError, ValueError) as error:  # ValueError: ChecksumMismatch, an unreadable file
         result.problems.append(f"{what}: {error}")
 
 
