@@ -3,7 +3,7 @@
 ``verify_storage`` checks every file the lineage serves from against the hashes it holds
 (``orchestrator.integrity``): each trained generation's card and weights, each shard's Parquet
 file (sha256, and its id set against the one its index was built from) and index file (sha256
-of the whole file, header included). It also lists *orphans* (files the lineage names that are
+of the whole file, header included), and each committed gallery plan. It also lists *orphans* (files the lineage names that are
 missing) and *unreferenced* files (under ``generations/`` or ``galleries/`` of the storage, named
 nowhere in the lineage). Mismatches and orphans are errors; unreferenced files are listed only.
 
@@ -24,6 +24,7 @@ from orchestrator.integrity import (
     check_index_bytes,
     ids_sha256,
     recorded_index,
+    sha256_bytes,
 )
 from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, exists, join_uri, read_bytes, read_json
 
@@ -114,6 +115,12 @@ def _check_shard(store, shard) -> None:
                              f"file {shard.embeddings_uri} holds")
 
 
+def _check_plan(outputs: dict[str, Any]) -> None:
+    actual = sha256_bytes(read_bytes(outputs["plan_uri"]))
+    if actual != outputs["sha256"]:
+        raise IntegrityError(f"{outputs['plan_uri']}: sha256 {actual}, the lineage holds {outputs['sha256']}")
+
+
 def verify_storage(store, storage: str) -> Verification:
     """Check the storage at (local) root ``storage`` against ``store``; see the module docstring."""
     result = Verification()
@@ -124,6 +131,9 @@ def verify_storage(store, storage: str) -> Verification:
         for shard in store.shards(gallery.name):
             if shard.n_items and shard.embeddings_uri:
                 _check(result, f"gallery {gallery.name} shard {shard.index}", lambda s=shard: _check_shard(store, s))
+    for step in store.steps("plan:"):
+        if step.status == "committed" and "sha256" in step.outputs:
+            _check(result, f"plan {step.key}", lambda o=step.outputs: _check_plan(o))
     known = known_files(store)
     result.unreferenced = [path for path in stored_files(storage) if path not in known]
     return result

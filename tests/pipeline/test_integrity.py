@@ -144,3 +144,15 @@ def test_an_empty_lineage_next_to_stored_artefacts_is_refused(gallery, tmp_path)
     refuse_unknown_storage(empty, str(tmp_path / "fresh"), "sqlite:///lost.db")  # nothing stored: fine
     refuse_unknown_storage(store, str(storage), "sqlite:///kept.db")  # the lineage knows g0: fine
     empty.close()
+
+
+def test_a_changed_plan_file_is_reported(gallery):
+    storage, store, _shards = gallery
+    plan = storage / "galleries" / GALLERY / "plans" / "g0.json"
+    plan.parent.mkdir()
+    plan.write_text('{"entries": []}')
+    store.commit_step(f"plan:{GALLERY}:g0", {"plan_uri": str(plan), "sha256": hashlib.sha256(plan.read_bytes()).hexdigest()})
+    assert verify_storage(store, str(storage)).ok
+    plan.write_text('{"entries": [1]}')
+    result = verify_storage(store, str(storage))
+    assert len(result.problems) == 1 and result.problems[0].startswith(f"plan plan:{GALLERY}:g0: {plan}: sha256")
