@@ -201,8 +201,11 @@ class PipelineRunner:
     def _check_reused(self, key: str) -> None:
         """Before a committed train step is skipped: its checkpoint (card and weights) must still be
         the one the lineage recorded (``IntegrityError`` otherwise), since later steps load it."""
-        if key.startswith("train:"):
-            check_checkpoint(self.store, self.store.get_generation(key.split(":", 1)[1]))
+        name = key.split(":", 1)[1]
+        if key.startswith("train:") and self.store.has_generation(name):
+            record = self.store.get_generation(name)
+            if record.checkpoint_uri is not None:
+                check_checkpoint(self.store, record)
 
     def _step(self, key: str, action: Callable[[str], Any], spec: dict[str, Any] | None = None,
               generation: str = "") -> bool:
