@@ -161,9 +161,12 @@ def _gc_command(args: argparse.Namespace) -> int:
 
 
 def _verify_command(args: argparse.Namespace) -> int:
-    from orchestrator.pipeline.verify import verify_storage
+    from orchestrator.pipeline.verify import adopt_unhashed, verify_storage
 
     _config, store, storage = _served_store(args)
+    if args.adopt:
+        for uri in adopt_unhashed(store):
+            print(f"adopted {uri}")
     result = verify_storage(store, storage)
     for line in result.lines():
         print(line)
@@ -177,6 +180,9 @@ def _add_verify_command(commands: argparse._SubParsersAction) -> None:
                                                  "(exit 1 on any mismatch or missing file)")
     verify.add_argument("file", help="pipeline YAML whose storage and lineage to check")
     add_pipeline_options(verify, ("storage",))
+    verify.add_argument("--adopt", action="store_true",
+                        help="first record the hashes a lineage written by an older version lacks, trusting the "
+                             "cards and indexes as they are now (weights and shard files are still checked)")
     verify.set_defaults(handler=_verify_command)
 
 

@@ -57,10 +57,10 @@ from orchestrator.metrics import METRICS
 from orchestrator.models.adapters import FORWARD_ADAPTER
 from orchestrator.pipeline.gallery_plan import GalleryPlan, PlanEntry, ShardBefore
 from orchestrator.pipeline.gate import GateMeasurement
+from orchestrator.pipeline.verify import refuse_unknown_file
 from orchestrator.progress import Meter
 from orchestrator.search import CompatibilityCriterion, IncompatibleShards, SearchRouter
 from orchestrator.search.evaluation import evaluate_search
-from orchestrator.pipeline.verify import refuse_unknown_file
 from orchestrator.storage import join_uri, read_bytes, write_json_atomic
 
 log = logging.getLogger(__name__)

@@ -7,6 +7,8 @@ of the whole file, header included), and each committed gallery plan. It also li
 missing) and *unreferenced* files (under ``generations/`` or ``galleries/`` of the storage, named
 nowhere in the lineage). Mismatches and orphans are errors; unreferenced files are listed only.
 
+``adopt_unhashed`` records the hashes a lineage written before them lacks (``verify --adopt``).
+
 The guards keep a run from replacing what the lineage does not know: ``refuse_unknown_storage``
 (an empty lineage next to a storage holding artefacts) and ``refuse_unknown_file`` (a file in the
 way of a step's first attempt).
@@ -23,8 +25,12 @@ from orchestrator.integrity import (
     check_checkpoint,
     check_index_bytes,
     ids_sha256,
+    index_record,
+    integrity_key,
+    recorded_card_sha256,
     recorded_index,
     sha256_bytes,
+    trained_outputs,
 )
 from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, exists, join_uri, read_bytes, read_json
 
@@ -137,6 +143,36 @@ def verify_storage(store, storage: str) -> Verification:
     known = known_files(store)
     result.unreferenced = [path for path in stored_files(storage) if path not in known]
     return result
+
+
+def adopt_unhashed(store) -> list[str]:
+    """Record the hashes a lineage written before ``orchestrator.integrity`` lacks, trusting the
+    files as they are now (an operator's explicit choice, ``verify --adopt``): each trained
+    generation's card (its weights must still match the lineage), each current shard's index (its
+    Parquet file must match the lineage, and the index hold as many items). Returns what it recorded."""
+    from orchestrator.gallery import read_shard
+    from orchestrator.index.factory import index_from_bytes
+
+    adopted = []
+    for record in store.list_generations():
+        key = f"train:{record.name}"
+        outputs = store.committed_outputs(key)
+        if record.checkpoint_uri and outputs is not None and recorded_card_sha256(store, record.name) is None:
+            weights = join_uri(record.checkpoint_uri, WEIGHTS_FILE)
+            if sha256_bytes(read_bytes(weights)) != record.sha256:
+                raise IntegrityError(f"{weights}: weights of generation {record.name!r} changed since training")
+            store.commit_step(key, {**outputs, **trained_outputs(record.checkpoint_uri, record.sha256)})
+            adopted.append(join_uri(record.checkpoint_uri, CARD_FILE))
+    for gallery in store.galleries():
+        for shard in store.shards(gallery.name):
+            if shard.n_items and shard.index_uri and recorded_index(store, shard.index_uri) is None:
+                ids = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256).ids
+                data = read_bytes(shard.index_uri)
+                if index_from_bytes(data).ntotal != len(ids):
+                    raise IntegrityError(f"{shard.index_uri}: holds other items than {shard.embeddings_uri}")
+                store.commit_step(integrity_key(shard.index_uri), index_record(data, ids))
+                adopted.append(shard.index_uri)
+    return adopted
 
 
 def refuse_unknown_storage(store, storage: str, lineage: str) -> None:

@@ -3,8 +3,9 @@
 ``open_router(store, gallery)`` reads who serves (``LineageStore.current_deployment`` unless a
 generation is named), the gallery's shard rows, the generation tree and the recorded
 compatibility values, loads the models it needs (card and weights checked against the lineage's
-hashes, ``orchestrator.integrity``) and the shards' indexes (each file's sha256 checked) (for a shard on a forward path its embeddings file instead, mapped into the
-serving space), and returns a ``SearchRouter``. ``SearchService`` adds the query encoder of a
+hashes, ``orchestrator.integrity``) and the shards' indexes (each file's sha256 checked; for a
+shard on a forward path its embeddings file instead, mapped into the serving space), and returns
+a ``SearchRouter``. ``SearchService`` adds the query encoder of a
 pipeline file (its image size and the training split's normalisation, as the gallery was
 embedded) for image queries.
 """

@@ -17,7 +17,13 @@ from orchestrator.geometry.spaces import Space
 from orchestrator.index import build_index, load_index
 from orchestrator.integrity import IntegrityError, ids_sha256, load_checked_index, record_index
 from orchestrator.lineage import LineageStore
-from orchestrator.pipeline.verify import UnknownArtefact, refuse_unknown_file, refuse_unknown_storage, verify_storage
+from orchestrator.pipeline.verify import (
+    UnknownArtefact,
+    adopt_unhashed,
+    refuse_unknown_file,
+    refuse_unknown_storage,
+    verify_storage,
+)
 from orchestrator.search import SearchRouter
 
 GALLERY = "tiny"
@@ -156,3 +162,20 @@ def test_a_changed_plan_file_is_reported(gallery):
     plan.write_text('{"entries": [1]}')
     result = verify_storage(store, str(storage))
     assert len(result.problems) == 1 and result.problems[0].startswith(f"plan plan:{GALLERY}:g0: {plan}: sha256")
+
+
+def test_adopt_records_the_index_hashes_an_older_lineage_lacks(gallery):
+    storage, store, shards = gallery
+    older = LineageStore.under(storage.parent / "older")
+    older.upsert_generation("g0")
+    older.upsert_gallery(GALLERY, "memory", 10, 2)
+    for shard in shards:
+        older.assign_shard(GALLERY, shard.index, "g0", shard.embeddings_uri, shard.index_uri, shard.sha256, shard.n_items)
+    with pytest.raises(IntegrityError, match="holds no hash of this index file"):
+        load_checked_index(older, older.shards(GALLERY)[0])
+    assert not verify_storage(older, str(storage)).ok
+    assert adopt_unhashed(older) == [s.index_uri for s in shards]
+    assert verify_storage(older, str(storage)).ok
+    assert older.committed_outputs(f"integrity:{shards[0].index_uri}") == store.committed_outputs(
+        f"integrity:{shards[0].index_uri}")
+    older.close()
