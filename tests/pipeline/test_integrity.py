@@ -1,6 +1,7 @@
-"""Stored shard files against the lineage's hashes, without Ray: a tiny gallery of two shards
-written here (Parquet, flat index, lineage rows and index hashes as the gallery steps write them),
-then tampered with: every change is refused by the checked loader and reported by ``verify``."""
+"""Stored files against the lineage's hashes, without Ray: a tiny gallery of two shards written
+here (Parquet, flat index, lineage rows and index hashes as the gallery steps write them), then
+tampered with: every change is refused by the checked loader and reported by ``verify``; a run
+refuses to overwrite files the lineage does not know, and checks a checkpoint before reusing it."""
 from __future__ import annotations
 
 import hashlib
@@ -11,12 +12,17 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 
+from orchestrator.config import load_pipeline
 from orchestrator.gallery import ShardEmbeddings, shard_file_uris, write_shard
 from orchestrator.geometry.spaces import Space
 from orchestrator.index import build_index, load_index
-from orchestrator.integrity import IntegrityError, ids_sha256, load_checked_index, record_index
+from orchestrator.integrity import IntegrityError, ids_sha256, load_checked_index, record_index, trained_outputs
 from orchestrator.lineage import LineageStore
+from orchestrator.methods import create_method
+from orchestrator.models.encoder import EncoderConfig
+from orchestrator.pipeline.runner import PipelineRunner
 from orchestrator.pipeline.verify import (
     UnknownArtefact,
     adopt_unhashed,
@@ -25,6 +31,7 @@ from orchestrator.pipeline.verify import (
     verify_storage,
 )
 from orchestrator.search import SearchRouter
+from orchestrator.storage import save_generation
 
 GALLERY = "tiny"
 
@@ -179,3 +186,23 @@ def test_adopt_records_the_index_hashes_an_older_lineage_lacks(gallery):
     assert older.committed_outputs(f"integrity:{shards[0].index_uri}") == store.committed_outputs(
         f"integrity:{shards[0].index_uri}")
     older.close()
+
+
+def test_a_run_checks_the_checkpoint_it_reuses_before_skipping_its_train_step(tmp_path):
+    overrides = {"storage": str(tmp_path / "run"), "lineage": f"sqlite:///{tmp_path / 'lineage.db'}"}
+    runner = PipelineRunner(load_pipeline("pipelines/lifelong.yaml", overrides), progress=lambda line: None)
+    method = create_method("hbct", {"clip": 1.0})
+    torch.manual_seed(0)
+    model = method.build_model(EncoderConfig(arch="test_resnet", embed_dim=8), 10, range(10))
+    uri = runner.generation_uri("g0-old")
+    card = save_generation(model, method, None, uri, name="g0-old")
+    runner.store.upsert_generation("g0-old", method="hbct")
+    runner.store.mark_generation_trained("g0-old", uri, card.sha256, step="train:g0-old",
+                                         step_outputs=trained_outputs(uri, card.sha256))
+    assert runner._step("train:g0-old", lambda key: pytest.fail("a committed step ran again")) is False
+    card_file = Path(uri) / "card.json"
+    document = json.loads(card_file.read_text())
+    document["method"]["params"]["clip"] = 2.0
+    card_file.write_text(json.dumps(document))
+    with pytest.raises(IntegrityError, match="card of generation 'g0-old' changed since training"):
+        runner._step("train:g0-old", lambda key: pytest.fail("a committed step ran again"))
