@@ -167,6 +167,32 @@ def _gc_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _verify_command(args: argparse.Namespace) -> int:
+    from orchestrator.pipeline.verify import adopt_unhashed, verify_storage
+
+    _config, store, storage = _served_store(args)
+    if args.adopt:
+        for uri in adopt_unhashed(store):
+            print(f"adopted {uri}")
+    result = verify_storage(store, storage)
+    for line in result.lines():
+        print(line)
+    return 0 if result.ok else 1
+
+
+def _add_verify_command(commands: argparse._SubParsersAction) -> None:
+    """``verify``: check every stored artefact against the hashes in the lineage (like ``git fsck``)."""
+    verify = commands.add_parser("verify", help="check every checkpoint, card, shard file and index against the "
+                                                 "lineage's hashes; list missing and unreferenced files "
+                                                 "(exit 1 on any mismatch or missing file)")
+    verify.add_argument("file", help="pipeline YAML whose storage and lineage to check")
+    add_pipeline_options(verify, ("storage", "lineage"))
+    verify.add_argument("--adopt", action="store_true",
+                        help="first record the hashes a lineage written by an older version lacks, trusting the "
+                             "cards and indexes as they are now (weights and shard files are still checked)")
+    verify.set_defaults(handler=_verify_command)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="orchestrator", description=DESCRIPTION, formatter_class=HelpFormatter)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -175,6 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run_commands(commands)
     add_search_command(commands)
     _add_inspection_commands(commands)
+    _add_verify_command(commands)
     for command in commands.choices.values():  # every subcommand, wherever it was defined
         command.formatter_class = HelpFormatter
         add_verbose(command, top_level=False)

@@ -26,6 +26,7 @@ For every served generation, in order:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -47,7 +48,8 @@ from orchestrator.distributed.gallery_read import EntryRead, RowRange, StoredIte
 from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery, read_shard, shard_file_uris, write_shard
 from orchestrator.gallery.shard_files import read_selection
 from orchestrator.geometry.geometry import Geometry
-from orchestrator.index import build_index, load_index
+from orchestrator.index import build_index
+from orchestrator.integrity import IntegrityError, load_checked_generation, load_checked_index, record_index, sha256_bytes
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import ShardAssignment, ShardRecord
 from orchestrator.methods.base import embed_dataset_with_ids
@@ -55,10 +57,11 @@ from orchestrator.metrics import METRICS
 from orchestrator.models.adapters import FORWARD_ADAPTER
 from orchestrator.pipeline.gallery_plan import GalleryPlan, PlanEntry, ShardBefore
 from orchestrator.pipeline.gate import GateMeasurement
+from orchestrator.pipeline.verify import refuse_unknown_file
 from orchestrator.progress import Meter
 from orchestrator.search import CompatibilityCriterion, IncompatibleShards, SearchRouter
 from orchestrator.search.evaluation import evaluate_search
-from orchestrator.storage import join_uri, load_generation, read_json, write_json_atomic
+from orchestrator.storage import join_uri, read_bytes, write_json_atomic
 
 log = logging.getLogger(__name__)
 
@@ -111,8 +114,7 @@ class GalleryUpdater:
 
     def _model(self, name: str):
         if name not in self._models:
-            record = self.store.get_generation(name)
-            self._models[name], _card = load_generation(record.checkpoint_uri, expected_sha256=record.sha256)
+            self._models[name], _card = load_checked_generation(self.store, self.store.get_generation(name))
             self._models[name].eval()
         return self._models[name]
 
@@ -148,8 +150,10 @@ class GalleryUpdater:
             entries, order = self._backfill_entries(generation, policy, shards)
         plan = GalleryPlan(self.name, generation.name, policy.model_dump(mode="json"), entries, before, order)
         uri = join_uri(self.root, "plans", f"{generation.name}{'' if policy is generation.backfill else '.full'}.json")
+        refuse_unknown_file(self.store, key, uri)
         write_json_atomic(uri, plan.to_json())
-        self.store.commit_step(key, {"plan_uri": uri, "entries": len(entries), "items": plan.num_items})
+        self.store.commit_step(key, {"plan_uri": uri, "entries": len(entries), "items": plan.num_items,
+                                     "sha256": sha256_bytes(read_bytes(uri))})
         self.say(f"{key}: {len(entries)} shard update(s), {plan.num_items} of {source.num_items} items "
                  f"({policy.policy}{'' if policy.budget is None else f' {policy.budget:g} of the {policy.budget_unit}'}, "
                  f"order {policy.order})")
@@ -159,7 +163,11 @@ class GalleryUpdater:
         """The plan ``generation`` executes: the gate's escalated full plan if there is one."""
         outputs = (self.store.committed_outputs(self.escalated_plan_key(generation))
                    or self.store.committed_outputs(self.plan_key(generation)))
-        return GalleryPlan.from_json(read_json(outputs["plan_uri"]))
+        data = read_bytes(outputs["plan_uri"])
+        if "sha256" in outputs and sha256_bytes(data) != outputs["sha256"]:
+            raise IntegrityError(f"{outputs['plan_uri']}: plan file changed since it was written: sha256 "
+                                 f"{sha256_bytes(data)}, the lineage holds {outputs['sha256']}")
+        return GalleryPlan.from_json(json.loads(data))
 
     def _backfill_entries(self, generation, policy: BackfillPolicy,
                           shards: list[ShardRecord]) -> tuple[tuple[PlanEntry, ...], tuple[int, ...]]:
@@ -347,18 +355,22 @@ class GalleryUpdater:
         before = plan.before[entry.shard]
         return StoredItems(position, before.embeddings_uri, before.sha256, entry.selection, entry.num_items)
 
-    def _write(self, index: int, shard: ShardEmbeddings) -> tuple[str, str, str]:
-        """Write a shard's Parquet file and FAISS index; returns (embeddings URI, index URI, sha256)."""
+    def _write(self, index: int, shard: ShardEmbeddings, key: str) -> tuple[str, str, str]:
+        """Write a shard's Parquet file and FAISS index (never over files the lineage does not
+        know), hash the index into the lineage; returns (embeddings URI, index URI, sha256)."""
         embeddings_uri, index_uri = shard_file_uris(self.root, index, shard.generation, shard.ids)
+        for uri in (embeddings_uri, index_uri):
+            refuse_unknown_file(self.store, key, uri)
         digest = write_shard(embeddings_uri, shard)
         build_index(shard.embeddings, shard.space, self.spec.index, shard.ids, curv=shard.curv,
                     **self.spec.index_options).save(index_uri)
+        record_index(self.store, index_uri, shard.ids)
         return embeddings_uri, index_uri, digest
 
     def _commit(self, entry: PlanEntry, shard: ShardEmbeddings, key: str) -> None:
         generation = shard.generation
         if entry.kind == "embed":
-            uri, index_uri, digest = self._write(entry.shard, shard)
+            uri, index_uri, digest = self._write(entry.shard, shard, key)
             self.say(f"{key}: shard {entry.shard} holds {len(shard)} items of {generation}")
             self.store.assign_shard(self.name, entry.shard, generation, uri, index_uri, digest, len(shard), step=key,
                                     step_outputs={"shard": entry.shard, "items": len(shard), "embeddings_uri": uri,
@@ -369,8 +381,8 @@ class GalleryUpdater:
         remaining = source.without(shard.ids)
         if len(remaining) != len(source) - len(shard):
             raise RuntimeError(f"{key}: shard {entry.shard} does not hold all the items the plan moves")
-        kept = self._write(entry.shard, remaining)
-        moved = self._write(entry.target, shard)
+        kept = self._write(entry.shard, remaining, key)
+        moved = self._write(entry.target, shard, key)
         self.say(f"{key}: {len(shard)} items of shard {entry.shard} re-embedded into new shard {entry.target}, "
                  f"{len(remaining)} stay with {source.generation}")
         self.store.assign_shards(
@@ -446,8 +458,10 @@ class GalleryUpdater:
         criterion = CompatibilityCriterion.from_records(
             self.store.compatibility_values(self.config.data.eval_split), self.config.search.criterion_metric,
             self.config.data.eval_split)
+        by_uri = {s.index_uri: s for s in shards}
         try:
-            router = SearchRouter(generation, models, parents, shards, criterion, load_index, on_incompatible="skip",
+            router = SearchRouter(generation, models, parents, shards, criterion,
+                                  lambda uri: load_checked_index(self.store, by_uri[uri]), on_incompatible="skip",
                                   read_embeddings=self._read)
         except IncompatibleShards as refused:  # not one shard is searchable: report that, do not fail the step
             self.say(f"search {self.name} as {generation}: nothing searchable: {refused}")

@@ -29,12 +29,14 @@ from orchestrator.data import ImageTensorDataset, channel_statistics, load_sourc
 from orchestrator.distributed.runtime import connect, dashboard_message
 from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
 from orchestrator.evaluation import evaluate_generations
+from orchestrator.integrity import check_checkpoint, load_checked_generation, trained_outputs
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.store import STEP_SPEC, clean_json
 from orchestrator.metrics import KEY_METRICS, METRICS, format_value, update_summary
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
 from orchestrator.pipeline.gate import DeploymentHeld, GateDecision, GateMeasurement, decide
 from orchestrator.pipeline.operations import shard_snapshot
+from orchestrator.pipeline.verify import refuse_unknown_file, refuse_unknown_storage
 from orchestrator.pipeline.step_specs import ChangedStepSpec, changed_fields, evaluate_spec, plan_spec, train_spec
 from orchestrator.pipeline.report import (
     compatibility_matrix,
@@ -46,7 +48,7 @@ from orchestrator.pipeline.report import (
     write_report,
 )
 from orchestrator.pipeline.tracking import open_tracker
-from orchestrator.storage import join_uri, load_card, load_generation, remove_stale_temporaries
+from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, join_uri, load_card, remove_stale_temporaries
 from orchestrator.training.seeds import derive_seed
 
 log = logging.getLogger(__name__)
@@ -138,6 +140,7 @@ class PipelineRunner:
             return self._run()
 
     def _run(self) -> PipelineResult:
+        refuse_unknown_storage(self.store, self.storage, self.config.lineage)
         self.store.register_run(self.config.name, self.config_sha)
         removed = remove_stale_temporaries(self.storage, self._started_at)
         if removed:
@@ -208,6 +211,15 @@ class PipelineRunner:
         self.store.deploy(generation.name, step=key, step_outputs=outputs)
         self._say(f"{key}: {generation.name} serves queries")
 
+    def _check_reused(self, key: str) -> None:
+        """Before a committed train step is skipped: its checkpoint (card and weights) must still be
+        the one the lineage recorded (``IntegrityError`` otherwise), since later steps load it."""
+        name = key.split(":", 1)[1]
+        if key.startswith("train:") and self.store.has_generation(name):
+            record = self.store.get_generation(name)
+            if record.checkpoint_uri is not None:
+                check_checkpoint(self.store, record)
+
     def _step(self, key: str, action: Callable[[str], Any], spec: dict[str, Any] | None = None,
               generation: str = "") -> bool:
         """Run ``action(key)`` as lineage step ``key`` unless it already committed; returns whether
@@ -221,6 +233,7 @@ class PipelineRunner:
                 changed = changed_fields(recorded, clean_json(spec))
                 if changed:
                     raise ChangedStepSpec(key, changed, generation)
+            self._check_reused(key)
             self._skipped.append(key)
             self._say(f"{key}: already committed, skipped")
             return False
@@ -284,6 +297,8 @@ class PipelineRunner:
                                      params=generation.method.params, arch=generation.model.arch,
                                      status="training")
         output = self.generation_uri(generation.name)
+        for name in (CARD_FILE, WEIGHTS_FILE):
+            refuse_unknown_file(self.store, key, join_uri(output, name))
         job = self.generation_job(generation, output)
         ray_settings = config.ray
         scaling = ScalingSettings(num_workers=ray_settings.num_workers, cpus_per_worker=ray_settings.cpus_per_worker,
@@ -301,7 +316,7 @@ class PipelineRunner:
         self.store.mark_generation_trained(
             generation.name, output, card.sha256,
             metrics={k: v for k, v in metrics.items() if k.startswith("loss") or k in ("epoch", "lr")},
-            step=key, step_outputs={"checkpoint_uri": output, "sha256": card.sha256},
+            step=key, step_outputs=trained_outputs(output, card.sha256),
         )
 
     def _evaluate(self, generation, key: str) -> None:
@@ -309,8 +324,7 @@ class PipelineRunner:
         names = [g.name for g in self.config.generations[: self.config.generations.index(generation) + 1]]
         models = {}
         for name in names:
-            record = self.store.get_generation(name)
-            models[name], _card = load_generation(record.checkpoint_uri, expected_sha256=record.sha256)
+            models[name], _card = load_checked_generation(self.store, self.store.get_generation(name))
         mean, std = self.normalisation
         size = self.config.data.image_size or int(self.eval_images.images.shape[1])
         data = ImageTensorDataset(self.eval_images, size, mean, std)

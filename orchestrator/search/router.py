@@ -229,6 +229,10 @@ class SearchRouter:
                                  "in the lineage")
             else:
                 index = load_index(shard.index_uri)
+                if int(index.ntotal) != int(shard.n_items):
+                    raise ValueError(f"gallery {shard.gallery!r} shard {shard.index} ({shard.generation}): its index "
+                                     f"{shard.index_uri} holds {index.ntotal} items, the lineage's shard "
+                                     f"{shard.n_items}; refusing to serve it (run `orchestrator verify FILE`)")
             self.routes.append(ShardRoute(shard, path, index))
         if self.skipped and on_incompatible == "refuse":
             raise IncompatibleShards(serving, self.gallery, self.skipped)

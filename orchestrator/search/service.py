@@ -2,9 +2,10 @@
 
 ``open_router(store, gallery)`` reads who serves (``LineageStore.current_deployment`` unless a
 generation is named), the gallery's shard rows, the generation tree and the recorded
-compatibility values, loads the models it needs (checksums checked against the lineage) and the
-shards' indexes (for a shard on a forward path its embeddings file instead, mapped into the
-serving space), and returns a ``SearchRouter``. ``SearchService`` adds the query encoder of a
+compatibility values, loads the models it needs (card and weights checked against the lineage's
+hashes, ``orchestrator.integrity``) and the shards' indexes (each file's sha256 checked; for a
+shard on a forward path its embeddings file instead, mapped into the serving space), and returns
+a ``SearchRouter``. ``SearchService`` adds the query encoder of a
 pipeline file (its image size and the training split's normalisation, as the gallery was
 embedded) for image queries.
 """
@@ -18,12 +19,11 @@ import numpy as np
 import torch
 
 from orchestrator.gallery import read_shard
-from orchestrator.index import load_index
+from orchestrator.integrity import load_checked_generation, load_checked_index
 from orchestrator.lineage import LineageStore
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.search.admission import CompatibilityCriterion
 from orchestrator.search.router import OnIncompatible, SearchResult, SearchRouter
-from orchestrator.storage import load_generation
 
 
 def open_router(store: LineageStore, gallery: str, serving: str | None = None, *, metric: str = "map",
@@ -50,14 +50,11 @@ def open_router(store: LineageStore, gallery: str, serving: str | None = None, *
         ancestor = parents.get(ancestor)
     models: dict[str, CompatibleModel] = {}
     for name in sorted(needed):
-        record = records[name]
-        if record.checkpoint_uri is None:
-            raise ValueError(f"generation {name!r} has no checkpoint in the lineage (status {record.status})")
-        models[name], _card = load_generation(record.checkpoint_uri, expected_sha256=record.sha256,
-                                              storage_options=storage_options)
+        models[name], _card = load_checked_generation(store, records[name], storage_options)
     criterion = CompatibilityCriterion.from_records(store.compatibility_values(dataset), metric, dataset)
+    by_uri = {s.index_uri: s for s in shards}
     return SearchRouter(serving, models, parents, shards, criterion,
-                        lambda uri: load_index(uri, storage_options), on_incompatible,
+                        lambda uri: load_checked_index(store, by_uri[uri], storage_options), on_incompatible,
                         read_embeddings=lambda shard: read_shard(shard.embeddings_uri, expected_sha256=shard.sha256,
                                                                  storage_options=storage_options))
 

@@ -20,6 +20,7 @@ import yaml
 from PIL import Image
 
 from orchestrator.data import load_digits
+from orchestrator.integrity import trained_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 FILE_SIZES = (120, 1, 150, 100, 168)  # 539 rows in five files, one of a single row
@@ -95,7 +96,7 @@ def serve_untrained(config_file: str) -> None:
         card = save_generation(model, method, None, uri, name=generation.name, parent=generation.parent)
         store.upsert_generation(generation.name, parent=generation.parent, method="hbct")
         store.mark_generation_trained(generation.name, uri, card.sha256, step=f"train:{generation.name}",
-                                      step_outputs={})
+                                      step_outputs=trained_outputs(uri, card.sha256))
 
     def step(key, action) -> None:
         if store.step_status(key) != "committed":

@@ -14,6 +14,7 @@ import torch
 from orchestrator.config import PipelineConfig
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
 from orchestrator.gallery import read_shard
+from orchestrator.integrity import trained_outputs
 from orchestrator.lineage import LineageStore
 from orchestrator.methods import create_method
 from orchestrator.methods.base import embed_dataset_with_ids
@@ -76,7 +77,8 @@ def test_a_labelled_streamed_gallery_is_scored_on_its_sample(tmp_path):
     uri = f"{config.storage}/generations/{generation.name}"
     card = save_generation(model, method, None, uri, name=generation.name, parent=None)
     store.upsert_generation(generation.name, parent=None, method="independent")
-    store.mark_generation_trained(generation.name, uri, card.sha256)
+    store.mark_generation_trained(generation.name, uri, card.sha256, step=f"train:{generation.name}",
+                                  step_outputs=trained_outputs(uri, card.sha256))
 
     def step(key, action) -> None:
         store.start_step(key)

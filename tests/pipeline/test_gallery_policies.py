@@ -16,6 +16,7 @@ from orchestrator.backfill import random_priority
 from orchestrator.config import PipelineConfig
 from orchestrator.data import channel_statistics, load_digits
 from orchestrator.gallery import ShardEmbeddings, read_shard, write_shard
+from orchestrator.integrity import trained_outputs
 from orchestrator.lineage import LineageStore
 from orchestrator.methods import create_method
 from orchestrator.models.encoder import EncoderConfig
@@ -55,7 +56,8 @@ def updater_for(config: PipelineConfig, tmp_path) -> tuple[GalleryUpdater, Linea
         uri = str(tmp_path / "run" / "generations" / generation.name)
         card = save_generation(model, method, None, uri, name=generation.name, parent=generation.parent)
         store.upsert_generation(generation.name, parent=generation.parent, method="hbct")
-        store.mark_generation_trained(generation.name, uri, card.sha256)
+        store.mark_generation_trained(generation.name, uri, card.sha256, step=f"train:{generation.name}",
+                                      step_outputs=trained_outputs(uri, card.sha256))
     updater = GalleryUpdater(config, store, str(tmp_path / "run"), stats, lambda: load_digits("test"), lambda line: None)
     return updater, store
 

@@ -1,0 +1,136 @@
+"""Hashes the lineage holds for everything served, and the loaders that check them.
+
+The lineage already holds the sha256 of a generation's weights (``generations.sha256``) and of a
+shard's Parquet file (``shards.sha256``). This module adds, without new tables or columns:
+
+* the sha256 of a generation's whole ``card.json`` (the card rebuilds the model: ``clip``,
+  curvature, adapters…), in the outputs of its ``train:<gen>`` step (``CARD_SHA256``);
+* per index file: the sha256 of the whole file (header included), the sha256 of the sorted id set
+  it was built from and its item count, as a committed lineage step ``integrity:<index uri>``
+  (``record_index``), written right after the file and before the shard row points at it.
+
+``load_checked_generation`` and ``load_checked_index`` refuse (``IntegrityError``, one line naming
+the file, the expected and the actual hash) anything that is not what the lineage recorded, or
+that the lineage holds no hash for.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, join_uri, load_generation, read_bytes, redact_uri
+
+#: Key of the train step's output holding the card's sha256.
+CARD_SHA256 = "card_sha256"
+#: Prefix of the lineage steps that hold an index file's hashes.
+INTEGRITY_PREFIX = "integrity:"
+
+
+class IntegrityError(RuntimeError):
+    """A stored file does not match (or has no) hash in the lineage (the CLI's exit code 1)."""
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def ids_sha256(ids: Any) -> str:
+    """The sha256 of an id set: the sorted ids as little-endian int64 (order does not matter)."""
+    return sha256_bytes(np.sort(np.asarray(ids, dtype=np.int64)).astype("<i8").tobytes())
+
+
+def card_sha256(checkpoint_uri: str, storage_options: Mapping[str, Any] | None = None) -> str:
+    """The sha256 of the card file of the checkpoint folder ``checkpoint_uri``."""
+    return sha256_bytes(read_bytes(join_uri(checkpoint_uri, CARD_FILE), storage_options))
+
+
+def trained_outputs(checkpoint_uri: str, weights_sha256: str) -> dict[str, Any]:
+    """The outputs of a ``train:<gen>`` step: the checkpoint, its weights' and its card's sha256."""
+    return {"checkpoint_uri": checkpoint_uri, "sha256": weights_sha256, CARD_SHA256: card_sha256(checkpoint_uri)}
+
+
+def integrity_key(uri: str) -> str:
+    return INTEGRITY_PREFIX + uri
+
+
+def index_record(data: bytes, ids: Any) -> dict[str, Any]:
+    """What the lineage holds of an index file: its bytes' sha256, its id set's sha256 and size."""
+    return {"kind": "index", "sha256": sha256_bytes(data), "ids_sha256": ids_sha256(ids), "n_items": int(len(ids))}
+
+
+def record_index(store, uri: str, ids: Any, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Hash the index file just written at ``uri`` (built over ``ids``) into the lineage."""
+    record = index_record(read_bytes(uri, storage_options), ids)
+    store.commit_step(integrity_key(uri), record)
+    return record
+
+
+def recorded_index(store, uri: str) -> dict[str, Any] | None:
+    """The hashes the lineage holds for the index file ``uri`` (None: none)."""
+    return store.committed_outputs(integrity_key(uri))
+
+
+def check_index_bytes(data: bytes, uri: str, record: Mapping[str, Any] | None, n_items: int | None) -> None:
+    """IntegrityError unless ``data`` (read from ``uri``) is the index the lineage recorded, over
+    exactly the shard's ``n_items`` items."""
+    if record is None:
+        raise IntegrityError(f"{redact_uri(uri)}: the lineage holds no hash of this index file; refusing to serve it "
+                             "(run `orchestrator verify FILE` to see what the lineage knows)")
+    actual = sha256_bytes(data)
+    if actual != record["sha256"]:
+        raise IntegrityError(f"{redact_uri(uri)}: index file changed since it was written: sha256 {actual}, "
+                             f"the lineage holds {record['sha256']}")
+    if n_items is not None and int(record["n_items"]) != int(n_items):
+        raise IntegrityError(f"{redact_uri(uri)}: the index holds {record['n_items']} items, the lineage's shard "
+                             f"{n_items}")
+
+
+def load_checked_index(store, shard, storage_options: Mapping[str, Any] | None = None):
+    """The index of lineage shard row ``shard``, its bytes checked against the lineage's hashes."""
+    from orchestrator.index.factory import index_from_bytes
+
+    data = read_bytes(shard.index_uri, storage_options)
+    check_index_bytes(data, shard.index_uri, recorded_index(store, shard.index_uri), shard.n_items)
+    return index_from_bytes(data)
+
+
+def recorded_card_sha256(store, generation: str) -> str | None:
+    """The card sha256 the lineage holds for ``generation`` (its train step's outputs), or None."""
+    outputs = store.committed_outputs(f"train:{generation}") or {}
+    return outputs.get(CARD_SHA256)
+
+
+def check_card(store, record, storage_options: Mapping[str, Any] | None = None) -> None:
+    """IntegrityError unless the card of generation ``record`` is byte for byte the recorded one."""
+    expected = recorded_card_sha256(store, record.name)
+    uri = join_uri(record.checkpoint_uri, CARD_FILE)
+    if expected is None:
+        raise IntegrityError(f"{redact_uri(uri)}: the lineage holds no hash of generation {record.name!r}'s card; "
+                             "refusing to load it")
+    actual = card_sha256(record.checkpoint_uri, storage_options)
+    if actual != expected:
+        raise IntegrityError(f"{redact_uri(uri)}: card of generation {record.name!r} changed since training: "
+                             f"sha256 {actual}, the lineage holds {expected}")
+
+
+def check_checkpoint(store, record, storage_options: Mapping[str, Any] | None = None) -> None:
+    """IntegrityError unless generation ``record``'s card and weights are the ones the lineage recorded."""
+    check_card(store, record, storage_options)
+    uri = join_uri(record.checkpoint_uri, WEIGHTS_FILE)
+    actual = sha256_bytes(read_bytes(uri, storage_options))
+    if actual != record.sha256:
+        raise IntegrityError(f"{redact_uri(uri)}: weights of generation {record.name!r} changed since training: "
+                             f"sha256 {actual}, the lineage holds {record.sha256}")
+
+
+def load_checked_generation(store, record, storage_options: Mapping[str, Any] | None = None, **kwargs: Any):
+    """``load_generation`` of lineage generation ``record``: its card's and its weights' sha256
+    checked against the lineage first. Returns ``(model, card)``."""
+    if record.checkpoint_uri is None:
+        raise IntegrityError(f"generation {record.name!r} has no checkpoint in the lineage (status {record.status})")
+    check_card(store, record, storage_options)
+    return load_generation(record.checkpoint_uri, expected_sha256=record.sha256, storage_options=storage_options,
+                           **kwargs)

@@ -1,0 +1,197 @@
+"""Storage against lineage: ``orchestrator verify`` (like ``git fsck``) and the run's guards.
+
+``verify_storage`` checks every file the lineage serves from against the hashes it holds
+(``orchestrator.integrity``): each trained generation's card and weights, each shard's Parquet
+file (sha256, and its id set against the one its index was built from) and index file (sha256
+of the whole file, header included), and each committed gallery plan. It also lists *orphans* (files the lineage names that are
+missing) and *unreferenced* files (under ``generations/`` or ``galleries/`` of the storage, named
+nowhere in the lineage). Mismatches and orphans are errors; unreferenced files are listed only.
+
+``adopt_unhashed`` records the hashes a lineage written before them lacks (``verify --adopt``).
+
+The guards keep a run from replacing what the lineage does not know: ``refuse_unknown_storage``
+(an empty lineage next to a storage holding artefacts) and ``refuse_unknown_file`` (a file in the
+way of a step's first attempt).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from orchestrator.integrity import (
+    INTEGRITY_PREFIX,
+    IntegrityError,
+    check_checkpoint,
+    check_index_bytes,
+    ids_sha256,
+    index_record,
+    integrity_key,
+    recorded_card_sha256,
+    recorded_index,
+    sha256_bytes,
+    trained_outputs,
+)
+from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, exists, join_uri, read_bytes, read_json
+
+#: Folders of the storage root that hold artefacts the lineage must know.
+ARTEFACT_FOLDERS = ("generations", "galleries")
+
+
+class UnknownArtefact(RuntimeError):
+    """A run would replace a file the lineage does not know."""
+
+
+@dataclass
+class Verification:
+    """What ``verify_storage`` found: ``checked`` files, ``problems`` (mismatches, orphans), ``unreferenced``."""
+
+    checked: int = 0
+    problems: list[str] = field(default_factory=list)
+    unreferenced: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def lines(self) -> list[str]:
+        return ([f"MISMATCH {p}" for p in self.problems] + [f"unreferenced {u}" for u in self.unreferenced]
+                + [f"{self.checked} file(s) checked, {len(self.problems)} problem(s), "
+                   f"{len(self.unreferenced)} unreferenced file(s)"])
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def stored_files(storage: str) -> list[str]:
+    """Every file under the artefact folders of a local storage root (absolute paths, sorted)."""
+    found = []
+    for folder in ARTEFACT_FOLDERS:
+        for directory, _dirs, files in os.walk(os.path.join(storage, folder)):
+            found += [os.path.join(directory, name) for name in files if not name.startswith(".")]
+    return sorted(found)
+
+
+def known_files(store) -> set[str]:
+    """Every path the lineage names: checkpoints, shard files, and any path in a step's outputs
+    or in a plan file a step names (selection files)."""
+    known: set[str] = set()
+    for record in store.list_generations():
+        if record.checkpoint_uri:
+            known |= {join_uri(record.checkpoint_uri, CARD_FILE), join_uri(record.checkpoint_uri, WEIGHTS_FILE)}
+    for step in store.steps():
+        if step.key.startswith(INTEGRITY_PREFIX):
+            known.add(step.key[len(INTEGRITY_PREFIX):])
+        known |= set(_strings(step.outputs))
+        plan = step.outputs.get("plan_uri")
+        if step.status == "committed" and isinstance(plan, str) and os.path.exists(plan):
+            known |= set(_strings(read_json(plan)))
+    for gallery in store.galleries():
+        for shard in store.shards(gallery.name):
+            known |= {uri for uri in (shard.embeddings_uri, shard.index_uri) if uri}
+    return known
+
+
+def _check(result: Verification, what: str, check) -> None:
+    result.checked += 1
+    try:
+        check()
+    except FileNotFoundError as missing:
+        result.problems.append(f"{what}: missing (orphan): {missing}")
+    except (IntegrityError, ValueError) as error:  # ValueError: ChecksumMismatch, an unreadable file
+        result.problems.append(f"{what}: {error}")
+
+
+def _check_shard(store, shard) -> None:
+    from orchestrator.gallery import read_shard
+
+    stored = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)
+    record = recorded_index(store, shard.index_uri)
+    check_index_bytes(read_bytes(shard.index_uri), shard.index_uri, record, shard.n_items)
+    if ids_sha256(stored.ids) != record["ids_sha256"]:
+        raise IntegrityError(f"{shard.index_uri}: the index was built over other items than shard {shard.index}'s "
+                             f"file {shard.embeddings_uri} holds")
+
+
+def _check_plan(outputs: dict[str, Any]) -> None:
+    actual = sha256_bytes(read_bytes(outputs["plan_uri"]))
+    if actual != outputs["sha256"]:
+        raise IntegrityError(f"{outputs['plan_uri']}: sha256 {actual}, the lineage holds {outputs['sha256']}")
+
+
+def verify_storage(store, storage: str) -> Verification:
+    """Check the storage at (local) root ``storage`` against ``store``; see the module docstring."""
+    result = Verification()
+    for record in store.list_generations():
+        if record.checkpoint_uri and record.status == "trained":
+            _check(result, f"generation {record.name} checkpoint", lambda r=record: check_checkpoint(store, r))
+    for gallery in store.galleries():
+        for shard in store.shards(gallery.name):
+            if shard.n_items and shard.embeddings_uri:
+                _check(result, f"gallery {gallery.name} shard {shard.index}", lambda s=shard: _check_shard(store, s))
+    for step in store.steps("plan:"):
+        if step.status == "committed" and "sha256" in step.outputs:
+            _check(result, f"plan {step.key}", lambda o=step.outputs: _check_plan(o))
+    known = known_files(store)
+    result.unreferenced = [path for path in stored_files(storage) if path not in known]
+    return result
+
+
+def adopt_unhashed(store) -> list[str]:
+    """Record the hashes a lineage written before ``orchestrator.integrity`` lacks, trusting the
+    files as they are now (an operator's explicit choice, ``verify --adopt``): each trained
+    generation's card (its weights must still match the lineage), each current shard's index (its
+    Parquet file must match the lineage, and the index hold as many items). Returns what it recorded."""
+    from orchestrator.gallery import read_shard
+    from orchestrator.index.factory import index_from_bytes
+
+    adopted = []
+    for record in store.list_generations():
+        key = f"train:{record.name}"
+        outputs = store.committed_outputs(key)
+        if record.checkpoint_uri and outputs is not None and recorded_card_sha256(store, record.name) is None:
+            weights = join_uri(record.checkpoint_uri, WEIGHTS_FILE)
+            if sha256_bytes(read_bytes(weights)) != record.sha256:
+                raise IntegrityError(f"{weights}: weights of generation {record.name!r} changed since training")
+            store.commit_step(key, {**outputs, **trained_outputs(record.checkpoint_uri, record.sha256)})
+            adopted.append(join_uri(record.checkpoint_uri, CARD_FILE))
+    for gallery in store.galleries():
+        for shard in store.shards(gallery.name):
+            if shard.n_items and shard.index_uri and recorded_index(store, shard.index_uri) is None:
+                ids = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256).ids
+                data = read_bytes(shard.index_uri)
+                if index_from_bytes(data).ntotal != len(ids):
+                    raise IntegrityError(f"{shard.index_uri}: holds other items than {shard.embeddings_uri}")
+                store.commit_step(integrity_key(shard.index_uri), index_record(data, ids))
+                adopted.append(shard.index_uri)
+    return adopted
+
+
+def refuse_unknown_storage(store, storage: str, lineage: str) -> None:
+    """UnknownArtefact when the lineage knows no generation but the storage holds artefacts: the
+    lineage was lost or emptied, and a run would retrain and overwrite them."""
+    if store.list_generations():
+        return
+    files = stored_files(storage)
+    if files:
+        raise UnknownArtefact(
+            f"lineage {lineage} is empty but storage {storage} holds {len(files)} artefact file(s) it does not know "
+            f"(e.g. {files[0]}); refusing to run over them. Restore the lineage (the `lineage:` of the pipeline "
+            f"file), or move {', '.join(os.path.join(storage, f) for f in ARTEFACT_FOLDERS)} away to start afresh")
+
+
+def refuse_unknown_file(store, key: str, uri: str) -> None:
+    """UnknownArtefact when ``uri`` exists although step ``key`` is on its first attempt (so no
+    earlier attempt of it wrote the file, and the lineage does not know it)."""
+    step = store.get_step(key)
+    if step is not None and step.attempts <= 1 and exists(uri):
+        raise UnknownArtefact(f"{key}: {uri} exists but the lineage does not know it; refusing to overwrite it "
+                              "(move it away, or restore the lineage it belongs to)")
