@@ -137,6 +137,9 @@ def compare_generations(
         raise ValueError("compare_generations: no models given")
     parents = dict(parents or {})
     rows = names if queries is None else list(queries)
+    unknown = [name for name in rows if name not in models]
+    if unknown:
+        raise ValueError(f"compare_generations: query generation(s) {', '.join(unknown)} not among the models")
     needed = {gallery for query in rows for gallery in names[: names.index(query) + 1]}
     labels, ids = _common_items(embedded, needed)
     metric_names = [f"cmc@{k}" for k in ks] + ["map"]
