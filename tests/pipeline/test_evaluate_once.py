@@ -12,7 +12,7 @@ import torch
 from orchestrator.comparison import IncomparableGenerations, comparison_path
 from orchestrator.config import EvaluationSpec, load_pipeline
 from orchestrator.data import load_digits
-from orchestrator.evaluation import evaluate_generations, sample_split
+from orchestrator.evaluation import compare_generations, embed_split, evaluate_generations, sample_split
 from orchestrator.methods import create_method
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.methods.fct import build_forward_map
@@ -211,3 +211,16 @@ def test_the_pipeline_evaluates_a_lineage_with_one_pass_per_generation(tmp_path,
         changed = _runner(tmp_path, **{"evaluation.eval_sample": 80})
         changed._step("evaluate:g0-old", lambda key: None, evaluate_spec(changed.config), "g0-old")
 
+
+
+def test_compare_generations_refuses_embeddings_of_other_items_or_none():
+    models = lineage("direct")
+    data = LabelShiftedImages(n=12, num_classes=4, seed=4, shift=0.5, id_offset=0)
+    other = LabelShiftedImages(n=12, num_classes=4, seed=4, shift=0.5, id_offset=50)
+    embedded = {"g0": embed_split(models["g0"], data), "g1": embed_split(models["g1"], other)}
+    with pytest.raises(ValueError, match="generation 'g1''s embeddings cover other items than generation 'g0'"):
+        compare_generations({n: models[n] for n in NAMES[:2]}, embedded, PARENTS)
+    with pytest.raises(ValueError, match="no embeddings given for generation.s. g2"):
+        compare_generations(models, embedded, PARENTS, queries=["g2"])
+    with pytest.raises(ValueError, match="query generation.s. g9 not among the models"):
+        compare_generations(models, embedded, PARENTS, queries=["g9"])
