@@ -662,11 +662,16 @@ class EvaluationSpec(_Strict):
                stored shard is read and cut to the sample, and the sample is embedded once by the
                serving generation. The router's search row and the backfilling curve need the
                whole gallery. A gallery without labels is not scored (the step says so).
+    eval_sample: the compatibility matrices (``evaluate:<gen>``) are measured on a seeded
+               class-stratified sample of at most this many items of the evaluation split (the
+               whole split when smaller, or when null); each generation embeds it once and its
+               embeddings are stored and reused by every later generation's evaluation.
     """
 
     reference: str | None = None
     backfill_curves: bool = False
     gallery_sample: int = Field(10_000, ge=10, le=limits.MAX_ITEMS)
+    eval_sample: int | None = Field(10_000, ge=10, le=limits.MAX_ITEMS)
 
     metrics: ClassVar[tuple[str, ...]] = METRICS
 

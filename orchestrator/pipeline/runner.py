@@ -28,11 +28,12 @@ from orchestrator.config import (
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_source
 from orchestrator.distributed.runtime import connect, dashboard_message
 from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
-from orchestrator.evaluation import evaluate_generations
+from orchestrator.evaluation import sample_split
 from orchestrator.integrity import check_checkpoint, load_checked_generation, trained_outputs
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.store import STEP_SPEC, clean_json
 from orchestrator.metrics import KEY_METRICS, METRICS, format_value, update_summary
+from orchestrator.pipeline.eval_embeddings import EVAL_EMBEDDINGS, eval_embeddings_uri, evaluate_once, recorded_embeddings
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
 from orchestrator.pipeline.gate import DeploymentHeld, GateDecision, GateMeasurement, decide
 from orchestrator.pipeline.operations import shard_snapshot
@@ -111,6 +112,14 @@ class PipelineRunner:
         if self._eval_images is None:
             self._eval_images = load_source(self.config.data.source, **self.config.data.loader_kwargs(self.config.data.eval_split))
         return self._eval_images
+
+    @functools.cached_property
+    def eval_data(self) -> ImageTensorDataset:
+        """The evaluation sample (``evaluation.eval_sample`` of the evaluation split) as the
+        generations embed it for the compatibility matrices."""
+        mean, std = self.normalisation
+        size = self.config.data.image_size or int(self.eval_images.images.shape[1])
+        return ImageTensorDataset(sample_split(self.eval_images, self.config.evaluation.eval_sample), size, mean, std)
 
     @functools.cached_property
     def normalisation(self) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -320,23 +329,27 @@ class PipelineRunner:
         )
 
     def _evaluate(self, generation, key: str) -> None:
-        """Compatibility of this generation's queries against every earlier generation's gallery."""
+        """Compatibility of this generation's queries against every earlier generation's gallery:
+        this generation embeds the evaluation sample once (stored), the earlier ones' stored
+        embeddings are reused (``eval_embeddings``)."""
         names = [g.name for g in self.config.generations[: self.config.generations.index(generation) + 1]]
         models = {}
         for name in names:
             models[name], _card = load_checked_generation(self.store, self.store.get_generation(name))
-        mean, std = self.normalisation
-        size = self.config.data.image_size or int(self.eval_images.images.shape[1])
-        data = ImageTensorDataset(self.eval_images, size, mean, std)
+        stored = {name: recorded_embeddings(self.store.committed_outputs(f"evaluate:{name}"), f"evaluate:{name}")
+                  for name in names[:-1]}
+        split = self.config.data.eval_split
         parents = {g.name: g.parent for g in self.config.generations if g.parent}
-        report = evaluate_generations(models, data, parents=parents)
+        report, embeddings = evaluate_once(generation.name, models, self.eval_data, parents, stored,
+                                           eval_embeddings_uri(self.storage, generation.name, split))
         rows = []
         for gallery in names:
             for metric in METRICS:
                 value = report.value(generation.name, gallery, metric)
                 if not np.isnan(value) or (generation.name, gallery) in report.notes:
-                    rows.append((generation.name, gallery, metric, value, self.config.data.eval_split))
-        self.store.record_compatibility(rows, step=key, step_outputs={"pairs": len(rows) // len(METRICS)})
+                    rows.append((generation.name, gallery, metric, value, split))
+        self.store.record_compatibility(rows, step=key, step_outputs={"pairs": len(rows) // len(METRICS),
+                                                                      EVAL_EMBEDDINGS: embeddings})
 
     # --- results -----------------------------------------------------------------------------
     def _finish(self) -> PipelineResult:

@@ -9,7 +9,9 @@ search depth of the report.
 
 - ``train:<gen>``: the generation (all but its backfill policy and gate), the data settings of
   training, and the parent's checkpoint sha256 (its identity);
-- ``evaluate:<gen>``: the data settings of the evaluation split;
+- ``evaluate:<gen>``: the data settings of the evaluation split and the evaluation sample
+  (``evaluation.eval_sample``); the other evaluation settings change the gallery steps or the
+  report's summaries (the reference), not the stored embeddings or cells;
 - ``plan:<gallery>:<gen>``: the gallery (source, split, shards, index) and the backfill policy; the
   shard updates, deployment and report of the generation follow from the plan.
 """
@@ -41,8 +43,9 @@ def train_spec(config: PipelineConfig, generation: GenerationSpec, parent_sha256
 
 
 def evaluate_spec(config: PipelineConfig) -> dict[str, Any]:
-    """Every data setting but the training-only ones (new evaluation settings count by default)."""
-    return {"data": config.data.model_dump(mode="json", exclude=TRAINING_ONLY)}
+    """Every data setting but the training-only ones (new ones count by default), and the sample."""
+    return {"data": config.data.model_dump(mode="json", exclude=TRAINING_ONLY),
+            "evaluation": config.evaluation.model_dump(mode="json", include={"eval_sample"})}
 
 
 def plan_spec(config: PipelineConfig, generation: GenerationSpec) -> dict[str, Any]:

@@ -32,7 +32,6 @@ from ray import tune
 from ray.tune import Callback
 
 from orchestrator.config import RUNTIME_SECTIONS, config_sha256
-from orchestrator.data import ImageTensorDataset
 from orchestrator.distributed.runtime import connect, dashboard_message
 from orchestrator.progress import Meter
 from orchestrator.evaluation import evaluate_generations
@@ -155,6 +154,7 @@ def _sweep(tune_file: TuneFile, runner: PipelineRunner, say: Progress, started: 
         image_size=pipeline.data.image_size or int(runner.eval_images.images.shape[1]),
         reference_self=_reference_self(runner), objective=spec.objective.model_dump(mode="json"),
         candidates_uri=join_uri(sweep_uri, "candidates"), threads=max(1, int(spec.resources.cpu)),
+        eval_sample=pipeline.evaluation.eval_sample,
     )
     tuner, resumed = _tuner(tune_file, setup, sweep_uri, experiment)
     say(f"sweep {spec.name}: {'resuming' if resumed else 'starting'} {experiment}")
@@ -181,15 +181,13 @@ def _ancestors(tune_file: TuneFile, name: str) -> list[str]:
 
 
 def _reference_self(runner: PipelineRunner) -> dict[str, float] | None:
-    """M(φ_*; φ_*) per metric of the evaluation reference (trained), on the evaluation split."""
+    """M(φ_*; φ_*) per metric of the evaluation reference (trained), on the evaluation sample."""
     name = runner.config.evaluation.reference
     if name is None:
         return None
     record = runner.store.get_generation(name)
     model, _card = load_generation(record.checkpoint_uri, expected_sha256=record.sha256)
-    mean, std = runner.normalisation
-    size = runner.config.data.image_size or int(runner.eval_images.images.shape[1])
-    report = evaluate_generations({name: model}, ImageTensorDataset(runner.eval_images, size, mean, std))
+    report = evaluate_generations({name: model}, runner.eval_data)
     return {metric: report.value(name, name, metric) for metric in report.matrices}
 
 

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from orchestrator.data import ImageTensorDataset, load_source
-from orchestrator.evaluation import evaluate_generations
+from orchestrator.evaluation import compare_generations, embed_split, sample_split
 from orchestrator.metrics import METRICS, update_summary
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.storage import join_uri, load_generation
@@ -47,6 +47,7 @@ class TrialSetup:
     job:            the candidate's ``GenerationJob`` (as a dict) with the pipeline's parameters;
                     a trial overrides the searched ones.
     eval_source, eval_options, image_size: the evaluation split's loader, as the pipeline loads it.
+    eval_sample:    ``evaluation.eval_sample``: the trial evaluates on the pipeline's sample of it.
     reference_self: metric → M(φ_*; φ_*) of the evaluation reference, or None (no P_com / P_up).
     objective:      the tune file's objective (as a dict).
     candidates_uri: folder of the finished trials' generations.
@@ -61,26 +62,31 @@ class TrialSetup:
     objective: dict[str, Any]
     candidates_uri: str
     threads: int = 1
+    eval_sample: int | None = None
 
 
 class TrialEvaluator:
-    """Self and cross retrieval of a candidate model against its parent, on the evaluation split,
-    through the pipeline's ``evaluate_generations`` (so the numbers are the pipeline's)."""
+    """Self and cross retrieval of a candidate model against its parent, on the evaluation sample,
+    through the pipeline's ``embed_split`` and ``compare_generations`` (so the numbers are the
+    pipeline's). The frozen parent embeds the sample once, here; each call embeds the candidate."""
 
     def __init__(self, setup: TrialSetup, job: GenerationJob):
-        images = load_source(setup.eval_source, **setup.eval_options)
+        images = sample_split(load_source(setup.eval_source, **setup.eval_options), setup.eval_sample)
         self.data = ImageTensorDataset(images, setup.image_size, job.mean, job.std)
         self.parent_name, self.name = job.parent_name, job.name
         self.parent, _card = load_generation(job.parent_uri, expected_sha256=job.parent_sha256,
                                              storage_options=job.storage_options)
+        with torch.random.fork_rng(devices=[]):
+            self.parent_embeddings = embed_split(self.parent, self.data)
         self.reference_self = setup.reference_self
 
     def __call__(self, model: CompatibleModel) -> dict[str, float]:
         """``self_<m>``, ``cross_<m>``, ``old_self_<m>`` and (with a reference) ``p_com_<m>``,
         ``p_up_<m>`` for m in ``METRICS``; NaN where no common distance exists."""
         with torch.random.fork_rng(devices=[]):
-            report = evaluate_generations({self.parent_name: self.parent, self.name: model}, self.data,
-                                          parents={self.name: self.parent_name})
+            embedded = {self.parent_name: self.parent_embeddings, self.name: embed_split(model, self.data)}
+            report = compare_generations({self.parent_name: self.parent, self.name: model}, embedded,
+                                         parents={self.name: self.parent_name})
         metrics: dict[str, float] = {}
         for metric in METRICS:
             summary = update_summary(report.value(self.name, self.name, metric),

@@ -174,6 +174,8 @@ def test_killed_driver_resumes_without_redoing_or_duplicating(tmp_path):
     assert attempts[f"split:digits-test/{failed['shard']}:g1"] == 2
     # one value per (query, gallery ≤ query, metric): 1 + 2 + 3 pairs × 3 metrics
     assert counts["compatibility"] == (1 + 2 + 3) * 3
+    # every generation embedded the evaluation split once, into the file its evaluate step records
+    assert all(store.committed_outputs(f"evaluate:{g}")["eval_embeddings"]["items"] == 539 for g in GENERATIONS)
     assert store.get_generation("g0-old").sha256 == g0_before.sha256
     assert [d.generation for d in store.deployments()] == ["g0-old", "g1", "g2"]
     # the budgets: g1 moved ⌊0.5·539⌋ items into 4 new shards, g2 re-embedded 4 of the 8 shards whole
