@@ -29,6 +29,7 @@ from orchestrator.pipeline.eval_embeddings import (
 )
 from orchestrator.pipeline.runner import PipelineRunner
 from orchestrator.pipeline.step_specs import ChangedStepSpec, evaluate_spec
+from orchestrator.integrity import trained_outputs
 from orchestrator.storage import ChecksumMismatch, save_generation
 from image_data import LabelShiftedImages
 
@@ -192,7 +193,8 @@ def test_the_pipeline_evaluates_a_lineage_with_one_pass_per_generation(tmp_path,
         uri = runner.generation_uri(generation.name)
         card = save_generation(model, method, None, uri, name=generation.name, parent=generation.parent)
         runner.store.upsert_generation(generation.name, parent=generation.parent, method="hbct")
-        runner.store.mark_generation_trained(generation.name, uri, card.sha256)
+        runner.store.mark_generation_trained(generation.name, uri, card.sha256, step=f"train:{generation.name}",
+                                             step_outputs=trained_outputs(uri, card.sha256))
     for generation in lineage_specs:
         runner._step(f"evaluate:{generation.name}", lambda key, g=generation: runner._evaluate(g, key),
                      evaluate_spec(runner.config), generation.name)
