@@ -169,8 +169,8 @@ class EpochReports(threading.Thread):
             metrics = self.queue.get(block=timeout > 0, timeout=timeout or None)
         except Empty:
             return
-        self.meter.done = int(metrics["epoch"])  # the epoch before this one (resumed runs skip some)
-        self.meter.advance(1, epoch_note(metrics))
+        finished = int(metrics["epoch"]) + 1  # a resumed attempt starts past the epochs already done
+        self.meter.advance(finished - self.meter.done, epoch_note(metrics))
         if self.on_epoch is not None:
             self.on_epoch(metrics)
 

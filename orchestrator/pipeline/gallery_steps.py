@@ -321,17 +321,18 @@ class GalleryUpdater:
         received: dict[int, list[dict[str, np.ndarray]]] = {k: [] for k in range(len(pending))}
         counts = np.zeros(len(pending), dtype=np.int64)
         model = self._model(generation)
+        geometry = Geometry(model.space, model.curv)
         with Meter(self.say, f"{self.name}: embedded", total, "items") as meter:
             for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):
-                self._receive(batch, pending, received, counts, generation, model, run_step)
+                self._receive(batch, pending, received, counts, generation, geometry, run_step)
                 meter.advance(len(batch["entry"]))
         incomplete = [pending[k].step_key(self.name, generation) for k in received]
         if incomplete:
             raise RuntimeError(f"{self.name}: the embedding pass ended without all items of {', '.join(incomplete)}")
 
     def _receive(self, batch: dict[str, np.ndarray], pending: list[PlanEntry],
-                 received: dict[int, list[dict[str, np.ndarray]]], counts: np.ndarray, generation: str, model,
-                 run_step: Callable[[str, Callable[[], None]], None]) -> None:
+                 received: dict[int, list[dict[str, np.ndarray]]], counts: np.ndarray, generation: str,
+                 geometry: Geometry, run_step: Callable[[str, Callable[[], None]], None]) -> None:
         """File one embedded batch's rows under their shard updates; commit each update whose items
         are all in (and forget its rows)."""
         entry_of = np.asarray(batch["entry"], dtype=np.int64)
@@ -343,8 +344,7 @@ class GalleryUpdater:
             counts[k] += len(part["id"])
             entry = pending[k]
             if counts[k] == entry.num_items:
-                shard = _assemble(entry, received.pop(k), generation, Geometry(model.space, model.curv),
-                                  self.source.metadata_columns)
+                shard = _assemble(entry, received.pop(k), generation, geometry, self.source.metadata_columns)
                 key = entry.step_key(self.name, generation)
                 run_step(key, lambda entry=entry, shard=shard, key=key: self._commit(entry, shard, key))
 

@@ -6,18 +6,8 @@ import textwrap
 import pytest
 
 from orchestrator.config import GenerationSpec, PipelineConfig, PipelineConfigError, load_pipeline
+from valid_pipeline import VALID
 
-VALID = """\
-name: t
-data: {source: digits}
-generations:
-  - name: g0
-    method: {name: hbct, params: {clip: 1.0}}
-    classes: {first_fraction: 0.5}
-  - name: g1
-    parent: g0
-    method: {name: hbct, params: {lam: 0.3}}
-"""
 
 
 def write(tmp_path, text: str, name: str = "bad.yaml"):

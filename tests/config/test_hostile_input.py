@@ -23,22 +23,12 @@ from orchestrator.config import GallerySpec, PipelineConfigError, load_pipeline
 from orchestrator.names import NAME_HELP
 from orchestrator.storage import join_uri
 from orchestrator.tuning.config import TuneFileError, load_tune_file
+from valid_pipeline import VALID
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_SECONDS = 1.0
 MAX_PEAK_BYTES = 50 * 2**20
 
-VALID = """\
-name: t
-data: {source: digits}
-generations:
-  - name: g0
-    method: {name: hbct, params: {clip: 1.0}}
-    classes: {first_fraction: 0.5}
-  - name: g1
-    parent: g0
-    method: {name: hbct, params: {lam: 0.3}}
-"""
 
 
 def refusal(path: Path, load=load_pipeline, error=PipelineConfigError) -> str:
