@@ -8,8 +8,10 @@ killed run never leaves a pipeline locked:
 - SQLite: ``flock`` on ``<database>.run-<pipeline>.lock`` beside the database file (the file stays;
   only the lock matters). An in-memory store (tests) locks within the process.
 
-Taking it never waits: a second taker gets ``LineageBusy``, whose message names the holder from
-the ``run_locks`` row the holder writes once it has the lock (user@host, pid, command, since when).
+Taking it never waits for the lock: a second taker gets ``LineageBusy``, whose message names the
+holder from the ``run_locks`` row the holder writes once it has the lock (user@host, pid, command,
+since when). A holder that has the lock but has not written its row yet is given
+``HOLDER_RECORD_WAIT_S`` to do so before the message says so.
 Within one process the lock is reentrant per store, so a sweep holding it may run pipeline steps.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ import hashlib
 import os
 import socket
 import threading
+import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
@@ -34,6 +37,7 @@ if TYPE_CHECKING:
     from orchestrator.lineage.store import LineageStore
 
 Release = Callable[[], None]
+HOLDER_RECORD_WAIT_S = 5.0
 _memory_held: set[tuple[int, str]] = set()
 _memory_guard = threading.Lock()
 
@@ -106,10 +110,17 @@ class RunLocks:
             else:
                 row.holder, row.acquired_at = holder, utcnow()
 
-    def _busy_message(self, pipeline: str) -> str:
+    def _holder_row(self, pipeline: str):
         with self.store.engine.connect() as connection:
-            row = connection.execute(select(RunLock.holder, RunLock.acquired_at)
-                                     .where(RunLock.pipeline == pipeline)).first()
+            return connection.execute(select(RunLock.holder, RunLock.acquired_at)
+                                      .where(RunLock.pipeline == pipeline)).first()
+
+    def _busy_message(self, pipeline: str) -> str:
+        deadline = time.monotonic() + HOLDER_RECORD_WAIT_S
+        row = self._holder_row(pipeline)
+        while row is None and time.monotonic() < deadline:  # the holder is between lock and record
+            time.sleep(0.1)
+            row = self._holder_row(pipeline)
         who = "another process (it has not recorded itself yet)" if row is None else \
             f"{row.holder} since {_utc(row.acquired_at):%Y-%m-%d %H:%M:%S} UTC"
         return (f"pipeline {pipeline!r} is held by {who} on lineage "

@@ -99,3 +99,32 @@ def test_a_refused_pipeline_run_records_nothing(url, tmp_path):
     counts = runner.store.row_counts()
     assert counts["pipeline_runs"] == counts["steps"] == counts["generations"] == 0
     runner.store.close()
+
+
+def test_a_taker_arriving_before_the_holder_records_itself_still_names_it(url, monkeypatch):
+    """The holder takes the lock, then writes its row: a taker in between waits for the row."""
+    import threading
+    from orchestrator.lineage import locks
+
+    first, second = LineageStore(url), LineageStore(url)
+    recorded = locks.RunLocks._record
+    refusals: list[str] = []
+
+    def late_record(self, pipeline, holder):
+        def try_second():
+            try:
+                with second.run_lock(pipeline, "orchestrator gc"):
+                    refusals.append("taken")
+            except LineageBusy as busy:
+                refusals.append(str(busy))
+        taker = threading.Thread(target=try_second)
+        taker.start()
+        time.sleep(0.5)  # the taker asks while no row exists
+        recorded(self, pipeline, holder)
+        taker.join()
+
+    monkeypatch.setattr(locks.RunLocks, "_record", late_record)
+    with first.run_lock("tiny", "orchestrator run"):
+        pass
+    assert len(refusals) == 1 and f"(pid {os.getpid()}, orchestrator run)" in refusals[0], refusals
+    first.close(), second.close()
