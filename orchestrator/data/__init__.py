@@ -12,15 +12,15 @@ from orchestrator.data.scenarios import (
     select_classes,
     stratified_sample,
 )
+from orchestrator.data.registry import SOURCE_NAMES, load_source
+from orchestrator.data.selection import training_indices
 from orchestrator.data.sources import (
     IMAGE_EXTENSIONS,
-    SOURCE_NAMES,
     download_cifar,
     load_cifar,
     load_digits,
     load_image_folder,
     load_parquet,
-    load_source,
     load_tiny_imagenet,
     safe_extract_tar,
 )
@@ -49,4 +49,5 @@ __all__ = [
     "scenario_indices",
     "select_classes",
     "stratified_sample",
+    "training_indices",
 ]

@@ -6,7 +6,8 @@
 - `load_tiny_imagenet`: the standard tiny-imagenet-200 folder layout (local).
 - `load_image_folder`: root/<class>/<images> (local).
 - `load_parquet`: encoded image bytes or raw pixel arrays in a Parquet file, local or fsspec URL.
-- `load_source(name, **options)`: the same loaders by name, for configuration files.
+
+The same loaders by name, for configuration files: `orchestrator.data.registry`.
 
 Ids: every loader gives each item an id that is stable across calls and unique across the splits of
 one dataset (digits: the index in the bundled array; CIFAR and Tiny-ImageNet: the position in the
@@ -22,7 +23,7 @@ import os
 import tarfile
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -513,24 +514,3 @@ def _huggingface_names(schema: pa.Schema, label_column: str) -> list[str] | None
     feature = json.loads(raw).get("info", {}).get("features", {}).get(label_column, {})
     names = feature.get("names") if isinstance(feature, dict) else None
     return [str(n) for n in names] if isinstance(names, list) else None
-
-
-# --------------------------------------------------------------------------- registry
-
-_SOURCES: dict[str, Callable[..., LabeledImages]] = {
-    "digits": load_digits,
-    "cifar10": lambda **options: load_cifar(variant="cifar10", **options),
-    "cifar100": lambda **options: load_cifar(variant="cifar100", **options),
-    "tiny_imagenet": load_tiny_imagenet,
-    "image_folder": load_image_folder,
-    "parquet": load_parquet,
-}
-SOURCE_NAMES = tuple(_SOURCES)
-
-
-def load_source(name: str, **options: Any) -> LabeledImages:
-    """Load a dataset by name ("digits", "cifar10", "cifar100", "tiny_imagenet", "image_folder",
-    "parquet") with the named loader's keyword options."""
-    if name not in _SOURCES:
-        raise ValueError(f"name: unknown data source {name!r}; known: {', '.join(SOURCE_NAMES)}")
-    return _SOURCES[name](**options)

@@ -23,9 +23,8 @@ from orchestrator.config import (
     GenerationSpec,
     PipelineConfig,
     config_sha256,
-    training_indices,
 )
-from orchestrator.data import ImageTensorDataset, channel_statistics, load_source
+from orchestrator.data import ImageTensorDataset, channel_statistics, load_source, training_indices
 from orchestrator.distributed.runtime import connect, dashboard_message
 from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
 from orchestrator.evaluation import sample_split

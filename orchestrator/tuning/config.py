@@ -51,21 +51,21 @@ from pydantic import Field, ValidationError, ValidationInfo, model_validator
 
 from orchestrator import limits
 from orchestrator.config import (
-    METRICS,
     GenerationSpec,
     PipelineConfig,
     PipelineConfigError,
-    _problem,
-    _problems_from,
-    _raise_problems,
-    _Strict,
-    _suggest,
-    _unwrap,
+    StrictModel,
     load_pipeline,
+    problem,
+    problems_from,
+    raise_problems,
     read_yaml_mapping,
+    suggest,
+    unwrap,
     validate_yaml_mapping,
 )
 from orchestrator.methods.registry import method_class
+from orchestrator.metrics import METRICS
 from orchestrator.names import Name
 
 KINDS = ("self", "cross", "p_com", "p_up")
@@ -79,7 +79,7 @@ class TuneFileError(PipelineConfigError):
     """A tune file that cannot be used; ``str(error)`` is one line per problem (file: field: ...)."""
 
 
-class ParameterRange(_Strict):
+class ParameterRange(StrictModel):
     """The values one method parameter takes in the sweep; exactly one of:
 
     grid:       every value, each in its own trials (Tune ``grid_search``).
@@ -98,15 +98,15 @@ class ParameterRange(_Strict):
         given = [kind for kind in _KINDS_OF_RANGE if getattr(self, kind) is not None]
         problems = []
         if len(given) != 1:
-            problems.append(_problem((), "give exactly one of grid: [...], choice: [...], uniform: [low, high], "
-                                     "loguniform: [low, high]" + (f" (got {', '.join(given)})" if given else "")))
+            problems.append(problem((), "give exactly one of grid: [...], choice: [...], uniform: [low, high], "
+                                    "loguniform: [low, high]" + (f" (got {', '.join(given)})" if given else "")))
         for kind in _SAMPLED:
             bounds = getattr(self, kind)
             if bounds is not None and not bounds[0] < bounds[1]:
-                problems.append(_problem((kind,), "needs low < high", list(bounds)))
+                problems.append(problem((kind,), "needs low < high", list(bounds)))
         if self.loguniform is not None and self.loguniform[0] <= 0:
-            problems.append(_problem(("loguniform",), "needs 0 < low (a log scale)", list(self.loguniform)))
-        _raise_problems(problems)
+            problems.append(problem(("loguniform",), "needs 0 < low (a log scale)", list(self.loguniform)))
+        raise_problems(problems)
         return self
 
     @property
@@ -119,7 +119,7 @@ class ParameterRange(_Strict):
         return list(getattr(self, self.kind))
 
 
-class Transition(_Strict):
+class Transition(StrictModel):
     """The update tuned: a candidate generation of the pipeline and its parent.
 
     candidate: the generation whose method parameters are tuned (it needs a parent).
@@ -131,7 +131,7 @@ class Transition(_Strict):
     parent: str | None = None
 
 
-class SearchSettings(_Strict):
+class SearchSettings(StrictModel):
     """How trial configurations are drawn.
 
     algorithm:   ``random`` (Tune's variant generator; grids crossed in full) or ``optuna`` (TPE).
@@ -143,7 +143,7 @@ class SearchSettings(_Strict):
     seed: int = 0
 
 
-class SchedulerSettings(_Strict):
+class SchedulerSettings(StrictModel):
     """Which trials stop early.
 
     kind:             ``asha`` (asynchronous successive halving on the per-epoch objective) or
@@ -156,7 +156,7 @@ class SchedulerSettings(_Strict):
     reduction_factor: float = Field(3.0, gt=1)
 
 
-class Resources(_Strict):
+class Resources(StrictModel):
     """Resources of one trial (one training process).
 
     cpu: CPUs per trial.
@@ -167,7 +167,7 @@ class Resources(_Strict):
     gpu: float = Field(0.0, ge=0, le=limits.MAX_GPUS)
 
 
-class Constraint(_Strict):
+class Constraint(StrictModel):
     """``metric`` ≥ ``min`` or ``metric`` ≤ ``max`` (exactly one bound).
 
     metric: the constrained metric (``<kind>_<metric>``, see ``maximize``).
@@ -182,7 +182,7 @@ class Constraint(_Strict):
     @model_validator(mode="after")
     def _one_bound(self) -> Constraint:
         if (self.min is None) == (self.max is None):
-            _raise_problems([_problem((), "give exactly one bound: min or max")])
+            raise_problems([problem((), "give exactly one bound: min or max")])
         return self
 
     def violation(self, value: float) -> float:
@@ -190,7 +190,7 @@ class Constraint(_Strict):
         return max(0.0, self.min - value) if self.min is not None else max(0.0, value - self.max)
 
 
-class Objective(_Strict):
+class Objective(StrictModel):
     """What the sweep looks for; exactly one of:
 
     maximize:   one metric, optionally ``subject_to`` a constraint on another; the scalar Tune
@@ -212,12 +212,12 @@ class Objective(_Strict):
     def _one_goal(self) -> Objective:
         problems = []
         if (self.maximize is None) == (self.pareto is None):
-            problems.append(_problem((), "give exactly one of maximize: <metric> or pareto: [<metric>, <metric>]"))
+            problems.append(problem((), "give exactly one of maximize: <metric> or pareto: [<metric>, <metric>]"))
         if self.subject_to is not None and self.maximize is None:
-            problems.append(_problem(("subject_to",), "a constraint goes with maximize", self.subject_to.metric))
+            problems.append(problem(("subject_to",), "a constraint goes with maximize", self.subject_to.metric))
         if self.pareto is not None and self.pareto[0] == self.pareto[1]:
-            problems.append(_problem(("pareto",), "needs two different metrics", list(self.pareto)))
-        _raise_problems(problems)
+            problems.append(problem(("pareto",), "needs two different metrics", list(self.pareto)))
+        raise_problems(problems)
         return self
 
     @property
@@ -234,7 +234,7 @@ class Objective(_Strict):
         return [self.maximize] + ([self.subject_to.metric] if self.subject_to is not None else [])
 
 
-class TuneSpec(_Strict):
+class TuneSpec(StrictModel):
     """A whole tune file (module docstring).
 
     name:                  the sweep, a safe path component (``orchestrator.names``); its folder is ``<pipeline storage>/tune/<name>``.
@@ -260,8 +260,8 @@ class TuneSpec(_Strict):
     def _check_against_pipeline(self, info: ValidationInfo) -> TuneSpec:
         problems = []
         if self.search.algorithm == "optuna":
-            problems += [_problem(("space", name, "grid"), "Optuna samples every parameter: use choice: [...] "
-                                  "(or algorithm: random for a full grid)", entry.grid)
+            problems += [problem(("space", name, "grid"), "Optuna samples every parameter: use choice: [...] "
+                                 "(or algorithm: random for a full grid)", entry.grid)
                          for name, entry in self.space.items() if entry.grid is not None]
         pipeline: PipelineConfig | None = (info.context or {}).get("pipeline")
         if pipeline is not None:
@@ -271,29 +271,29 @@ class TuneSpec(_Strict):
                 candidate = pipeline.generation(self.transition.candidate)
                 problems += self._check_space(candidate) + self._check_scheduler(candidate)
             problems += self._check_objective(pipeline)
-        _raise_problems(problems)
+        raise_problems(problems)
         return self
 
     def _check_transition(self, pipeline: PipelineConfig) -> list[dict[str, Any]]:
         names = [g.name for g in pipeline.generations]
         name, where = self.transition.candidate, ("transition", "candidate")
         if name not in names:
-            return [_problem(where, f"no generation of this name in {self.pipeline}{_suggest(name, names)}; "
+            return [problem(where, f"no generation of this name in {self.pipeline}{suggest(name, names)}; "
                                     f"generations: {', '.join(names)}", name)]
         candidate = pipeline.generation(name)
         if candidate.parent is None:
-            return [_problem(where, "a sweep tunes an update: the candidate needs a parent generation", name)]
+            return [problem(where, "a sweep tunes an update: the candidate needs a parent generation", name)]
         if name == pipeline.evaluation.reference:
-            return [_problem(where, "the evaluation reference φ_* is unaligned, not an update to tune", name)]
+            return [problem(where, "the evaluation reference φ_* is unaligned, not an update to tune", name)]
         if self.transition.parent not in (None, candidate.parent):
-            return [_problem(("transition", "parent"), f"{name!r} has the parent {candidate.parent!r} in "
+            return [problem(("transition", "parent"), f"{name!r} has the parent {candidate.parent!r} in "
                                                       f"{self.pipeline}", self.transition.parent)]
         return []
 
     def _check_scheduler(self, candidate: GenerationSpec) -> list[dict[str, Any]]:
         scheduler = self.scheduler
         if scheduler.kind == "asha" and scheduler.grace_period > candidate.training.epochs:
-            return [_problem(("scheduler", "grace_period"), f"longer than the candidate's training "
+            return [problem(("scheduler", "grace_period"), f"longer than the candidate's training "
                                                             f"({candidate.training.epochs} epochs)", scheduler.grace_period)]
         return []
 
@@ -306,20 +306,20 @@ class TuneSpec(_Strict):
         for name, entry in self.space.items():
             where = ("space", name)
             if name not in fields:
-                problems.append(_problem(where, f"not a parameter of method {method!r}{_suggest(name, fields)}; "
+                problems.append(problem(where, f"not a parameter of method {method!r}{suggest(name, fields)}; "
                                                 f"parameters: {', '.join(fields)}", name))
                 continue
-            if entry.kind in _SAMPLED and _unwrap(fields[name].annotation) is not float:
-                problems.append(_problem((*where, entry.kind), f"draws floats, but {method}.{name} is "
-                                         f"{_type_name(fields[name].annotation)}: use grid or choice", entry.values))
+            if entry.kind in _SAMPLED and unwrap(fields[name].annotation) is not float:
+                problems.append(problem((*where, entry.kind), f"draws floats, but {method}.{name} is "
+                                        f"{_type_name(fields[name].annotation)}: use grid or choice", entry.values))
                 continue
             normalised = []
             for i, value in enumerate(entry.values):
                 try:
                     checked = params_model.model_validate({**candidate.method.params, name: value})
                 except ValidationError as err:
-                    for problem in _problems_from(err, params_model):
-                        problems.append({**problem, "loc": (*where, entry.kind, i)})
+                    for found in problems_from(err, params_model):
+                        problems.append({**found, "loc": (*where, entry.kind, i)})
                     continue
                 normalised.append(checked.model_dump(mode="json")[name])
             if len(normalised) == len(entry.values):
@@ -329,7 +329,7 @@ class TuneSpec(_Strict):
     def _check_objective(self, pipeline: PipelineConfig) -> list[dict[str, Any]]:
         if pipeline.evaluation.reference is not None:
             return []
-        return [_problem(("objective",), f"{metric} is normalised by the evaluation reference φ_*, but "
+        return [problem(("objective",), f"{metric} is normalised by the evaluation reference φ_*, but "
                                          f"{self.pipeline} names none (evaluation.reference)", metric)
                 for metric in self.objective.metrics if metric.startswith(("p_com", "p_up"))]
 
@@ -337,7 +337,7 @@ class TuneSpec(_Strict):
 def _type_name(annotation: Any) -> str:
     if typing.get_origin(annotation) is Literal:
         return "one of " + "|".join(str(a) for a in typing.get_args(annotation))
-    return getattr(_unwrap(annotation), "__name__", str(annotation))
+    return getattr(unwrap(annotation), "__name__", str(annotation))
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from orchestrator.config import (
     PipelineConfigError,
     config_sha256,
     load_pipeline,
-    training_indices,
 )
+from orchestrator.data import training_indices
 
 PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 TUNE_FILES = {"tune.yaml"}  # sweeps over a pipeline (orchestrator tune; tests/tuning)

@@ -1,0 +1,62 @@
+"""How a generation is deployed: its backfill policy and the gate it must pass before it serves."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from orchestrator.config.problems import StrictModel, problem, raise_problems
+
+
+class BackfillPolicy(StrictModel):
+    """How much of the gallery is re-embedded by a new generation before/while it serves.
+
+    policy:      none (search older shards through compatibility), full (re-embed every shard) or
+                 partial (a ``budget``).
+    budget:      the fraction in (0, 1] of the gallery to re-embed (partial only).
+    budget_unit: the budget counts items or whole shards.
+    order:       which items / shards first: highest uncertainty of the old embedding, largest
+                 distance to the class means, or random (seeded). Applies to partial and full
+                 (full: the order shards are refreshed in).
+    """
+
+    policy: Literal["none", "full", "partial"] = "none"
+    budget: float | None = Field(None, gt=0, le=1)
+    budget_unit: Literal["items", "shards"] = "items"
+    order: Literal["uncertainty", "class_mean_distance", "random"] = "random"
+
+    @model_validator(mode="after")
+    def _check_budget(self) -> BackfillPolicy:
+        problems = []
+        if self.policy == "partial" and self.budget is None:
+            problems.append(problem(("budget",), "policy 'partial' needs a budget: a fraction in (0, 1] of the items or shards"))
+        if self.policy != "partial" and self.budget is not None:
+            problems.append(problem(("budget",), f"a budget applies to policy 'partial' only (policy is {self.policy!r})", self.budget))
+        # defaults are accepted (a normalised dump spells them out), other values are contradictions
+        if self.policy != "partial" and self.budget_unit != "items":
+            problems.append(problem(("budget_unit",), f"applies to policy 'partial' only (policy is {self.policy!r})", self.budget_unit))
+        if self.policy == "none" and self.order != "random":
+            problems.append(problem(("order",), "policy 'none' re-embeds nothing, so it has no order", self.order))
+        raise_problems(problems)
+        return self
+
+
+class GateSpec(StrictModel):
+    """What must hold before a generation serves (checked after its gallery plan, before any shard
+    changes; the first served generation has nothing to compare with and passes).
+
+    criterion:        the update passes the empirical criterion M(new→served) > M(served→served)
+                      against the generation serving now, on ``search.criterion_metric``.
+    max_quality_drop: the served gallery's predicted quality after the planned backfill (mAP on the
+                      ``gallery-eval`` sample: shards as the plan leaves them, each searched along
+                      its comparison path) may be below the quality the serving generation's report
+                      measured by at most this much. Unmeasurable on an unlabelled gallery (the
+                      gate then says so and checks the criterion only).
+    action:           when a check fails: ``hold`` (do not deploy; the serving generation keeps
+                      serving, the run stops with a non-zero exit), ``full_backfill`` (re-plan as a
+                      full re-embed, then deploy) or ``force`` (deploy anyway, recorded).
+    """
+
+    criterion: bool = True
+    max_quality_drop: float = Field(0.0, ge=0, le=1)
+    action: Literal["hold", "full_backfill", "force"] = "hold"

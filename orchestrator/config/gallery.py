@@ -1,0 +1,98 @@
+"""The ``gallery`` section: the served gallery's items, shards, index and embedding resources."""
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+
+from orchestrator import limits
+from orchestrator.config.problems import StrictModel, problem, raise_problems
+from orchestrator.config.sources import source_name
+from orchestrator.names import Name
+
+
+class EmbeddingSpec(StrictModel):
+    """How the gallery is (re-)embedded on Ray Data: ``map_batches`` over an actor pool.
+
+    batch_size:  images per model call.
+    concurrency: actors in the pool (each loads the generation once).
+    num_cpus / num_gpus: resources per actor (a GPU actor runs the model on its GPU).
+    """
+
+    batch_size: int = Field(256, ge=1, le=limits.MAX_BATCH_SIZE)
+    concurrency: int = Field(1, ge=1, le=limits.MAX_WORKERS)
+    num_cpus: float = Field(1.0, gt=0, le=limits.MAX_CPUS)
+    num_gpus: float = Field(0.0, ge=0, le=limits.MAX_GPUS)
+
+
+class GallerySpec(StrictModel):
+    """The served gallery: which items, how many shards, which index per shard.
+
+    name:             the gallery's name in the lineage, paths and reports (a safe path component).
+    source / options: the gallery's own data source (e.g. CIFAR-10 for the open-set evaluation of
+                      stationary_dsimplex.md §7.1); None uses ``data.source`` and ``data.options``.
+                      Streamed sources, for galleries of any size (never loaded whole):
+                      ``parquet_dataset`` (a Parquet file or a directory/prefix of many, local or
+                      s3://: options path, image_column, id_column, uri_column, label_column,
+                      metadata_columns, image_shape, storage_options) and ``image_files`` (image
+                      files under a directory/prefix: options path, labels: folder).
+    split:            the split of that source that forms the gallery (in-memory sources only).
+    num_shards:       shards are the unit of backfill, lineage and indexing (initial count: an
+                      item-level partial backfill moves its items into new shards); default 4.
+    items_per_shard:  instead of num_shards: as many shards as this many items per shard need.
+    index:            the index kind built per shard (``orchestrator.index.ALL_KINDS``): float
+                      ``flat`` / ``ivf`` / ``hnsw``, bit-plane ``binary`` / ``binary_weighted`` /
+                      ``binary_two_stage`` / ``binary_ivf``, or ``pq`` / ``opq`` / ``binary_opq``.
+    index_options:    that kind's build options (``orchestrator.index.OPTIONS[index]``, e.g.
+                      ``{bits: 2}``); names are checked here, values when the index is built.
+    embedding:        batch size, actor-pool size and resources of the Ray Data embedding.
+    """
+
+    name: Name = "gallery"
+    source: str | None = None
+    options: dict[str, Any] | None = None
+    split: str = "test"
+    num_shards: int | None = Field(None, ge=1, le=limits.MAX_SHARDS)
+    items_per_shard: int | None = Field(None, ge=1, le=limits.MAX_ITEMS)
+    index: str = "flat"
+    index_options: dict[str, Any] = Field(default_factory=dict)
+    embedding: EmbeddingSpec = Field(default_factory=EmbeddingSpec)
+
+    @model_validator(mode="after")
+    def _check_index(self) -> GallerySpec:
+        from orchestrator.index import ALL_KINDS, OPTIONS
+
+        if self.index not in ALL_KINDS:
+            raise_problems([problem(("index",), f"must be one of {', '.join(ALL_KINDS)}", self.index)])
+        unknown = sorted(set(self.index_options) - set(OPTIONS[self.index]))
+        raise_problems([problem(("index_options", name), f"is not an option of index {self.index!r} "
+                                f"(its options: {', '.join(OPTIONS[self.index]) or 'none'})", self.index_options[name])
+                         for name in unknown])
+        raise_problems([problem(("index_options", name), f"at most {limits.MAX_INDEX_OPTIONS[name]} "
+                                "(limits.MAX_INDEX_OPTIONS)", value)
+                         for name, value in self.index_options.items() if name in limits.MAX_INDEX_OPTIONS
+                         and isinstance(value, (int, float)) and value > limits.MAX_INDEX_OPTIONS[name]])
+        return self
+
+    @field_validator("source")
+    @classmethod
+    def _check_source(cls, source: str | None) -> str | None:
+        return None if source is None else source_name(source, streamed=True)
+
+    @model_validator(mode="after")
+    def _one_shard_rule(self) -> GallerySpec:
+        if self.num_shards is not None and self.items_per_shard is not None:
+            raise_problems([problem(("items_per_shard",), "give num_shards or items_per_shard, not both",
+                                    self.items_per_shard)])
+        return self
+
+    def shard_count(self, num_items: int) -> int:
+        """The number of initial shards for a gallery of ``num_items`` items; ValueError naming
+        ``gallery.items_per_shard`` when that would make more than ``limits.MAX_SHARDS``."""
+        if self.items_per_shard is None:
+            return 4 if self.num_shards is None else self.num_shards
+        count = max(1, -(-num_items // self.items_per_shard))
+        if count > limits.MAX_SHARDS:
+            raise ValueError(f"gallery.items_per_shard: {self.items_per_shard} items per shard make {count} shards "
+                             f"of the {num_items} gallery items, more than {limits.MAX_SHARDS} (limits.MAX_SHARDS)")
+        return count

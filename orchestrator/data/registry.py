@@ -1,0 +1,69 @@
+"""The data sources by name: the one registry of the loaders a pipeline file can name.
+
+- In-memory sources (``SOURCE_NAMES``: ``orchestrator.data.sources``) load a whole split as a
+  ``LabeledImages``: ``load_source(name, **options)``.
+- Streamed sources (``STREAMED_SOURCES``: ``orchestrator.data.gallery_sources``) read a gallery
+  in pieces and never load it whole; only a gallery can use them.
+
+A loader's keyword parameters are its source's options (``loader_parameters``): the pipeline
+configuration checks a file's options against them, and ``loader_kwargs`` builds the keyword
+arguments of one split from a file's options.
+"""
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping
+from functools import partial
+from typing import Any
+
+from orchestrator.data.gallery_sources import STREAMED_SOURCES
+from orchestrator.data.images import LabeledImages
+from orchestrator.data.sources import load_cifar, load_digits, load_image_folder, load_parquet, load_tiny_imagenet
+
+LOADERS: dict[str, Callable[..., LabeledImages]] = {
+    "digits": load_digits,
+    "cifar10": partial(load_cifar, variant="cifar10"),
+    "cifar100": partial(load_cifar, variant="cifar100"),
+    "tiny_imagenet": load_tiny_imagenet,
+    "image_folder": load_image_folder,
+    "parquet": load_parquet,
+}
+SOURCE_NAMES = tuple(LOADERS)
+# split names of the loaders that take a `split` argument (see orchestrator.data.sources)
+SPLITS: dict[str, tuple[str, ...]] = {
+    "digits": ("train", "test", "all"),
+    "cifar10": ("train", "test"),
+    "cifar100": ("train", "test"),
+    "tiny_imagenet": ("train", "val"),
+}
+
+
+def load_source(name: str, **options: Any) -> LabeledImages:
+    """Load a dataset by name ("digits", "cifar10", "cifar100", "tiny_imagenet", "image_folder",
+    "parquet") with the named loader's keyword options."""
+    if name not in LOADERS:
+        raise ValueError(f"name: unknown data source {name!r}; known: {', '.join(SOURCE_NAMES)}")
+    return LOADERS[name](**options)
+
+
+def loader_parameters(source: str) -> dict[str, inspect.Parameter] | None:
+    """The keyword parameters of a source's loader (in-memory or streamed); None for an unknown source."""
+    loader = LOADERS.get(source) or STREAMED_SOURCES.get(source)
+    return None if loader is None else dict(inspect.signature(loader).parameters)
+
+
+def loader_kwargs(
+    source: str, options: Mapping[str, Any], split: str, image_size: int | None, split_options: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """Keyword arguments of ``load_source(source, **kwargs)`` for one split.
+
+    ``options`` merged with ``split_options[split]``; ``split`` passed when the loader takes one,
+    ``image_size`` when it takes one and is not None.
+    """
+    kwargs = {**options, **dict((split_options or {}).get(split) or {})}
+    parameters = loader_parameters(source) or {}
+    if "split" in parameters:
+        kwargs["split"] = split
+    if "image_size" in parameters and image_size is not None:
+        kwargs["image_size"] = image_size
+    return kwargs
