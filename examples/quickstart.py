@@ -8,7 +8,7 @@ import argparse
 
 import torch
 
-from orchestrator.experiment import ExperimentSettings, UpdateExperiment
+from orchestrator.evaluation.update_experiment import ExperimentSettings, UpdateExperiment
 from orchestrator.methods import create_method
 from orchestrator.training.config import TrainConfig
 

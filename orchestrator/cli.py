@@ -63,7 +63,7 @@ def _schema_command(args: argparse.Namespace) -> int:
 def _demo_command(args: argparse.Namespace) -> int:
     import torch
 
-    from orchestrator.experiment import ExperimentSettings, run_update_experiment
+    from orchestrator.evaluation.update_experiment import ExperimentSettings, run_update_experiment
     from orchestrator.training.config import TrainConfig
 
     from orchestrator.methods.registry import method_class

@@ -60,7 +60,7 @@ from orchestrator.pipeline.gate import GateMeasurement
 from orchestrator.pipeline.verify import refuse_unknown_file
 from orchestrator.progress import Meter
 from orchestrator.search import CompatibilityCriterion, IncompatibleShards, SearchRouter
-from orchestrator.search.evaluation import evaluate_search
+from orchestrator.search.router_evaluation import evaluate_search
 from orchestrator.storage import join_uri, read_bytes, write_json_atomic
 
 log = logging.getLogger(__name__)

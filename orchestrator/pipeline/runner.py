@@ -32,7 +32,7 @@ from orchestrator.integrity import check_checkpoint, load_checked_generation, tr
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.store import STEP_SPEC, clean_json
 from orchestrator.metrics import KEY_METRICS, METRICS, format_value, update_summary
-from orchestrator.pipeline.eval_embeddings import EVAL_EMBEDDINGS, eval_embeddings_uri, evaluate_once, recorded_embeddings
+from orchestrator.pipeline.evaluate_step import EVAL_EMBEDDINGS, eval_embeddings_uri, evaluate_once, recorded_embeddings
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
 from orchestrator.pipeline.gate import DeploymentHeld, GateDecision, GateMeasurement, decide
 from orchestrator.pipeline.operations import shard_snapshot
@@ -330,7 +330,7 @@ class PipelineRunner:
     def _evaluate(self, generation, key: str) -> None:
         """Compatibility of this generation's queries against every earlier generation's gallery:
         this generation embeds the evaluation sample once (stored), the earlier ones' stored
-        embeddings are reused (``eval_embeddings``)."""
+        embeddings are reused (``evaluate_step``)."""
         names = [g.name for g in self.config.generations[: self.config.generations.index(generation) + 1]]
         models = {}
         for name in names:

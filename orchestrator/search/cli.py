@@ -97,7 +97,7 @@ def _queries(args, config, service) -> tuple[Any, np.ndarray | None, np.ndarray 
 def _evaluate(args, config, service, embeddings, labels, ids) -> dict[str, Any]:
     from orchestrator.data import load_source
     from orchestrator.data.gallery_sources import STREAMED_SOURCES
-    from orchestrator.search.evaluation import evaluate_search
+    from orchestrator.search.router_evaluation import evaluate_search
 
     if labels is None:
         raise ValueError("--evaluate needs query labels: use --split, or an .npz with a 'labels' array")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.experiment import ExperimentSettings, UpdateExperiment, run_update_experiment
+from orchestrator.evaluation.update_experiment import ExperimentSettings, UpdateExperiment, run_update_experiment
 from orchestrator.training.config import TrainConfig
 
 SETTINGS = ExperimentSettings(training=TrainConfig(epochs=12, batch_size=64, lr=0.05, augment=False, seed=0))

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from orchestrator.data import load_digits
-from orchestrator.experiment import ExperimentSettings, UpdateExperiment, run_update_experiment
+from orchestrator.evaluation.update_experiment import ExperimentSettings, UpdateExperiment, run_update_experiment
 from orchestrator.training.config import TrainConfig
 
 

@@ -20,7 +20,7 @@ from orchestrator.methods.lambda_orth import BACKWARD_ADAPTER, FORWARD_ADAPTER, 
 from orchestrator.metrics import METRICS, retrieval_metrics
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import EncoderConfig
-from orchestrator.pipeline.eval_embeddings import (
+from orchestrator.pipeline.evaluate_step import (
     EVAL_EMBEDDINGS,
     eval_embeddings_uri,
     evaluate_once,

@@ -15,7 +15,7 @@ from orchestrator.lineage.records import CompatibilityRecord, ShardRecord
 from orchestrator.methods import create_method
 from orchestrator.methods.fct import build_forward_map
 from orchestrator.search import CompatibilityCriterion, IncompatibleShards, SearchRouter, merge_top_k
-from orchestrator.search.evaluation import evaluate_search
+from orchestrator.search.router_evaluation import evaluate_search
 from orchestrator.storage import ChecksumMismatch
 from vector_models import vector_model
 

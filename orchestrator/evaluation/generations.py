@@ -10,7 +10,7 @@ older generation's gallery mapped by forward maps into the query's space (FCT, r
 Two stages: ``embed_split`` (one pass of one model over the split) and ``compare_generations``
 (every cell from stored embeddings only; the models supply spaces and adapters, nothing is
 embedded), so a lineage embeds each generation once however many later generations compare
-against it (the pipeline stores them: ``orchestrator.pipeline.eval_embeddings``).
+against it (the pipeline stores them: ``orchestrator.pipeline.evaluate_step``).
 """
 from __future__ import annotations
 
