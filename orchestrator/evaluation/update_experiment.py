@@ -29,7 +29,7 @@ from orchestrator.data import ImageTensorDataset, LabeledImages, channel_statist
 from orchestrator.data.scenarios import extended_class
 from orchestrator.evaluation import CompatibilityReport, evaluate_generations
 from orchestrator.methods import CompatibilityMethod, create_method
-from orchestrator.metrics import KEY_METRICS, METRICS, format_value
+from orchestrator.metrics import KEY_METRICS, METRICS, UPDATE_SCORES, format_value
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
@@ -67,12 +67,12 @@ class UpdateResult:
 
     def format_summary(self, metrics: Sequence[str] = KEY_METRICS) -> str:
         header = f"{'method':<18}" + "".join(
-            f"{m + ' ' + col:>14}" for m in metrics for col in ("self", "cross", "P_com", "P_up")
+            f"{m + ' ' + col.replace('p_', 'P_'):>14}" for m in metrics for col in UPDATE_SCORES
         ) + f"{'compatible':>12}"
         lines = [header, "-" * len(header)]
         for method, per_metric in self.summaries.items():
             cells = "".join(
-                format_value(per_metric[m][col], 3, 14) for m in metrics for col in ("self", "cross", "p_com", "p_up")
+                format_value(per_metric[m][col], 3, 14) for m in metrics for col in UPDATE_SCORES
             )
             verdict = "yes" if per_metric[metrics[0]]["compatible"] else "no"
             lines.append(f"{method:<18}{cells}{verdict:>12}")

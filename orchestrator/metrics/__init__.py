@@ -2,6 +2,8 @@
 
 from orchestrator.metrics.compatibility import (
     MIN_NORMALISER,
+    NORMALISED_SCORES,
+    UPDATE_SCORES,
     GenerationEmbeddings,
     PerturbationScores,
     average_compatibility,
@@ -32,6 +34,8 @@ __all__ = [
     "KEY_METRICS",
     "METRICS",
     "MIN_NORMALISER",
+    "NORMALISED_SCORES",
+    "UPDATE_SCORES",
     "GenerationEmbeddings",
     "PerturbationScores",
     "RetrievalResult",

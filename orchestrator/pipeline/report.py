@@ -100,9 +100,9 @@ def heatmap_png(matrix: np.ndarray, names: Sequence[str], metric: str) -> bytes:
     return buffer.getvalue()
 
 
-GALLERY_COLUMNS = ("serving", "same-generation", "same-generation cmc@1", "same-generation map",
-                   "search cmc@1", "search cmc@5", "search map", "searched items",
-                   "evaluated items", "mixed cmc@1", "mixed cmc@5", "mixed map", "full cmc@1", "full cmc@5", "full map",
+GALLERY_COLUMNS = ("serving", "same-generation", *(f"same-generation {m}" for m in KEY_METRICS),
+                   *(f"search {m}" for m in METRICS), "searched items", "evaluated items",
+                   *(f"mixed {m}" for m in METRICS), *(f"full {m}" for m in METRICS),
                    "curve area (map)", "items by generation", "not searched")
 
 

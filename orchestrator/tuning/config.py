@@ -65,10 +65,10 @@ from orchestrator.config import (
     validate_yaml_mapping,
 )
 from orchestrator.methods.registry import method_class
-from orchestrator.metrics import METRICS
+from orchestrator.metrics import METRICS, NORMALISED_SCORES, UPDATE_SCORES
 from orchestrator.names import Name
 
-KINDS = ("self", "cross", "p_com", "p_up")
+KINDS = UPDATE_SCORES
 METRIC_NAMES: tuple[str, ...] = tuple(f"{kind}_{metric}" for kind in KINDS for metric in METRICS)
 MetricName = Literal[METRIC_NAMES]  # type: ignore[valid-type]
 _SAMPLED = ("uniform", "loguniform")
@@ -331,7 +331,7 @@ class TuneSpec(StrictModel):
             return []
         return [problem(("objective",), f"{metric} is normalised by the evaluation reference φ_*, but "
                                          f"{self.pipeline} names none (evaluation.reference)", metric)
-                for metric in self.objective.metrics if metric.startswith(("p_com", "p_up"))]
+                for metric in self.objective.metrics if metric.startswith(NORMALISED_SCORES)]
 
 
 def _type_name(annotation: Any) -> str:

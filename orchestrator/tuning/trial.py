@@ -32,7 +32,7 @@ import torch
 
 from orchestrator.data import ImageTensorDataset, load_source
 from orchestrator.evaluation import compare_generations, embed_split, sample_split
-from orchestrator.metrics import METRICS, update_summary
+from orchestrator.metrics import METRICS, NORMALISED_SCORES, update_summary
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.storage import join_uri, load_generation
 from orchestrator.training.generation import GenerationJob, GenerationTraining
@@ -93,7 +93,7 @@ class TrialEvaluator:
                                      report.value(self.name, self.parent_name, metric),
                                      report.value(self.parent_name, self.parent_name, metric),
                                      None if self.reference_self is None else self.reference_self[metric])
-            keys = ("self", "cross", "old_self") + (() if self.reference_self is None else ("p_com", "p_up"))
+            keys = ("self", "cross", "old_self") + (() if self.reference_self is None else NORMALISED_SCORES)
             metrics.update({f"{key}_{metric}": summary[key] for key in keys})
         return metrics
 
