@@ -46,15 +46,25 @@ class CompatibilityReport:
     def value(self, query: str, gallery: str, metric: str = "cmc@1") -> float:
         return float(self.matrices[metric][self.names.index(query), self.names.index(gallery)])
 
-    def compatibility(self, old: str, new: str, reference: str | None = None, metric: str = "cmc@1") -> dict[str, float | bool | None]:
-        """``metrics.update_summary`` of the update old → new (self/cross values, the empirical
-        criterion, and, given the unaligned ``reference`` φ_*, P_com and P_up), with the reference's
-        self-test as ``reference_self``."""
-        ref_self = None if reference is None else self.value(reference, reference, metric)
-        summary = update_summary(self.value(new, new, metric), self.value(new, old, metric),
-                                 self.value(old, old, metric), ref_self)
+    def update_summary(self, old: str, new: str, metric: str, reference: str | None = None,
+                       reference_self: float | None = None) -> dict[str, float | bool | None]:
+        """``metrics.update_summary`` of the update old → new on ``metric`` from this report's cells
+        (self/cross values, the empirical criterion and, given the unaligned φ_*, P_com and P_up).
+        φ_*'s self-test is the cell of the generation ``reference`` of this report, or a
+        ``reference_self`` measured elsewhere (a sweep's trial); a NaN one counts as none."""
         if reference is not None:
-            summary["reference_self"] = ref_self
+            reference_self = self.value(reference, reference, metric)
+        if reference_self is not None and math.isnan(reference_self):
+            reference_self = None
+        return update_summary(self.value(new, new, metric), self.value(new, old, metric),
+                              self.value(old, old, metric), reference_self)
+
+    def compatibility(self, old: str, new: str, reference: str | None = None, metric: str = "cmc@1") -> dict[str, float | bool | None]:
+        """``update_summary`` of the update old → new, with the ``reference``'s self-test as
+        ``reference_self``."""
+        summary = self.update_summary(old, new, metric, reference)
+        if reference is not None:
+            summary["reference_self"] = self.value(reference, reference, metric)
         return summary
 
     def rows(self) -> list[dict[str, float | str]]:

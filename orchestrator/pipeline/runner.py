@@ -27,11 +27,11 @@ from orchestrator.config import (
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_source, training_indices
 from orchestrator.distributed.runtime import connect, dashboard_message
 from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
-from orchestrator.evaluation import sample_split
+from orchestrator.evaluation import CompatibilityReport, sample_split
 from orchestrator.integrity import check_checkpoint, load_checked_generation, trained_outputs
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.store import STEP_SPEC, clean_json
-from orchestrator.metrics import KEY_METRICS, METRICS, format_value, update_summary
+from orchestrator.metrics import KEY_METRICS, METRICS, format_value
 from orchestrator.pipeline.evaluate_step import EVAL_EMBEDDINGS, eval_embeddings_uri, evaluate_once, recorded_embeddings
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
 from orchestrator.pipeline.gate import DeploymentHeld, GateDecision, GateMeasurement, decide
@@ -370,21 +370,16 @@ class PipelineRunner:
         return PipelineResult(names, matrices, summaries, files, self._skipped, gallery_rows)
 
     def _update_summaries(self, matrices: dict[str, np.ndarray], names: list[str]) -> dict[str, dict[str, Any]]:
-        index = {name: i for i, name in enumerate(names)}
+        report = CompatibilityReport(names, matrices)
         reference = self.config.evaluation.reference
-        summaries: dict[str, dict[str, Any]] = {}
-        for generation in self.config.generations:
-            if generation.parent is None:
-                continue
-            new, old = index[generation.name], index[generation.parent]
-            per_metric = {}
-            for metric, matrix in matrices.items():
-                ref_self = None if reference is None else matrix[index[reference], index[reference]]
-                summary = update_summary(matrix[new, new], matrix[new, old], matrix[old, old],
-                                         None if ref_self is None or np.isnan(ref_self) else ref_self)
-                per_metric[metric] = {k: _json_number(v) for k, v in summary.items()}
-            summaries[update_label(generation.parent, generation.name)] = per_metric
-        return summaries
+        return {
+            update_label(generation.parent, generation.name): {
+                metric: {k: _json_number(v) for k, v in
+                         report.update_summary(generation.parent, generation.name, metric, reference).items()}
+                for metric in matrices
+            }
+            for generation in self.config.generations if generation.parent is not None
+        }
 
     def _say(self, message: str) -> None:
         self.progress(f"[{time.perf_counter() - self._started:7.1f}s] {message}")

@@ -32,7 +32,7 @@ import torch
 
 from orchestrator.data import ImageTensorDataset, load_source
 from orchestrator.evaluation import compare_generations, embed_split, sample_split
-from orchestrator.metrics import METRICS, NORMALISED_SCORES, update_summary
+from orchestrator.metrics import METRICS, NORMALISED_SCORES
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.storage import join_uri, load_generation
 from orchestrator.training.generation import GenerationJob, GenerationTraining
@@ -89,10 +89,8 @@ class TrialEvaluator:
                                          parents={self.name: self.parent_name})
         metrics: dict[str, float] = {}
         for metric in METRICS:
-            summary = update_summary(report.value(self.name, self.name, metric),
-                                     report.value(self.name, self.parent_name, metric),
-                                     report.value(self.parent_name, self.parent_name, metric),
-                                     None if self.reference_self is None else self.reference_self[metric])
+            summary = report.update_summary(self.parent_name, self.name, metric, reference_self=(
+                None if self.reference_self is None else self.reference_self[metric]))
             keys = ("self", "cross", "old_self") + (() if self.reference_self is None else NORMALISED_SCORES)
             metrics.update({f"{key}_{metric}": summary[key] for key in keys})
         return metrics
