@@ -18,8 +18,7 @@ from orchestrator.config.generation import GenerationSpec
 from orchestrator.config.problems import StrictModel, problem, raise_problems, suggest
 from orchestrator.config.runtime import RaySettings, TrackingSettings, local_path, url_scheme
 from orchestrator.config.sources import check_options, check_split, missing_options
-from orchestrator.data.gallery_sources import STREAMED_SOURCES
-from orchestrator.data.registry import loader_kwargs
+from orchestrator.data.registry import STREAMED_SOURCES, loader_kwargs
 from orchestrator.names import Name
 
 

@@ -7,8 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.config.problems import problem, suggest
-from orchestrator.data.gallery_sources import STREAMED_SOURCES
-from orchestrator.data.registry import SOURCE_NAMES, SPLITS, loader_parameters
+from orchestrator.data.registry import SOURCE_NAMES, SPLITS, STREAMED_SOURCES, loader_parameters
 
 _RESERVED_OPTIONS = {"split": "train_split / eval_split / gallery.split", "image_size": "data.image_size", "variant": "source"}
 

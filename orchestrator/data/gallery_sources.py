@@ -20,6 +20,8 @@ Every block has the columns ``row`` (int64, the gallery row), ``id`` (int64), ``
 the object key or ``file#row``), ``label`` (int64, −1 when the gallery has no labels), ``image``
 (binary: encoded bytes, or raw uint8 pixels for ``image_format`` ``raw``) and the metadata
 columns the user names. Ids: the id column, else the row (stable while the files do not change).
+
+The streamed kinds by name (``STREAMED_SOURCES``, ``open_gallery_source``): ``orchestrator.data.registry``.
 """
 from __future__ import annotations
 
@@ -419,15 +421,3 @@ class _MemoryReader(FragmentReader):
                 "image": pa.FixedSizeBinaryArray.from_buffers(pa.binary(pixels.shape[1]), rows.size,
                                                               [None, pa.py_buffer(pixels)]).cast(pa.binary()),
             })
-
-
-# --------------------------------------------------------------------------- registry
-
-STREAMED_SOURCES = {"parquet_dataset": ParquetDatasetSource, "image_files": ImageFilesSource}
-
-
-def open_gallery_source(kind: str, options: dict[str, Any]) -> GallerySource:
-    """A streamed gallery source by kind (``STREAMED_SOURCES``) with its options."""
-    if kind not in STREAMED_SOURCES:
-        raise ValueError(f"source: unknown gallery source {kind!r}; known: {', '.join(STREAMED_SOURCES)}")
-    return STREAMED_SOURCES[kind](**options)

@@ -3,7 +3,7 @@
 - In-memory sources (``SOURCE_NAMES``: ``orchestrator.data.sources``) load a whole split as a
   ``LabeledImages``: ``load_source(name, **options)``.
 - Streamed sources (``STREAMED_SOURCES``: ``orchestrator.data.gallery_sources``) read a gallery
-  in pieces and never load it whole; only a gallery can use them.
+  in pieces and never load it whole; only a gallery can use them: ``open_gallery_source``.
 
 A loader's keyword parameters are its source's options (``loader_parameters``): the pipeline
 configuration checks a file's options against them, and ``loader_kwargs`` builds the keyword
@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any
 
-from orchestrator.data.gallery_sources import STREAMED_SOURCES
+from orchestrator.data.gallery_sources import GallerySource, ImageFilesSource, ParquetDatasetSource
 from orchestrator.data.images import LabeledImages
 from orchestrator.data.sources import load_cifar, load_digits, load_image_folder, load_parquet, load_tiny_imagenet
 
@@ -29,6 +29,7 @@ LOADERS: dict[str, Callable[..., LabeledImages]] = {
     "parquet": load_parquet,
 }
 SOURCE_NAMES = tuple(LOADERS)
+STREAMED_SOURCES: dict[str, type[GallerySource]] = {"parquet_dataset": ParquetDatasetSource, "image_files": ImageFilesSource}
 # split names of the loaders that take a `split` argument (see orchestrator.data.sources)
 SPLITS: dict[str, tuple[str, ...]] = {
     "digits": ("train", "test", "all"),
@@ -44,6 +45,13 @@ def load_source(name: str, **options: Any) -> LabeledImages:
     if name not in LOADERS:
         raise ValueError(f"name: unknown data source {name!r}; known: {', '.join(SOURCE_NAMES)}")
     return LOADERS[name](**options)
+
+
+def open_gallery_source(kind: str, options: dict[str, Any]) -> GallerySource:
+    """A streamed gallery source by kind (``STREAMED_SOURCES``) with its options."""
+    if kind not in STREAMED_SOURCES:
+        raise ValueError(f"source: unknown gallery source {kind!r}; known: {', '.join(STREAMED_SOURCES)}")
+    return STREAMED_SOURCES[kind](**options)
 
 
 def loader_parameters(source: str) -> dict[str, inspect.Parameter] | None:

@@ -41,7 +41,8 @@ from orchestrator.backfill.selection import select_top
 from orchestrator.comparison import IncomparableGenerations, comparison_path
 from orchestrator.config import BackfillPolicy, PipelineConfig
 from orchestrator.data import ImageTensorDataset, LabeledImages, load_source
-from orchestrator.data.gallery_sources import STREAMED_SOURCES, GallerySource, MemorySource, open_gallery_source
+from orchestrator.data.gallery_sources import GallerySource, MemorySource
+from orchestrator.data.registry import STREAMED_SOURCES, open_gallery_source
 from orchestrator.distributed.backfill_scores import PriorityRule, ScoredGallery, ShardToScore
 from orchestrator.distributed.embed import EmbeddingSettings, embed_gallery, quiet_ray_data
 from orchestrator.distributed.gallery_read import EntryRead, RowRange, StoredItems

@@ -96,7 +96,7 @@ def _queries(args, config, service) -> tuple[Any, np.ndarray | None, np.ndarray 
 
 def _evaluate(args, config, service, embeddings, labels, ids) -> dict[str, Any]:
     from orchestrator.data import load_source
-    from orchestrator.data.gallery_sources import STREAMED_SOURCES
+    from orchestrator.data.registry import STREAMED_SOURCES
     from orchestrator.search.router_evaluation import evaluate_search
 
     if labels is None:

@@ -17,8 +17,8 @@ from orchestrator.data.gallery_sources import (
     MemorySource,
     ParquetDatasetSource,
     decode_images,
-    open_gallery_source,
 )
+from orchestrator.data.registry import open_gallery_source
 
 SIZES = (7, 1, 12, 5)  # rows per file
 
