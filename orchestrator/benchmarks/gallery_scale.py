@@ -8,7 +8,7 @@ The gallery: ``--sizes`` items written as many Parquet files (``ITEMS_PER_FILE``
 groups of ``ROW_GROUP``) with an ``id`` column (``ID_BASE`` + row), an object key per item
 (``key``, the source-URI column) and an 8×8×3 uint8 image as a fixed-size list of 192 pixels
 (seeded random pixels). Each size is generated once under ``--workdir`` and reused by later runs
-(a ``gallery.json`` marker says what is there).
+(a ``_gallery.json`` marker says what is there).
 
 The encoder: one generation saved as a checkpoint, timm ``test_resnet`` with embed_dim 32 and
 method ``hbct`` (a Lorentz embedding of 33 columns plus the uncertainty), seeded weights, run on
@@ -82,8 +82,8 @@ def gallery_table(first_row: int, count: int, seed: int = 0) -> pa.Table:
 
 def generate_gallery(folder: Path, items: int, items_per_file: int = ITEMS_PER_FILE, seed: int = 0) -> Path:
     """``items`` items as Parquet files ``part-NNNNN.parquet`` under ``folder`` (reused when its
-    ``gallery.json`` says the same items, file size and seed are there); returns ``folder``."""
-    marker = folder / "gallery.json"
+    ``_gallery.json`` says the same items, file size and seed are there); returns ``folder``."""
+    marker = folder / "_gallery.json"  # "_": not a data file to Parquet dataset readers
     wanted = {"items": items, "items_per_file": items_per_file, "seed": seed, "image_shape": list(IMAGE_SHAPE)}
     if marker.exists() and json.loads(marker.read_text()) == wanted:
         return folder
@@ -293,7 +293,8 @@ def run_streamed(job: Job) -> dict[str, Any]:
             store.start_step(key)
             action()
 
-        updater = GalleryUpdater(config, store, config.storage, (MEAN, STD), lambda: None, lambda line: None)
+        updater = GalleryUpdater(config, store, config.storage, (MEAN, STD), lambda: None,
+                                 lambda line: print(f"    {line}", flush=True))
         started = time.perf_counter()
         key = updater.plan_key(GENERATION)
         step(key, lambda: updater.plan(config.generations[0], key))
