@@ -165,6 +165,33 @@ class Job:
     lineage: str = ""
 
 
+class ProgressClock:
+    """When the first output batch of a path arrived and how many items it held: the steady rate
+    is (items − first) / (end − first batch), everything one-off (model load, actors) before it."""
+
+    def __init__(self) -> None:
+        self.started = time.perf_counter()
+        self.first: tuple[float, int] | None = None
+
+    def items_out(self, count: int) -> None:
+        if self.first is None:
+            self.first = (time.perf_counter(), count)
+
+    def progress_line(self, line: str) -> None:
+        """The pipeline's progress line (``embedded 4096/100000 items ...``), printed and clocked."""
+        print(f"    {line}", flush=True)
+        match = re.search(r"embedded (\d+)/\d+ items", line)
+        if match:
+            self.items_out(int(match.group(1)))
+
+    def summary(self, items: int) -> dict[str, float | None]:
+        end = time.perf_counter()
+        if self.first is None or self.first[1] >= items:
+            return {"first_batch_s": None, "steady_items_per_s": None}
+        return {"first_batch_s": self.first[0] - self.started,
+                "steady_items_per_s": (items - self.first[1]) / (end - self.first[0])}
+
+
 def run_in_process(function, job: Job) -> dict[str, Any]:
     """``function(job)`` in a fresh spawned process (its own RSS, its own Ray driver)."""
     with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
@@ -196,16 +223,17 @@ def run_plain(job: Job) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     with PeakRss() as rss, torch.no_grad():
-        started = time.perf_counter()
+        clock = ProgressClock()
         model, _card = load_generation(job.checkpoint_uri, expected_sha256=job.sha256)
         geometry = Geometry(model.space, model.curv)
         writer = PlainShardWriter(job.storage, job.items_per_shard, geometry)
         for ids, keys, pixels in plain_batches(job.gallery, job.batch_size):
             embedding = model.encoder(to_model_input(pixels, IMAGE_SHAPE[0], MEAN, STD)).embedding.float()
             writer.add(ids, keys, embedding.numpy(), geometry.uncertainty(embedding).numpy())
+            clock.items_out(len(ids))
         writer.flush()
-        wall = time.perf_counter() - started
-    return {"path": "plain", "items": writer.items, "shards": writer.shards, "cores": 1, "wall_s": wall,
+        wall, steady = time.perf_counter() - clock.started, clock.summary(writer.items)
+    return {"path": "plain", "items": writer.items, "shards": writer.shards, "cores": 1, "wall_s": wall, **steady,
             "start_rss_mb": rss.start_mb, "peak_rss_mb": rss.peak_mb, "spilled_mb": None, "spilled_objects": None,
             "shard_uris": writer.uris}
 
@@ -293,19 +321,19 @@ def run_streamed(job: Job) -> dict[str, Any]:
             store.start_step(key)
             action()
 
-        updater = GalleryUpdater(config, store, config.storage, (MEAN, STD), lambda: None,
-                                 lambda line: print(f"    {line}", flush=True))
-        started = time.perf_counter()
+        clock = ProgressClock()
+        updater = GalleryUpdater(config, store, config.storage, (MEAN, STD), lambda: None, clock.progress_line)
         key = updater.plan_key(GENERATION)
         step(key, lambda: updater.plan(config.generations[0], key))
         updater.execute(updater.committed_plan(GENERATION), GENERATION, step)
-        wall = time.perf_counter() - started
+        wall = time.perf_counter() - clock.started
         shards = store.shards(GALLERY)
+        steady = clock.summary(sum(s.n_items for s in shards))
         spill = object_store_spill()
         store.close()
         ray.shutdown()
     return {"path": "streamed", "items": sum(s.n_items for s in shards), "shards": len(shards),
-            "cores": job.concurrency, "wall_s": wall, "ray_init_s": ray_init_s,
+            "cores": job.concurrency, "wall_s": wall, "ray_init_s": ray_init_s, **steady,
             "start_rss_mb": rss.start_mb, "peak_rss_mb": rss.peak_mb, **spill,
             "shard_uris": [s.embeddings_uri for s in sorted(shards, key=lambda s: s.index)]}
 
@@ -361,13 +389,16 @@ def growth_per_decade(items0: int, wall0: float, items1: int, wall1: float) -> f
 
 def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Every record with items/s, items/s per core, the streamed/plain ratio per core at its size
-    and place, and the wall-time growth per 10× items from the next smaller size of its path."""
+    and place (also of the steady rates, when both paths have one), and the wall-time growth per
+    10× items from the next smaller size of its path."""
     rows = [dict(r, items_per_s=r["items"] / r["wall_s"], per_core=r["items"] / r["wall_s"] / r["cores"])
             for r in records]
-    plain = {(r["where"], r["size"]): r["per_core"] for r in rows if r["path"] == "plain"}
+    plain = {(r["where"], r["size"]): r for r in rows if r["path"] == "plain"}
     for row in rows:
         base = plain.get((row["where"], row["size"]))
-        row["ratio_per_core"] = None if base is None else row["per_core"] / base
+        row["ratio_per_core"] = None if base is None else row["per_core"] / base["per_core"]
+        steady = None if base is None else (row.get("steady_items_per_s"), base.get("steady_items_per_s"))
+        row["steady_ratio_per_core"] = (steady[0] / row["cores"] / steady[1]) if steady and None not in steady else None
         smaller = [r for r in rows if (r["where"], r["path"]) == (row["where"], row["path"]) and r["size"] < row["size"]]
         previous = max(smaller, key=lambda r: r["size"]) if smaller else None
         row["growth_per_10x"] = (None if previous is None else
@@ -399,12 +430,13 @@ def verdicts(rows: list[dict[str, Any]], where: str = "local") -> dict[str, dict
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a text table, then the targets of every place measured."""
     header = (f"{'where':<9}{'path':<10}{'items':>11}{'cores':>6}{'wall s':>9}{'items/s':>10}{'/core':>9}"
-              f"{'ratio':>7}{'x/10x':>7}{'RSS start MB':>13}{'peak MB':>8}{'spill MB':>9}{'load':>6}")
+              f"{'ratio':>7}{'steady':>8}{'x/10x':>7}{'RSS start MB':>13}{'peak MB':>8}{'spill MB':>9}{'load':>6}")
     lines = [header, "-" * len(header)]
     show = lambda value, fmt: "-" if value is None else format(value, fmt)  # noqa: E731
     for r in rows:
         lines.append(f"{r['where']:<9}{r['path']:<10}{r['items']:>11d}{r['cores']:>6}{r['wall_s']:>9.1f}"
                      f"{r['items_per_s']:>10.0f}{r['per_core']:>9.0f}{show(r['ratio_per_core'], '.3f'):>7}"
+                     f"{show(r.get('steady_ratio_per_core'), '.3f'):>8}"
                      f"{show(r['growth_per_10x'], '.2f'):>7}{r['start_rss_mb']:>13.0f}{r['peak_rss_mb']:>8.0f}{show(r['spilled_mb'], '.0f'):>9}"
                      f"{r['load'][0]:>6.2f}")
     for where in dict.fromkeys(r["where"] for r in rows):
@@ -445,8 +477,12 @@ class MotoS3:
     ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
     def __enter__(self) -> MotoS3:
+        import logging
+
         import boto3
         from moto.server import ThreadedMotoServer
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no line per request
 
         self.server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
         self.server.start()
