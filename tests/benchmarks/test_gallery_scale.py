@@ -157,6 +157,25 @@ def test_table_arithmetic_against_a_computation_written_out():
     assert "local time_linear: 13.333 (limit 12.5): NOT met" in table and "s3 time_linear: - " in table
 
 
+def test_steady_rates_count_the_items_after_the_first_batch_and_compare_per_core(capsys, monkeypatch):
+    now = iter([100.0, 105.0, 107.0, 125.0])  # start, first batch, second batch, end
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(now))
+    clock = bench.ProgressClock()
+    clock.progress_line("scale: embedding 1000 items of 2 shard update(s) with g0")  # not a progress count
+    assert clock.first is None
+    clock.progress_line("scale: embedded 250/1000 items (25%, 10 items/s)")
+    clock.items_out(600)  # later batches leave the first alone
+    assert clock.first == (105.0, 250) and "embedded 250/1000" in capsys.readouterr().out
+    assert clock.summary(1000) == {"first_batch_s": 5.0, "steady_items_per_s": 750 / 20.0}
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: 0.0)
+    assert bench.ProgressClock().summary(1000) == {"first_batch_s": None, "steady_items_per_s": None}
+    records = [dict(record("plain", 10**5, 10.0, 1, 900.0), steady_items_per_s=12000.0),
+               dict(record("streamed", 10**5, 20.0, 2, 900.0), steady_items_per_s=15000.0)]
+    rows = bench.summarise(records)
+    assert rows[1]["steady_ratio_per_core"] == pytest.approx(15000.0 / 2 / 12000.0)
+    assert rows[0]["steady_ratio_per_core"] == pytest.approx(1.0)
+
+
 def test_sizes_parse_from_scientific_notation():
     assert bench.parse_sizes("1e5,1e6, 2000") == [100_000, 1_000_000, 2000]
     for bad in ("", "1e5,x", "0"):
