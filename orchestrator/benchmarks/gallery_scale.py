@@ -363,7 +363,7 @@ def compare_outputs(a: list[str], b: list[str]) -> dict[str, float]:
     their shard boundaries (ValueError otherwise)."""
     left, right = _shard_rows(a), _shard_rows(b)
     pending: list[list[np.ndarray]] = [[np.zeros(0, np.int64), np.zeros((0, 0), np.float32)] for _ in range(2)]
-    items, largest = 0, 0.0
+    items, largest, last = 0, 0.0, None
     while True:
         for side, stream in zip(pending, (left, right)):
             if not len(side[0]):
@@ -372,7 +372,7 @@ def compare_outputs(a: list[str], b: list[str]) -> dict[str, float]:
         if count == 0:
             break
         (ids_a, emb_a), (ids_b, emb_b) = pending
-        if not np.array_equal(ids_a[:count], ids_b[:count]) or (items and ids_a[0] <= last):
+        if not np.array_equal(ids_a[:count], ids_b[:count]) or (last is not None and ids_a[0] <= last):
             raise ValueError(f"the paths hold different ids after {items} items")
         largest = max(largest, float(np.abs(emb_a[:count] - emb_b[:count]).max()))
         items, last = items + count, int(ids_a[count - 1])
