@@ -1,0 +1,183 @@
+"""The gallery-scale benchmark's building blocks on a tiny gallery: the generated Parquet gallery,
+the plain loop and the pipeline's streamed step embedding the same ids to the same vectors, the
+output comparison, the RSS sampler and the table arithmetic. No timing assertions: the numbers only
+mean something from a full run (benchmarks/README.md)."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from orchestrator.benchmarks import gallery_scale as bench
+from orchestrator.data.images import to_model_input
+from orchestrator.gallery import read_shard
+from orchestrator.geometry.geometry import Geometry
+from orchestrator.storage import load_generation
+
+ITEMS, PER_FILE, PER_SHARD = 2000, 700, 500  # three files (700, 700, 600 rows), four shards
+
+
+@pytest.fixture(scope="module")
+def gallery(tmp_path_factory):
+    return bench.generate_gallery(tmp_path_factory.mktemp("scale") / "gallery", ITEMS, items_per_file=PER_FILE)
+
+
+@pytest.fixture(scope="module")
+def job(gallery, tmp_path_factory):
+    folder = tmp_path_factory.mktemp("run")
+    uri = str(folder / "generation")
+    return bench.Job(str(gallery), str(folder / "out"), uri, bench.save_encoder(uri), items_per_shard=PER_SHARD,
+                     batch_size=128, concurrency=2, lineage=str(folder / "lineage.db"))
+
+
+@pytest.fixture(scope="module")
+def plain(job):
+    return bench.run_plain(bench.Job(**{**vars(job), "storage": job.storage + "/plain"}))
+
+
+def expected_embeddings(job, gallery, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, embeddings) of gallery ``rows`` computed here: the files' pixels → the checkpoint's encoder."""
+    table = pq.read_table(gallery)
+    pixels = np.stack([np.asarray(table.column("image")[int(r)].as_py(), dtype=np.uint8) for r in rows])
+    model, _card = load_generation(job.checkpoint_uri)
+    with torch.no_grad():
+        out = model.encoder(to_model_input(pixels.reshape(-1, 8, 8, 3), 8, bench.MEAN, bench.STD)).embedding
+    return table.column("id").to_numpy()[rows], out.numpy()
+
+
+def test_the_gallery_has_the_requested_items_in_many_files_with_unique_ids(gallery):
+    files = sorted(gallery.glob("*.parquet"))
+    assert [pq.ParquetFile(f).metadata.num_rows for f in files] == [700, 700, 600]
+    table = pq.read_table(gallery)
+    ids = table.column("id").to_numpy()
+    assert len(table) == ITEMS and np.unique(ids).size == ITEMS
+    assert table.column("key").to_pylist()[:2] == [f"photos/{ids[0]}.raw", f"photos/{ids[1]}.raw"]
+    assert len(table.column("image")[0].as_py()) == 8 * 8 * 3
+
+
+def test_a_generated_gallery_is_reused_and_regenerated_when_asked_for_another_size(tmp_path):
+    folder = bench.generate_gallery(tmp_path / "g", 300, items_per_file=100)
+    stamp = (folder / "part-00000.parquet").stat().st_mtime_ns
+    bench.generate_gallery(folder, 300, items_per_file=100)
+    assert (folder / "part-00000.parquet").stat().st_mtime_ns == stamp  # reused, not written again
+    bench.generate_gallery(folder, 250, items_per_file=100)
+    assert pq.read_table(folder).num_rows == 250 and len(list(folder.glob("*.parquet"))) == 3
+
+
+def test_the_plain_loop_writes_every_item_once_in_shards_with_its_vector_and_uri(job, gallery, plain):
+    assert plain["items"] == ITEMS and plain["shards"] == ITEMS // PER_SHARD == len(plain["shard_uris"])
+    shards = [read_shard(uri) for uri in plain["shard_uris"]]
+    ids = np.concatenate([s.ids for s in shards])
+    assert [len(s) for s in shards] == [PER_SHARD] * 4 and np.array_equal(ids, bench.ID_BASE + np.arange(ITEMS))
+    rows = np.array([0, 699, 700, 1999])
+    expected_ids, expected = expected_embeddings(job, gallery, rows)
+    stored = np.concatenate([s.embeddings for s in shards])[rows]
+    np.testing.assert_array_equal(ids[rows], expected_ids)
+    np.testing.assert_allclose(stored, expected, atol=1e-5, rtol=0)
+    assert shards[3].attributes.column("uri").to_pylist()[-1] == f"photos/{bench.ID_BASE + 1999}.raw"
+    assert plain["peak_rss_mb"] >= plain["start_rss_mb"] > 0
+
+
+@pytest.mark.e2e
+def test_the_streamed_step_embeds_the_same_ids_to_the_same_vectors(job, gallery, plain):
+    streamed = bench.run_streamed(bench.Job(**{**vars(job), "storage": job.storage + "/streamed"}))
+    assert streamed["items"] == ITEMS and streamed["shards"] == 4
+    compared = bench.compare_outputs(plain["shard_uris"], streamed["shard_uris"])
+    assert compared["items"] == ITEMS and compared["max_abs_difference"] <= 1e-5
+    last = read_shard(streamed["shard_uris"][-1])
+    assert last.attributes.column("uri").to_pylist()[-1] == f"photos/{bench.ID_BASE + 1999}.raw"
+    assert streamed["spilled_mb"] == 0.0 and streamed["peak_rss_mb"] >= streamed["start_rss_mb"] > 0
+    json.dumps(streamed)
+
+
+def test_outputs_compare_across_shard_boundaries_and_refuse_other_ids(tmp_path, plain, job):
+    merged = bench.PlainShardWriter(str(tmp_path), 1500, None)  # other boundaries: 1,500 + 500 items
+    shards = [read_shard(uri) for uri in plain["shard_uris"]]
+    merged.geometry = Geometry(shards[0].space, shards[0].curv)
+    for shard in shards:
+        merged.add(shard.ids, shard.attributes.column("uri").to_pylist(), shard.embeddings, shard.uncertainty)
+    merged.flush()
+    assert len(merged.uris) == 2
+    assert bench.compare_outputs(plain["shard_uris"], merged.uris) == {"items": ITEMS, "max_abs_difference": 0.0}
+    with pytest.raises(ValueError, match="more items"):
+        bench.compare_outputs(plain["shard_uris"], merged.uris[:1])
+    with pytest.raises(ValueError, match="different ids"):
+        bench.compare_outputs(plain["shard_uris"][1:], merged.uris)
+
+
+def test_peak_rss_sees_an_allocation_made_inside_the_block():
+    with bench.PeakRss(interval=0.01) as rss:
+        block = np.ones(200 * 2**20, dtype=np.uint8)  # 200 MiB, touched
+        block.sum()
+        del block
+    assert rss.peak_mb - rss.start_mb >= 150
+
+
+def test_spill_is_read_from_the_store_stats_text():
+    text = ("--- Aggregate object store stats across all nodes ---\nPlasma memory usage 50 MiB, 1 objects, 50.0% full\n"
+            "Spilled 200 MiB, 4 objects, avg write throughput 570 MiB/s\nRestored 150 MiB, 3 objects, avg read")
+    assert bench.parse_spill(text) == {"spilled_mb": 200.0, "spilled_objects": 4.0, "restored_mb": 150.0,
+                                       "restored_objects": 3.0}
+    assert bench.parse_spill("Plasma memory usage 0 MiB")["spilled_mb"] == 0.0
+
+
+def record(path: str, size: int, wall: float, cores: int, rss: float, where: str = "local") -> dict:
+    return {"where": where, "path": path, "size": size, "items": size, "cores": cores, "wall_s": wall,
+            "start_rss_mb": 500.0, "peak_rss_mb": rss, "spilled_mb": 0.0, "load": (1.0, 1.0, 1.0)}
+
+
+def test_table_arithmetic_against_a_computation_written_out():
+    records = [record("plain", 10**5, 50.0, 1, 900.0), record("streamed", 10**5, 40.0, 2, 1000.0),
+               record("plain", 10**6, 500.0, 1, 910.0), record("streamed", 10**6, 300.0, 2, 1200.0),
+               record("plain", 10**7, 5000.0, 1, 920.0), record("streamed", 10**7, 4000.0, 2, 1600.0),
+               record("plain", 10**5, 80.0, 1, 900.0, "s3"), record("streamed", 10**5, 100.0, 2, 1000.0, "s3")]
+    rows = {(r["where"], r["path"], r["size"]): r for r in bench.summarise(records)}
+    streamed_1e6 = rows[("local", "streamed", 10**6)]
+    assert streamed_1e6["items_per_s"] == pytest.approx(10**6 / 300.0)
+    assert streamed_1e6["per_core"] == pytest.approx(10**6 / 300.0 / 2)
+    assert streamed_1e6["ratio_per_core"] == pytest.approx((10**6 / 600.0) / (10**6 / 500.0))  # 0.8333
+    assert streamed_1e6["growth_per_10x"] == pytest.approx(300.0 / 40.0)
+    assert rows[("local", "streamed", 10**7)]["growth_per_10x"] == pytest.approx(4000.0 / 300.0)
+    assert rows[("local", "plain", 10**5)]["growth_per_10x"] is None
+    assert rows[("s3", "streamed", 10**5)]["ratio_per_core"] == pytest.approx((10**5 / 200.0) / (10**5 / 80.0))
+    assert bench.growth_per_decade(10**5, 10.0, 10**7, 1000.0) == pytest.approx(10.0)  # two decades, linear
+    assert bench.growth_per_decade(10**5, 10.0, 10**7, 4000.0) == pytest.approx(math.sqrt(400.0))
+    targets = bench.verdicts(list(rows.values()))
+    assert targets["driver_rss_flat"] == {"value": pytest.approx(1.6), "limit": 1.5, "met": False}
+    assert targets["throughput_per_core"]["value"] == pytest.approx(0.625) and targets["throughput_per_core"]["met"] is False
+    assert targets["time_linear"]["value"] == pytest.approx(4000.0 / 300.0) and targets["time_linear"]["met"] is False
+    assert targets["driver_rss_under_2gb"]["met"] is True
+    s3 = bench.verdicts(list(rows.values()), "s3")
+    assert s3["driver_rss_flat"]["met"] is None and s3["time_linear"]["met"] is None  # one size only
+    table = bench.format_table(list(rows.values()))
+    assert "local time_linear: 13.333 (limit 12.5): NOT met" in table and "s3 time_linear: - " in table
+
+
+def test_steady_rates_count_the_items_after_the_first_batch_and_compare_per_core(capsys, monkeypatch):
+    now = iter([100.0, 105.0, 125.0])  # start, first batch, end (later batches read no clock)
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: next(now))
+    clock = bench.ProgressClock()
+    clock.progress_line("scale: embedding 1000 items of 2 shard update(s) with g0")  # not a progress count
+    assert clock.first is None
+    clock.progress_line("scale: embedded 250/1000 items (25%, 10 items/s)")
+    clock.items_out(600)  # later batches leave the first alone
+    assert clock.first == (105.0, 250) and "embedded 250/1000" in capsys.readouterr().out
+    assert clock.summary(1000) == {"first_batch_s": 5.0, "steady_items_per_s": 750 / 20.0}
+    monkeypatch.setattr(bench.time, "perf_counter", lambda: 0.0)
+    assert bench.ProgressClock().summary(1000) == {"first_batch_s": None, "steady_items_per_s": None}
+    records = [dict(record("plain", 10**5, 10.0, 1, 900.0), steady_items_per_s=12000.0),
+               dict(record("streamed", 10**5, 20.0, 2, 900.0), steady_items_per_s=15000.0)]
+    rows = bench.summarise(records)
+    assert rows[1]["steady_ratio_per_core"] == pytest.approx(15000.0 / 2 / 12000.0)
+    assert rows[0]["steady_ratio_per_core"] == pytest.approx(1.0)
+
+
+def test_sizes_parse_from_scientific_notation():
+    assert bench.parse_sizes("1e5,1e6, 2000") == [100_000, 1_000_000, 2000]
+    for bad in ("", "1e5,x", "0"):
+        with pytest.raises(Exception, match="item counts"):
+            bench.parse_sizes(bad)
