@@ -63,20 +63,48 @@ class ImageFormat:
 def decode_images(column: Sequence[bytes] | pa.Array, image_format: ImageFormat, image_size: int) -> np.ndarray:
     """An ``image`` column of n rows → uint8 (n, image_size, image_size, 3) (RGB, bilinear resize)."""
     values = column.to_pylist() if isinstance(column, (pa.Array, pa.ChunkedArray)) else list(column)
+    if image_format.kind == "raw":
+        return _raw_images(values, image_format.shape, image_size)
     out = np.empty((len(values), image_size, image_size, 3), dtype=np.uint8)
     for i, value in enumerate(values):
-        if image_format.kind == "raw":
-            rgb = Image.fromarray(np.frombuffer(value, dtype=np.uint8).reshape(image_format.shape))
-        else:
-            try:
-                with Image.open(io.BytesIO(value)) as image:
-                    rgb = image.convert("RGB")
-            except (OSError, Image.DecompressionBombError) as err:
-                raise ValueError(f"image {i} of the batch: cannot decode ({err})") from err
-        if rgb.size != (image_size, image_size):
-            rgb = rgb.resize((image_size, image_size), Image.Resampling.BILINEAR)
-        out[i] = np.asarray(rgb, dtype=np.uint8)
+        try:
+            with Image.open(io.BytesIO(value)) as image:
+                rgb = image.convert("RGB")
+        except (OSError, Image.DecompressionBombError) as err:
+            raise ValueError(f"image {i} of the batch: cannot decode ({err})") from err
+        out[i] = _resized(rgb, image_size)
     return out
+
+
+def _raw_images(values: Sequence[bytes], shape: tuple[int, int, int], image_size: int) -> np.ndarray:
+    """Rows of raw (H, W, 3) pixels → uint8 (n, image_size, image_size, 3): the batch in one copy,
+    resized image by image only when (H, W) is not (image_size, image_size)."""
+    size = int(np.prod(shape))
+    wrong = next((i for i, value in enumerate(values) if len(value) != size), None)
+    if wrong is not None:
+        raise ValueError(f"image {wrong} of the batch: {len(values[wrong])} bytes, expected {size} for raw pixels "
+                         f"of shape {tuple(shape)}")
+    pixels = np.frombuffer(b"".join(values), dtype=np.uint8).reshape(len(values), *shape)
+    if tuple(shape[:2]) == (image_size, image_size):
+        return pixels.copy()  # writable, as the model input wants it
+    out = np.empty((len(values), image_size, image_size, 3), dtype=np.uint8)
+    for i, image in enumerate(pixels):
+        out[i] = _resized(Image.fromarray(image), image_size)
+    return out
+
+
+def _resized(rgb: Image.Image, image_size: int) -> np.ndarray:
+    """An RGB image as uint8 (image_size, image_size, 3), bilinear when its size differs."""
+    if rgb.size != (image_size, image_size):
+        rgb = rgb.resize((image_size, image_size), Image.Resampling.BILINEAR)
+    return np.asarray(rgb, dtype=np.uint8)
+
+
+def raw_image_column(pixels: np.ndarray) -> pa.Array:
+    """uint8 images (n, H, W, 3) → a binary column of their raw bytes, built from one buffer."""
+    flat = np.ascontiguousarray(pixels, dtype=np.uint8).reshape(len(pixels), -1)
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(flat.shape[1]), len(flat),
+                                                [None, pa.py_buffer(flat)]).cast(pa.binary())
 
 
 class GallerySource:
@@ -296,8 +324,7 @@ def _image_bytes(column: pa.ChunkedArray, name: str, image_format: ImageFormat, 
         column = column.field("bytes")
     if image_format.kind == "encoded":
         return column.cast(pa.binary())
-    pixels = _array_images(column, name, image_shape)
-    return pa.array([image.tobytes() for image in pixels], type=pa.binary())
+    return raw_image_column(_array_images(column, name, image_shape))
 
 
 # --------------------------------------------------------------------------- image files
@@ -413,11 +440,9 @@ class _MemoryReader(FragmentReader):
         local = np.arange(start, stop, dtype=np.int64) if keep is None else np.asarray(keep, dtype=np.int64)
         for first in range(0, local.size, block_rows):
             rows = local[first:first + block_rows]
-            pixels = np.ascontiguousarray(images.images[rows]).reshape(rows.size, -1)
             yield pa.table({
                 "row": pa.array(rows), "id": pa.array(images.ids[rows]),
                 "uri": pa.array([f"{self.source.prefix}#{i}" for i in images.ids[rows].tolist()], type=pa.string()),
                 "label": pa.array(images.labels[rows]),
-                "image": pa.FixedSizeBinaryArray.from_buffers(pa.binary(pixels.shape[1]), rows.size,
-                                                              [None, pa.py_buffer(pixels)]).cast(pa.binary()),
+                "image": raw_image_column(images.images[rows]),
             })

@@ -14,9 +14,11 @@ from PIL import Image
 from orchestrator.data import load_digits
 from orchestrator.data.gallery_sources import (
     ImageFilesSource,
+    ImageFormat,
     MemorySource,
     ParquetDatasetSource,
     decode_images,
+    raw_image_column,
 )
 from orchestrator.data.registry import open_gallery_source
 
@@ -135,3 +137,20 @@ def test_an_in_memory_split_reads_rows_in_id_order():
     np.testing.assert_array_equal(decode_images(table.column("image"), source.image_format, 32),
                                   digits.images[order][[0, 5, 538]])
     np.testing.assert_array_equal(source.rows_of(digits.ids[order][[7, 3]]), [7, 3])
+
+
+def test_raw_pixel_rows_decode_in_one_copy_and_a_short_row_is_named():
+    images = np.random.default_rng(0).integers(0, 256, size=(5, 4, 4, 3), dtype=np.uint8)
+    column = raw_image_column(images)
+    assert column.type == pa.binary() and column.to_pylist()[2] == images[2].tobytes()
+    decoded = decode_images(column, ImageFormat("raw", (4, 4, 3)), 4)
+    np.testing.assert_array_equal(decoded, images)
+    decoded[0, 0, 0, 0] ^= 1  # writable, and not a view of the column
+    assert column.to_pylist()[0] == images[0].tobytes()
+    resized = decode_images(column, ImageFormat("raw", (4, 4, 3)), 3)
+    expected = np.stack([np.asarray(Image.fromarray(im).resize((3, 3), Image.Resampling.BILINEAR)) for im in images])
+    np.testing.assert_array_equal(resized, expected)
+    short = column.to_pylist()
+    short[3] = short[3][:-1]
+    with pytest.raises(ValueError, match=r"^image 3 of the batch: 47 bytes, expected 48 for raw pixels of shape \(4, 4, 3\)$"):
+        decode_images(short, ImageFormat("raw", (4, 4, 3)), 4)
