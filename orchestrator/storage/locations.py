@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.storage.filesystem import is_local, join_uri
+from orchestrator.storage.filesystem import is_local, join_uri, redact_uri
 
 #: Marks a location recorded relative to the storage root.
 RELATIVE_PREFIX = "storage:"
@@ -61,7 +61,11 @@ class StorageRoot:
         ValueError for a relative path that would leave the root."""
         if not isinstance(location, str) or not location.startswith(RELATIVE_PREFIX):
             return location
-        return join_uri(self.uri, location[len(RELATIVE_PREFIX):])
+        try:
+            return join_uri(self.uri, location[len(RELATIVE_PREFIX):])
+        except ValueError:
+            raise ValueError(f"recorded location {location!r} would leave the storage root {redact_uri(self.uri)}; "
+                             "refusing it") from None
 
     def relative_json(self, value: Any) -> Any:
         """``value`` (JSON: dicts, lists, strings…) with every location under the root made relative."""
