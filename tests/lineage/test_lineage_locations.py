@@ -8,6 +8,7 @@ import shutil
 import sqlite3
 from pathlib import Path
 
+import numpy as np
 import pytest
 from alembic import command
 from sqlalchemy import create_engine
@@ -129,3 +130,62 @@ def test_a_lineage_with_absolute_locations_keeps_working(tmp_path):
     store.commit_step(f"integrity:{index}", {"sha256": "2"})
     assert raw(db, "SELECT key, outputs FROM steps") == [("integrity:storage:galleries/gal/shard-0.faiss", '{"sha256": "2"}')]
     assert store.committed_outputs(f"integrity:{index}") == {"sha256": "2"}
+
+
+def test_a_prefix_copied_to_another_bucket_serves_from_the_copy(s3_bucket, monkeypatch, tmp_path):
+    """A generation and a two-shard gallery written under ``s3://<bucket>/runs/a`` as the pipeline
+    writes them; the prefix is copied to another bucket and the original deleted: the router opened
+    on the copied lineage with the new prefix serves the same (brute-force checked) results."""
+    import boto3
+    import s3fs
+
+    from orchestrator.gallery import ShardEmbeddings, shard_file_uris, write_shard
+    from orchestrator.index import build_index
+    from orchestrator.integrity import record_index, trained_outputs
+    from orchestrator.methods import create_method
+    from orchestrator.models.encoder import EncoderConfig
+    from orchestrator.search.service import open_router
+    from orchestrator.storage import join_uri, save_generation
+
+    bucket, endpoint = s3_bucket
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)
+    other = f"{bucket}-copy"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=other)
+    source, target = f"s3://{bucket}/runs/a", f"s3://{other}/copies/b"
+    store = LineageStore(tmp_path / "a.db", storage=source)
+    method = create_method("independent", {})
+    model = method.build_model(EncoderConfig(arch="test_resnet", embed_dim=4), 10, range(10))
+    checkpoint = join_uri(source, "generations", "g0")
+    card = save_generation(model, method, None, checkpoint, name="g0")
+    store.upsert_generation("g0", method="independent")
+    store.mark_generation_trained("g0", checkpoint, card.sha256, step="train:g0",
+                                  step_outputs=trained_outputs(checkpoint, card.sha256))
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(10, 4)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    store.upsert_gallery("tiny", "memory", 10, 2)
+    for index, ids in enumerate((np.arange(6), np.arange(6, 10))):
+        shard = ShardEmbeddings(ids, ids % 3, vectors[ids], np.zeros(len(ids), np.float32), "g0", "cosine", 0.0)
+        uri, index_uri = shard_file_uris(join_uri(source, "galleries", "tiny"), index, "g0", shard.ids)
+        digest = write_shard(uri, shard)
+        build_index(shard.embeddings, "cosine", "flat", shard.ids).save(index_uri)
+        record_index(store, index_uri, shard.ids)
+        store.assign_shard("tiny", index, "g0", uri, index_uri, digest, len(shard))
+    queries = rng.normal(size=(3, 4)).astype(np.float32)
+    before = open_router(store, "tiny", "g0").search(queries, 4)
+    store.close()
+
+    fs = s3fs.S3FileSystem(endpoint_url=endpoint)
+    fs.copy(f"{bucket}/runs/a", f"{other}/copies/b", recursive=True)
+    fs.rm(f"{bucket}/runs", recursive=True)
+    assert not fs.find(bucket)
+    shutil.copy(tmp_path / "a.db", tmp_path / "b.db")
+    copy = LineageStore(tmp_path / "b.db", storage=target, readonly=True)
+    assert copy.get_generation("g0").checkpoint_uri == f"{target}/generations/g0"
+    after = open_router(copy, "tiny", "g0").search(queries, 4)
+
+    unit = queries / np.linalg.norm(queries, axis=1, keepdims=True)
+    expected = np.argsort(-(unit @ vectors.T), axis=1, kind="stable")[:, :4]
+    np.testing.assert_array_equal(after.ids, expected)
+    np.testing.assert_array_equal(after.ids, before.ids)
+    np.testing.assert_allclose(after.distances, before.distances)
