@@ -54,7 +54,8 @@ class CandidatesMixin(StoreLocations):
         wanted = compatibility_keys(compatibility)
         fields = {
             "method": method, "params": clean_json(dict(params)), "arch": arch, "space": space,
-            "curv": None if curv is None else float(curv), "checkpoint_uri": self._stored(checkpoint_uri), "sha256": sha256,
+            "curv": None if curv is None else float(curv), "checkpoint_uri": self._stored(checkpoint_uri),
+            "sha256": sha256,
             "status": "failed" if outcome == "error" else "trained", "metrics": clean_json(dict(metrics or {})),
         }
 
