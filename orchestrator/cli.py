@@ -125,13 +125,15 @@ def _lineage_command(args: argparse.Namespace) -> int:
 
     if args.file is None and not args.lineage:
         raise ValueError("lineage: give a pipeline file or --lineage URL")
+    storage = None  # without a pipeline file: the storage root the lineage recorded
     if args.file is None:
         url = args.lineage
     else:
         from orchestrator.config import load_pipeline
 
-        url = load_pipeline(args.file, pipeline_overrides(args)).lineage
-    store = LineageStore(url, readonly=True)
+        config = load_pipeline(args.file, pipeline_overrides(args))
+        url, storage = config.lineage, config.storage
+    store = LineageStore(url, storage=storage, readonly=True)
     print(json.dumps(lineage_json(store), indent=2) if args.json else lineage_tree_text(store))
     return 0
 
@@ -143,7 +145,7 @@ def _served_store(args: argparse.Namespace):
     from orchestrator.pipeline.runner import storage_root
 
     config = load_pipeline(args.file, pipeline_overrides(args))
-    return config, LineageStore(config.lineage), storage_root(config.storage)
+    return config, LineageStore(config.lineage, storage=config.storage), storage_root(config.storage)
 
 
 def _deploy_command(args: argparse.Namespace) -> int:

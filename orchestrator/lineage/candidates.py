@@ -10,7 +10,7 @@ from orchestrator.lineage.generations import compatibility_keys, upsert_compatib
 from orchestrator.lineage.records import CandidateRecord
 from orchestrator.lineage.rows import assign, aware, clean_json, find_generation, float_or_none, generation_names
 from orchestrator.lineage.schema import CANDIDATE_OUTCOMES, Candidate, Generation, utcnow
-from orchestrator.lineage.sessions import StoreSessions
+from orchestrator.lineage.locations import StoreLocations
 
 
 def candidate_record(row: Candidate, name: str, parent: Optional[str]) -> CandidateRecord:
@@ -20,7 +20,7 @@ def candidate_record(row: Candidate, name: str, parent: Optional[str]) -> Candid
                            updated_at=aware(row.updated_at))
 
 
-class CandidatesMixin(StoreSessions):
+class CandidatesMixin(StoreLocations):
     """Sweep candidates."""
 
     def record_candidate(
@@ -54,7 +54,8 @@ class CandidatesMixin(StoreSessions):
         wanted = compatibility_keys(compatibility)
         fields = {
             "method": method, "params": clean_json(dict(params)), "arch": arch, "space": space,
-            "curv": None if curv is None else float(curv), "checkpoint_uri": checkpoint_uri, "sha256": sha256,
+            "curv": None if curv is None else float(curv), "checkpoint_uri": self._stored(checkpoint_uri),
+            "sha256": sha256,
             "status": "failed" if outcome == "error" else "trained", "metrics": clean_json(dict(metrics or {})),
         }
 

@@ -10,7 +10,7 @@ from orchestrator.lineage.galleries import assign_in
 from orchestrator.lineage.records import DeploymentRecord, ShardAssignment
 from orchestrator.lineage.rows import aware, find_gallery, find_generation
 from orchestrator.lineage.schema import Candidate, Deployment, Generation, utcnow
-from orchestrator.lineage.sessions import StoreSessions
+from orchestrator.lineage.locations import StoreLocations
 from orchestrator.lineage.steps import commit_step_in
 
 
@@ -21,7 +21,7 @@ def _deployments(session: Session, newest_only: bool) -> list[DeploymentRecord]:
     return [DeploymentRecord(d.id, name, aware(d.started_at)) for d, name in session.execute(stmt)]
 
 
-class DeploymentsMixin(StoreSessions):
+class DeploymentsMixin(StoreLocations):
     """Deployments."""
 
     def deploy(self, generation: str, *, step: Optional[str] = None,
@@ -31,6 +31,11 @@ class DeploymentsMixin(StoreSessions):
         generation that already serves changes nothing. ``restore`` = (gallery, assignments): the
         shards it serves with, applied in the same transaction (a rollback to an earlier
         deployment's shards; every assigned index must exist)."""
+        keys = None if step is None else self._key_forms(step)
+        outputs = self._stored(step_outputs if step_outputs is not None else {"generation": generation})
+        if restore is not None:
+            restore = (restore[0], [self._stored_assignment(a) for a in restore[1]])
+
         def fn(session: Session) -> DeploymentRecord:
             if restore is not None:
                 gallery_row = find_gallery(session, restore[0])
@@ -50,8 +55,8 @@ class DeploymentsMixin(StoreSessions):
                 current = Deployment(generation_id=gen.id, started_at=utcnow())
                 session.add(current)
                 session.flush()
-            if step is not None:
-                commit_step_in(session, step, step_outputs if step_outputs is not None else {"generation": generation})
+            if keys is not None:
+                commit_step_in(session, keys, outputs)
             return DeploymentRecord(current.id, gen.name, aware(current.started_at))
         return self._write(fn)
 

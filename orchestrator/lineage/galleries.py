@@ -18,7 +18,7 @@ from orchestrator.lineage.rows import (
     shard_record,
 )
 from orchestrator.lineage.schema import Backfill, Gallery, Shard, utcnow
-from orchestrator.lineage.sessions import StoreSessions
+from orchestrator.lineage.locations import StoreLocations
 from orchestrator.lineage.steps import commit_step_in
 
 
@@ -65,7 +65,7 @@ def assign_in(session: Session, gallery_row: Gallery, assignment: ShardAssignmen
     return shard_record(shard, gallery_row.name, generation_names(session))
 
 
-class GalleriesMixin(StoreSessions):
+class GalleriesMixin(StoreLocations):
     """Galleries, shards and backfills."""
 
     def upsert_gallery(self, name: str, source_uri: Optional[str] = None, n_items: Optional[int] = None,
@@ -75,6 +75,7 @@ class GalleriesMixin(StoreSessions):
         existing shard index raises ValueError (re-shard under a new gallery name)."""
         if n_shards < 1:
             raise ValueError(f"gallery {name!r}: n_shards must be ≥ 1, got {n_shards}")
+        source_uri = self._stored(source_uri)
 
         def fn(session: Session) -> GalleryRecord:
             row = session.scalars(select(Gallery).where(Gallery.name == name).with_for_update()).one_or_none()
@@ -141,7 +142,10 @@ class GalleriesMixin(StoreSessions):
         sees the items in both shards or in neither. With ``grow``, a shard index at or beyond the
         gallery's shard count adds that shard (the gallery grows); without, it is an error. With ``step``, the step commits in the
         same transaction."""
-        assignments = list(assignments)
+        assignments = [self._stored_assignment(a) for a in assignments]
+        keys = None if step is None else self._key_forms(step)
+        outputs = self._stored(step_outputs if step_outputs is not None else {
+            "gallery": gallery, "shards": [a.index for a in assignments]})
         if not assignments:
             raise ValueError(f"gallery {gallery!r}: no shard assignments given")
         if len({a.index for a in assignments}) != len(assignments):
@@ -153,9 +157,8 @@ class GalleriesMixin(StoreSessions):
             if grow and highest >= gallery_row.n_shards:
                 gallery_row.n_shards = highest + 1
             records = [assign_in(session, gallery_row, a) for a in assignments]
-            if step is not None:
-                commit_step_in(session, step, step_outputs if step_outputs is not None else {
-                    "gallery": gallery, "shards": [a.index for a in assignments]})
+            if keys is not None:
+                commit_step_in(session, keys, outputs)
             session.flush()
             return records
         return self._write(fn)

@@ -17,7 +17,7 @@ from orchestrator.lineage.rows import (
     generation_record,
 )
 from orchestrator.lineage.schema import GENERATION_STATUSES, Compatibility, Generation, utcnow
-from orchestrator.lineage.sessions import StoreSessions
+from orchestrator.lineage.locations import StoreLocations
 from orchestrator.lineage.steps import commit_step_in
 
 
@@ -65,7 +65,7 @@ def upsert_compatibility(session: Session, wanted: Mapping[tuple[str, str, str, 
             row.updated_at = now
 
 
-class GenerationsMixin(StoreSessions):
+class GenerationsMixin(StoreLocations):
     """Generations and compatibility values."""
 
     def upsert_generation(
@@ -152,15 +152,18 @@ class GenerationsMixin(StoreSessions):
         ``trained``, checkpoint URI and sha256, ``metrics`` merged into the recorded ones.
         With ``step``, that step commits in the same transaction."""
         clean_metrics = clean_json(dict(metrics or {}))
+        checkpoint_uri = self._stored(checkpoint_uri)
+        keys = None if step is None else self._key_forms(step)
+        outputs = self._stored(step_outputs if step_outputs is not None
+                               else {"checkpoint_uri": checkpoint_uri, "sha256": sha256})
 
         def fn(session: Session) -> GenerationRecord:
             row = find_generation(session, name, lock=True)
             merged = {**(row.metrics or {}), **clean_metrics}
             if assign(row, status="trained", checkpoint_uri=checkpoint_uri, sha256=sha256, metrics=merged):
                 row.updated_at = utcnow()
-            if step is not None:
-                commit_step_in(session, step, step_outputs if step_outputs is not None
-                                     else {"checkpoint_uri": checkpoint_uri, "sha256": sha256})
+            if keys is not None:
+                commit_step_in(session, keys, outputs)
             session.flush()
             return generation_record(row, generation_names(session))
         return self._write(fn)
@@ -202,11 +205,13 @@ class GenerationsMixin(StoreSessions):
         All rows in one transaction (plus the commit of ``step``, if given). Returns the number
         of distinct (query, gallery, metric, dataset) keys written."""
         wanted = compatibility_keys(rows)
+        keys = None if step is None else self._key_forms(step)
+        outputs = self._stored(step_outputs if step_outputs is not None else {"values": len(wanted)})
 
         def fn(session: Session) -> int:
             upsert_compatibility(session, wanted)
-            if step is not None:
-                commit_step_in(session, step, step_outputs if step_outputs is not None else {"values": len(wanted)})
+            if keys is not None:
+                commit_step_in(session, keys, outputs)
             session.flush()
             return len(wanted)
         return self._write(fn)

@@ -29,6 +29,8 @@ Tables:
                     candidate is never deployed. A table of its own (not a generation status):
                     stores created before sweeps existed gain it when they are migrated.
     run_locks       who holds a pipeline's run lock (``locks.py``): pipeline, holder, since when
+    settings        one value per name: ``storage_root``, the storage root the last writer that
+                    knew one was given (locations under it are stored relative, ``locations.py``)
 """
 from __future__ import annotations
 
@@ -218,6 +220,14 @@ class RunLock(Base):
     pipeline: Mapped[str] = mapped_column(String(255), primary_key=True)
     holder: Mapped[str] = mapped_column(Text)
     acquired_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Setting(Base):
+    __tablename__ = "settings"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 TABLES = tuple(Base.metadata.sorted_tables)

@@ -3,38 +3,40 @@ step is skipped on a re-run (the write protocol of ``store.py``)."""
 from __future__ import annotations
 
 import traceback
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestrator.lineage.locations import StoreLocations, find_step
 from orchestrator.lineage.records import RunRecord, StepRecord
 from orchestrator.lineage.rows import assign, aware, clean_json, step_record
 from orchestrator.lineage.schema import PipelineRun, Step, utcnow
-from orchestrator.lineage.sessions import StoreSessions
 
 STEP_SPEC = "spec"  # the key of a step's outputs that holds what it ran from (``start_step(spec=...)``)
 
 
-def commit_step_in(session: Session, key: str, outputs: Optional[Mapping[str, Any]]) -> Step:
-    """Commit step ``key`` with its outputs inside ``session`` (the write of a step's result); keeps the
-    spec recorded at its start."""
+def commit_step_in(session: Session, keys: Sequence[str], outputs: Optional[Mapping[str, Any]]) -> Step:
+    """Commit a step with its outputs (as recorded, ``StoreLocations._stored``) inside ``session`` (the
+    write of a step's result); keeps the spec recorded at its start. ``keys``: the forms of its key
+    (``StoreLocations._key_forms``), the one to record first."""
+    key = keys[0]
     outputs = clean_json(dict(outputs or {}))
-    row = session.scalars(select(Step).where(Step.key == key).with_for_update()).one_or_none()
+    row = find_step(session, keys, lock=True)
     now = utcnow()
     if row is not None and STEP_SPEC in (row.outputs or {}) and STEP_SPEC not in outputs:
         outputs[STEP_SPEC] = row.outputs[STEP_SPEC]  # what the step ran from, recorded at its start
     if row is None:  # committed without a recorded start: one attempt
         row = Step(key=key, status="committed", attempts=1, outputs=outputs, started_at=now, finished_at=now)
         session.add(row)
-    elif row.status != "committed" or row.outputs != outputs:
-        assign(row, status="committed", outputs=outputs, error=None)
+    elif row.status != "committed" or row.outputs != outputs or row.key != key:
+        assign(row, key=key, status="committed", outputs=outputs, error=None)
         row.finished_at = now
     session.flush()
     return row
 
 
-class StepsMixin(StoreSessions):
+class StepsMixin(StoreLocations):
     """Pipeline runs and the steps of the write protocol."""
 
     def register_run(self, pipeline: str, config_sha256: str) -> RunRecord:
@@ -66,8 +68,10 @@ class StepsMixin(StoreSessions):
         return self._read(fn)
 
     def get_step(self, key: str) -> Optional[StepRecord]:
+        keys = self._key_forms(key)
+
         def fn(session: Session) -> Optional[StepRecord]:
-            row = session.scalars(select(Step).where(Step.key == key)).one_or_none()
+            row = find_step(session, keys)
             return None if row is None else step_record(row)
         return self._read(fn)
 
@@ -82,15 +86,17 @@ class StepsMixin(StoreSessions):
         committed step is left alone and returned as is — the caller skips it — unless
         ``rerun=True``, which restarts it like a failed one. ``spec`` (JSON: what the step runs
         from) is kept with its outputs under ``STEP_SPEC`` when it commits."""
-        started_outputs = {} if spec is None else {STEP_SPEC: clean_json(dict(spec))}
+        started_outputs = {} if spec is None else {STEP_SPEC: self._stored(dict(spec))}
+        keys = self._key_forms(key)
 
         def fn(session: Session) -> StepRecord:
-            row = session.scalars(select(Step).where(Step.key == key).with_for_update()).one_or_none()
+            row = find_step(session, keys, lock=True)
             now = utcnow()
             if row is None:
-                row = Step(key=key, status="started", attempts=1, outputs=started_outputs, started_at=now)
+                row = Step(key=keys[0], status="started", attempts=1, outputs=started_outputs, started_at=now)
                 session.add(row)
             elif row.status != "committed" or rerun:
+                row.key = keys[0]
                 row.attempts += 1
                 row.status = "started"
                 row.outputs = started_outputs
@@ -105,19 +111,21 @@ class StepsMixin(StoreSessions):
         """Mark step ``key`` committed with its (JSON) outputs, e.g. URIs of the files it wrote —
         which must already be in place. Committing a committed step with the same outputs
         changes nothing."""
-        return self._write(lambda session: step_record(commit_step_in(session, key, outputs)))
+        keys, stored = self._key_forms(key), self._stored(dict(outputs or {}))
+        return self._write(lambda session: step_record(commit_step_in(session, keys, stored)))
 
     def fail_step(self, key: str, error: str | BaseException) -> StepRecord:
         """Mark step ``key`` failed with an error text (an exception is stored with its traceback).
         A committed step cannot fail afterwards (ValueError)."""
         if isinstance(error, BaseException):
             error = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        keys = self._key_forms(key)
 
         def fn(session: Session) -> StepRecord:
-            row = session.scalars(select(Step).where(Step.key == key).with_for_update()).one_or_none()
+            row = find_step(session, keys, lock=True)
             now = utcnow()
             if row is None:
-                row = Step(key=key, status="failed", attempts=1, outputs={}, error=error, started_at=now, finished_at=now)
+                row = Step(key=keys[0], status="failed", attempts=1, outputs={}, error=error, started_at=now, finished_at=now)
                 session.add(row)
             elif row.status == "committed":
                 raise ValueError(f"step {key!r} is already committed; it cannot fail")
@@ -150,6 +158,6 @@ class StepsMixin(StoreSessions):
         def fn(session: Session) -> list[StepRecord]:
             stmt = select(Step).order_by(Step.id)
             if prefix:
-                stmt = stmt.where(Step.key.startswith(prefix, autoescape=True))
+                stmt = stmt.where(self._key_prefix_filter(prefix))
             return [step_record(row) for row in session.scalars(stmt)]
         return self._read(fn)

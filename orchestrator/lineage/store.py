@@ -11,6 +11,10 @@ Backends
     ``readonly=True`` opens for reading only: a store that does not exist raises
     ``LineageNotFound`` and nothing is created (no folder, file, WAL file or table).
 
+    ``LineageStore(url, storage=root)``: locations under the pipeline's storage root are recorded
+    relative to it and resolved against the root given, so a storage moved or copied with its
+    lineage keeps working (``locations.py``).
+
     ``store.run_lock(pipeline, purpose)`` (``locks.py``) keeps two runs of one pipeline apart: the
     second raises ``LineageBusy`` naming the holder.
 
@@ -49,8 +53,9 @@ Layout
     ``LineageStore`` is this facade over one mixin per concern, each in its own module:
     ``steps`` (pipeline runs and steps), ``generations`` (generations and compatibility values),
     ``galleries`` (galleries, shards and backfills), ``candidates`` (sweep candidates) and
-    ``deployments``; ``sessions`` holds the engine and transactions, ``rows`` the row lookups and
-    record builders they share.
+    ``deployments``; ``sessions`` holds the engine and transactions, ``locations`` the translation
+    between absolute and recorded (storage-relative) locations, ``rows`` the row lookups and record
+    builders they share.
 """
 from __future__ import annotations
 
@@ -84,8 +89,8 @@ class LineageStore(StepsMixin, GenerationsMixin, GalleriesMixin, CandidatesMixin
     not meant to be pickled into Ray tasks — pass the URL and open a store there.
     """
 
-    def __init__(self, url: str | os.PathLike | URL, *, readonly: bool = False, busy_timeout_s: float = 30.0,
-                 echo: bool = False):
+    def __init__(self, url: str | os.PathLike | URL, *, storage: str | os.PathLike | None = None,
+                 readonly: bool = False, busy_timeout_s: float = 30.0, echo: bool = False):
         self.url = normalise_url(url)
         self.readonly = readonly
         self.engine = make_engine(self.url, busy_timeout_s, echo, readonly)
@@ -99,6 +104,7 @@ class LineageStore(StepsMixin, GenerationsMixin, GalleriesMixin, CandidatesMixin
             self._check_exists()
         else:
             migrate.upgrade(self.engine, self._write_engine)
+        self._init_locations(None if storage is None else os.fspath(storage), readonly)
 
     @classmethod
     def under(cls, root: str | os.PathLike, filename: str = "lineage.db", **kwargs: Any) -> "LineageStore":

@@ -63,6 +63,7 @@ from orchestrator.progress import Meter
 from orchestrator.search import CompatibilityCriterion, IncompatibleShards, SearchRouter
 from orchestrator.search.router_evaluation import evaluate_search
 from orchestrator.storage import join_uri, read_bytes, write_json_atomic
+from orchestrator.storage.locations import StorageRoot
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +81,7 @@ class GalleryUpdater:
         self.config, self.store, self.say = config, store, say
         self.spec = config.gallery
         self.name = config.gallery.name
+        self.locations = StorageRoot(storage)  # plan files record locations as the lineage does
         self.root = join_uri(storage, "galleries", self.name)
         self.reports = join_uri(storage, "reports")
         self.mean, self.std = normalisation
@@ -152,7 +154,7 @@ class GalleryUpdater:
         plan = GalleryPlan(self.name, generation.name, policy.model_dump(mode="json"), entries, before, order)
         uri = join_uri(self.root, "plans", f"{generation.name}{'' if policy is generation.backfill else '.full'}.json")
         refuse_unknown_file(self.store, key, uri)
-        write_json_atomic(uri, plan.to_json())
+        write_json_atomic(uri, self.locations.relative_json(plan.to_json()))
         self.store.commit_step(key, {"plan_uri": uri, "entries": len(entries), "items": plan.num_items,
                                      "sha256": sha256_bytes(read_bytes(uri))})
         self.say(f"{key}: {len(entries)} shard update(s), {plan.num_items} of {source.num_items} items "
@@ -168,7 +170,7 @@ class GalleryUpdater:
         if "sha256" in outputs and sha256_bytes(data) != outputs["sha256"]:
             raise IntegrityError(f"{outputs['plan_uri']}: plan file changed since it was written: sha256 "
                                  f"{sha256_bytes(data)}, the lineage holds {outputs['sha256']}")
-        return GalleryPlan.from_json(json.loads(data))
+        return GalleryPlan.from_json(self.locations.resolve_json(json.loads(data)))
 
     def _backfill_entries(self, generation, policy: BackfillPolicy,
                           shards: list[ShardRecord]) -> tuple[tuple[PlanEntry, ...], tuple[int, ...]]:

@@ -89,7 +89,7 @@ class PipelineRunner:
         self.config = config
         self.progress = progress or (lambda line: print(line, flush=True))
         self.storage = storage_root(config.storage)
-        self.store = LineageStore(config.lineage)
+        self.store = LineageStore(config.lineage, storage=self.storage)
         self.config_sha = config_sha256(config, exclude=RUNTIME_SECTIONS)
         self._started = time.perf_counter()
         self._started_at = time.time()

@@ -84,6 +84,7 @@ def known_files(store) -> set[str]:
     """Every path the lineage names: checkpoints, shard files, and any path in a step's outputs
     or in a plan file a step names (selection files)."""
     known: set[str] = set()
+    root = store.storage_root
     for record in store.list_generations():
         if record.checkpoint_uri:
             known |= {join_uri(record.checkpoint_uri, CARD_FILE), join_uri(record.checkpoint_uri, WEIGHTS_FILE)}
@@ -93,7 +94,8 @@ def known_files(store) -> set[str]:
         known |= set(_strings(step.outputs))
         plan = step.outputs.get("plan_uri")
         if step.status == "committed" and isinstance(plan, str) and os.path.exists(plan):
-            known |= set(_strings(read_json(plan)))
+            plan_json = read_json(plan)
+            known |= set(_strings(plan_json if root is None else root.resolve_json(plan_json)))
     for gallery in store.galleries():
         for shard in store.shards(gallery.name):
             known |= {uri for uri in (shard.embeddings_uri, shard.index_uri) if uri}

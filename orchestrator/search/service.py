@@ -99,7 +99,7 @@ def service_for_pipeline(config, serving: str | None = None, *, metric: str = "m
     split (the criterion's dataset) and query preprocessing (normalisation of its training split)."""
     from orchestrator.data import channel_statistics, load_source
 
-    store = LineageStore(config.lineage, readonly=True)
+    store = LineageStore(config.lineage, storage=config.storage, readonly=True)
     router = open_router(store, config.gallery.name, serving, metric=metric, dataset=config.data.eval_split,
                          on_incompatible=on_incompatible)
     images = train_images() if train_images is not None else load_source(

@@ -9,7 +9,7 @@ from sqlalchemy.schema import CreateIndex, CreateTable
 from orchestrator.lineage.schema import Base
 
 EXPECTED_TABLES = {"pipeline_runs", "generations", "galleries", "shards", "backfills", "compatibility",
-                   "deployments", "steps", "candidates", "run_locks"}
+                   "deployments", "steps", "candidates", "run_locks", "settings"}
 
 
 def test_all_tables_are_defined():

@@ -51,7 +51,7 @@ def snapshot(store: LineageStore, ignore: tuple[str, ...] = ()):
 
 
 EXPECTED_COUNTS = {"pipeline_runs": 1, "generations": 2, "steps": 6, "compatibility": 4, "galleries": 1,
-                   "shards": 2, "backfills": 3, "deployments": 1, "candidates": 0, "run_locks": 0}
+                   "shards": 2, "backfills": 3, "deployments": 1, "candidates": 0, "run_locks": 0, "settings": 0}
 
 
 def test_every_call_twice_leaves_the_same_rows_as_once(tmp_path):

@@ -3,7 +3,7 @@
 
 - ``hold`` (the default): exit 3 with the reason and the way on; nothing deployed, no shard changed,
   the gate's measurement and the failed deploy step are in the lineage, search serves g0-old;
-- ``force`` (same run, another lineage copy): deployed over the planned partial backfill, recorded;
+- ``force`` (same run, a copy of the storage and its lineage): deployed over the planned partial backfill, recorded;
 - ``full_backfill``: the plan escalates to a full re-embed, every item ends in a g1 shard, deployed.
 The two re-runs only change the gate's action: training and the measurement are reused. Then a
 rollback to g0-old and back (search follows), and gc counted file by file. A last
@@ -71,6 +71,7 @@ def test_hold_force_full_backfill_rollback_and_gc(tmp_path):
 
     forced_lineage = f"sqlite:///{tmp_path / 'forced.db'}"
     shutil.copy(tmp_path / "lineage.db", tmp_path / "forced.db")
+    shutil.copytree(tmp_path / "run", tmp_path / "forced-run")  # the lineage's locations are the storage's own
     forced = cli("run", str(pipeline), "--set", f"lineage={forced_lineage}", "--set", "generations.1.gate.action=force",
                  "--storage", str(tmp_path / "forced-run"), cwd=tmp_path)
     assert forced.returncode == 0, forced.stdout[-3000:] + forced.stderr[-3000:]

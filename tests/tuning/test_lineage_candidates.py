@@ -79,8 +79,8 @@ def test_candidates_show_under_their_parent(store):
 def test_a_store_created_before_sweeps_gains_the_candidates_table(tmp_path):
     path = tmp_path / "old.db"
     engine = create_engine(f"sqlite:///{path}")
-    Base.metadata.create_all(engine, tables=[t for t in Base.metadata.sorted_tables  # as before sweeps and run locks
-                                          if t.name not in ("candidates", "run_locks")])
+    Base.metadata.create_all(engine, tables=[t for t in Base.metadata.sorted_tables  # as before sweeps, run locks and settings
+                                          if t.name not in ("candidates", "run_locks", "settings")])
     engine.dispose()
     with sqlite3.connect(path) as connection:
         connection.execute("insert into generations (name, status, params, metrics, created_at, updated_at) "

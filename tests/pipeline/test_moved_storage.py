@@ -1,0 +1,103 @@
+"""A moved storage keeps working (issue 13's "done when"): the lineage records locations relative
+to the storage root.
+
+``pipelines/lifelong.yaml`` cut to its first generation (g0-old, one epoch) runs once through the
+CLI; its storage folder, with the SQLite lineage inside, is then moved elsewhere (the old folder is
+gone, so nothing can be read from it) and the pipeline file pointed at the new place. There,
+``orchestrator search`` returns exactly the results it returned before the move, ``orchestrator
+verify`` passes with no unreferenced file, and a re-run skips every committed step and changes no
+stored artefact and no lineage row (but the run's registration: the file's config changed).
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.config import load_pipeline
+from orchestrator.integrity import INTEGRITY_PREFIX
+from orchestrator.lineage import LineageStore
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+SEARCH = ("--split", "test", "--limit", "8", "-k", "5", "--json")
+
+
+def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=900)
+
+
+def write_pipeline(path: Path, config: dict, storage: Path) -> Path:
+    path.write_text(yaml.safe_dump({**config, "storage": str(storage)}, sort_keys=False))
+    return path
+
+
+def files(storage: Path) -> dict[str, tuple[bytes, int]]:
+    """Every stored artefact (checkpoints, shard files, indexes, plans, evaluation embeddings) by
+    its path relative to the storage: (content, modification time in ns)."""
+    return {str(p.relative_to(storage)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for folder in ("generations", "galleries") for p in sorted((storage / folder).rglob("*")) if p.is_file()}
+
+
+def test_a_moved_storage_serves_verifies_and_resumes(tmp_path):
+    config = yaml.safe_load((REPO / "pipelines" / "lifelong.yaml").read_text())
+    config["generations"] = config["generations"][:1]
+    config["data"].pop("scenario", None)
+    config["evaluation"].pop("reference", None)
+    config["generations"][0]["training"]["epochs"] = 1
+    config["generations"][0]["gate"] = {"action": "force"}
+    config.pop("lineage", None)  # the default: a SQLite file inside the storage, moved with it
+    old, new = tmp_path / "run", tmp_path / "elsewhere" / "moved-run"
+    pipeline = write_pipeline(tmp_path / "g0.yaml", config, old)
+    run = cli("run", str(pipeline), cwd=tmp_path)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    before = cli("search", str(pipeline), *SEARCH, cwd=tmp_path)
+    assert before.returncode == 0, before.stderr[-2000:]
+
+    new.parent.mkdir()
+    shutil.move(str(old), str(new))
+    assert not old.exists()
+    moved = write_pipeline(tmp_path / "g0-moved.yaml", config, new)
+    lineage = load_pipeline(str(moved)).lineage
+    assert lineage == f"sqlite:///{new}/lineage.db"
+
+    after = cli("search", str(moved), *SEARCH, cwd=tmp_path)
+    assert after.returncode == 0, after.stderr[-2000:]
+    served_before, served_after = json.loads(before.stdout), json.loads(after.stdout)
+    assert served_after["results"] == served_before["results"]
+    assert len(served_after["results"]) == 8 and all(len(hits) == 5 for hits in served_after["results"])
+    assert (served_after["serving"], served_after["searched_items"]) == ("g0-old", 539)
+
+    verify = cli("verify", str(moved), cwd=tmp_path)
+    assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-2000:]
+    assert "0 problem(s), 0 unreferenced file(s)" in verify.stdout
+
+    store = LineageStore(lineage, storage=str(new), readonly=True)
+    steps = [s.key for s in store.steps() if not s.key.startswith(INTEGRITY_PREFIX)]
+    shards = [s for s in store.shards(config["gallery"]["name"]) if s.n_items]
+    assert all(s.status == "committed" for s in store.steps())
+    assert store.get_generation("g0-old").checkpoint_uri == str(new / "generations" / "g0-old")
+    assert len(shards) == 4 and all(s.index_uri.startswith(f"{new}/galleries/") for s in shards)
+    counts = store.row_counts()
+    store.close()
+    stored = files(new)
+    assert len(stored) >= 2 + 2 * len(shards)  # card, weights, a Parquet file and an index per shard
+
+    rerun = cli("run", str(moved), cwd=tmp_path)
+    assert rerun.returncode == 0, rerun.stdout[-4000:] + rerun.stderr[-4000:]
+    assert " done in " not in rerun.stdout
+    shard_updates = [key for key in steps if key.startswith("embed:")]
+    assert all(f"{key}: already committed, skipped" in rerun.stdout for key in steps if key not in shard_updates)
+    assert f"{len(shard_updates)} shard update(s) of g0-old already committed, skipped" in rerun.stdout
+    assert files(new) == stored
+    store = LineageStore(lineage, storage=str(new), readonly=True)
+    # every row as it was; the pipeline file names another storage, so its run is registered anew
+    assert {**store.row_counts(), "pipeline_runs": 1} == counts
+    store.close()
