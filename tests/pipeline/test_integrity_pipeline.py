@@ -18,7 +18,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.config import load_pipeline
 from orchestrator.integrity import IntegrityError
@@ -29,7 +28,6 @@ from orchestrator.storage import ChecksumMismatch
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -38,20 +36,10 @@ def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """(pipeline file, its config, working directory) after one run of g0-old."""
+def served(tmp_path_factory, copy_g0_run):
+    """(pipeline file, its config, working directory): a copy of the session's g0-old run."""
     root = tmp_path_factory.mktemp("integrity")
-    config = yaml.safe_load((REPO / "pipelines" / "lifelong.yaml").read_text())
-    config["storage"] = str(root / "run")
-    config["generations"] = config["generations"][:1]
-    config["data"].pop("scenario", None)
-    config["evaluation"].pop("reference", None)
-    config["generations"][0]["training"]["epochs"] = 1
-    config["generations"][0]["gate"] = {"action": "force"}
-    path = root / "g0.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    run = cli("run", str(path), cwd=root)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    path = copy_g0_run(root)
     return path, load_pipeline(str(path)), root
 
 
@@ -109,7 +97,7 @@ def _tamper_parquet(shards, checkpoint: Path) -> Path:
     (_swap_index, True), (_tamper_parquet, False)])
 def test_each_tampered_file_is_refused_never_served(served, tamper, served_refuses):
     path, config, root = served
-    store = LineageStore(config.lineage)
+    store = LineageStore(config.lineage, storage=config.storage)
     shards = [s for s in store.shards(config.gallery.name) if s.n_items]
     checkpoint = Path(store.get_generation("g0-old").checkpoint_uri)
     storage = str(Path(config.storage).resolve())

@@ -2,7 +2,8 @@
 to the storage root.
 
 ``pipelines/lifelong.yaml`` cut to its first generation (g0-old, one epoch) runs once through the
-CLI; its storage folder, with the SQLite lineage inside, is then moved elsewhere (the old folder is
+CLI (the session's run, copied here: ``conftest.copy_g0_run``); its storage folder, with the SQLite
+lineage inside, is then moved elsewhere (the old folder is
 gone, so nothing can be read from it) and the pipeline file pointed at the new place. There,
 ``orchestrator search`` returns exactly the results it returned before the move, ``orchestrator
 verify`` passes with no unreferenced file, and a re-run skips every committed step and changes no
@@ -17,26 +18,20 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.config import load_pipeline
 from orchestrator.integrity import INTEGRITY_PREFIX
 from orchestrator.lineage import LineageStore
+from g0_run import g0_config, write_pipeline
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
 SEARCH = ("--split", "test", "--limit", "8", "-k", "5", "--json")
 
 
 def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, capture_output=True, text=True,
                           timeout=900)
-
-
-def write_pipeline(path: Path, config: dict, storage: Path) -> Path:
-    path.write_text(yaml.safe_dump({**config, "storage": str(storage)}, sort_keys=False))
-    return path
 
 
 def files(storage: Path) -> dict[str, tuple[bytes, int]]:
@@ -46,25 +41,16 @@ def files(storage: Path) -> dict[str, tuple[bytes, int]]:
             for folder in ("generations", "galleries") for p in sorted((storage / folder).rglob("*")) if p.is_file()}
 
 
-def test_a_moved_storage_serves_verifies_and_resumes(tmp_path):
-    config = yaml.safe_load((REPO / "pipelines" / "lifelong.yaml").read_text())
-    config["generations"] = config["generations"][:1]
-    config["data"].pop("scenario", None)
-    config["evaluation"].pop("reference", None)
-    config["generations"][0]["training"]["epochs"] = 1
-    config["generations"][0]["gate"] = {"action": "force"}
-    config.pop("lineage", None)  # the default: a SQLite file inside the storage, moved with it
+def test_a_moved_storage_serves_verifies_and_resumes(tmp_path, copy_g0_run):
+    pipeline = copy_g0_run(tmp_path)
     old, new = tmp_path / "run", tmp_path / "elsewhere" / "moved-run"
-    pipeline = write_pipeline(tmp_path / "g0.yaml", config, old)
-    run = cli("run", str(pipeline), cwd=tmp_path)
-    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     before = cli("search", str(pipeline), *SEARCH, cwd=tmp_path)
     assert before.returncode == 0, before.stderr[-2000:]
 
     new.parent.mkdir()
     shutil.move(str(old), str(new))
     assert not old.exists()
-    moved = write_pipeline(tmp_path / "g0-moved.yaml", config, new)
+    moved = write_pipeline(tmp_path / "g0-moved.yaml", g0_config(), new)
     lineage = load_pipeline(str(moved)).lineage
     assert lineage == f"sqlite:///{new}/lineage.db"
 
@@ -81,7 +67,7 @@ def test_a_moved_storage_serves_verifies_and_resumes(tmp_path):
 
     store = LineageStore(lineage, storage=str(new), readonly=True)
     steps = [s.key for s in store.steps() if not s.key.startswith(INTEGRITY_PREFIX)]
-    shards = [s for s in store.shards(config["gallery"]["name"]) if s.n_items]
+    shards = [s for s in store.shards(g0_config()["gallery"]["name"]) if s.n_items]
     assert all(s.status == "committed" for s in store.steps())
     assert store.get_generation("g0-old").checkpoint_uri == str(new / "generations" / "g0-old")
     assert len(shards) == 4 and all(s.index_uri.startswith(f"{new}/galleries/") for s in shards)
