@@ -185,22 +185,12 @@ class RaySettings(_Strict):
 
 # the keyword arguments each source's loader takes; the pipeline sets the reserved ones itself
 _LOADERS: dict[str, Callable[..., Any]] = {
-    "digits": sources.load_digits,
-    "cifar10": sources.load_cifar,
-    "cifar100": sources.load_cifar,
-    "tiny_imagenet": sources.load_tiny_imagenet,
-    "image_folder": sources.load_image_folder,
-    "parquet": sources.load_parquet,
+    **sources.SOURCE_SIGNATURES,
     **STREAMED_SOURCES,  # gallery-only sources, read in pieces (orchestrator.data.gallery_sources)
 }
 _RESERVED_OPTIONS = {"split": "train_split / eval_split / gallery.split", "image_size": "data.image_size", "variant": "source"}
 # split names of the loaders that take a `split` argument (see orchestrator.data.sources)
-_SPLITS: dict[str, tuple[str, ...]] = {
-    "digits": ("train", "test", "all"),
-    "cifar10": ("train", "test"),
-    "cifar100": ("train", "test"),
-    "tiny_imagenet": ("train", "val"),
-}
+_SPLITS: dict[str, tuple[str, ...]] = sources.SOURCE_SPLITS
 
 
 def _loader_parameters(source: str) -> dict[str, inspect.Parameter] | None:

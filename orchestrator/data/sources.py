@@ -6,6 +6,8 @@
 - `load_tiny_imagenet`: the standard tiny-imagenet-200 folder layout (local).
 - `load_image_folder`: root/<class>/<images> (local).
 - `load_parquet`: encoded image bytes or raw pixel arrays in a Parquet file, local or fsspec URL.
+- `load_shapes`: procedurally rendered shapes x fill patterns, generated offline from a seed, the
+  test split on held-out background styles (`orchestrator.data.procedural`).
 - `load_source(name, **options)`: the same loaders by name, for configuration files.
 
 Ids: every loader gives each item an id that is stable across calls and unique across the splits of
@@ -35,6 +37,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from orchestrator.data.images import LabeledImages
+from orchestrator.data.procedural import load_shapes
 from orchestrator.data.scenarios import stratified_sample
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
@@ -524,13 +527,25 @@ _SOURCES: dict[str, Callable[..., LabeledImages]] = {
     "tiny_imagenet": load_tiny_imagenet,
     "image_folder": load_image_folder,
     "parquet": load_parquet,
+    "shapes": load_shapes,
 }
 SOURCE_NAMES = tuple(_SOURCES)
+#: The function whose signature lists each source's loader options (configuration checks read it).
+SOURCE_SIGNATURES: dict[str, Callable[..., LabeledImages]] = {
+    **_SOURCES, "cifar10": load_cifar, "cifar100": load_cifar,
+}
+#: The split names of the sources whose loader takes a ``split`` argument.
+SOURCE_SPLITS: dict[str, tuple[str, ...]] = {
+    "digits": ("train", "test", "all"),
+    "cifar10": ("train", "test"),
+    "cifar100": ("train", "test"),
+    "tiny_imagenet": ("train", "val"),
+    "shapes": ("train", "test"),
+}
 
 
 def load_source(name: str, **options: Any) -> LabeledImages:
-    """Load a dataset by name ("digits", "cifar10", "cifar100", "tiny_imagenet", "image_folder",
-    "parquet") with the named loader's keyword options."""
+    """Load a dataset by name (one of ``SOURCE_NAMES``) with the named loader's keyword options."""
     if name not in _SOURCES:
         raise ValueError(f"name: unknown data source {name!r}; known: {', '.join(SOURCE_NAMES)}")
     return _SOURCES[name](**options)
