@@ -167,7 +167,12 @@ class HBCT(CompatibilityMethod):
     * old embeddings are detached in the loss (the parent is frozen; this also holds if a caller
       forgot ``no_grad``);
     * a parent must live in the Lorentz space with the same curvature K (distances across different
-      K are not comparable); its clip ζ may differ (ζ_n = ζ_o + 0.2 is the point).
+      K are not comparable); its clip ζ may differ (ζ_n = ζ_o + 0.2 is the point);
+    * the MLR init is the paper's open choice that changes short-budget results most (issue 14,
+      benchmarks/README.md): Bdeir's init (``mlr_init_scale=1``, the default) starts the logits near
+      zero and the base loss near ln C for several epochs; ``mlr_init_scale=10`` trains a far
+      better old model at 10 epochs on the generated shapes, but then needs λ ≈ 1 (not 0.3) for the
+      update to pass the compatibility criterion, at a cost in the new model's own mAP.
     """
 
     name = "hbct"
