@@ -96,16 +96,19 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
 def orderings(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The papers' claims checked on one table, each "holds" / "does not hold" with its numbers:
     every HBCT row's P_com ≥ BCT's (HBCT Table 1), LCE's P_com ≥ BCT's (LCE), BCT passes the
-    criterion (BCT). A claim whose methods are missing from ``rows`` is left out."""
+    criterion (BCT). A comparison with an undefined P_com is "not comparable"; a claim whose
+    methods are missing from ``rows`` is left out."""
     by = {row["method"]: row for row in rows}
     hbct = [label for label in by if label.startswith("hbct")]
     out = []
     for better, metric in [(h, m) for h in hbct for m in ("cmc@1", "map")] + [("lce", "map")]:
         if better in by and "bct" in by:
             a, b = by[better][metric]["p_com"], by["bct"][metric]["p_com"]
-            holds = a is not None and b is not None and not math.isnan(a) and not math.isnan(b) and a >= b
-            out.append(f"P_com {metric}: {better} ≥ bct ({_cell(a, True)} vs {_cell(b, True)}): "
-                       + ("holds" if holds else "does not hold"))
+            if any(v is None or math.isnan(v) for v in (a, b)):
+                verdict = "not comparable (a P_com is undefined: its reference is not above the old model)"
+            else:
+                verdict = "holds" if a >= b else "does not hold"
+            out.append(f"P_com {metric}: {better} ≥ bct ({_cell(a, True)} vs {_cell(b, True)}): {verdict}")
     if "bct" in by:
         passes = all(by["bct"][m]["compatible"] for m in ("cmc@1", "map"))
         out.append("bct passes the empirical criterion on CMC@1 and mAP: " + ("holds" if passes else "does not hold"))

@@ -29,9 +29,10 @@ def test_orderings_state_each_claim_with_its_numbers():
     ]
 
 
-def test_an_undefined_p_com_never_holds_and_missing_methods_are_left_out():
+def test_an_undefined_p_com_is_not_comparable_and_missing_methods_are_left_out():
     rows = [_row("hbct", math.nan), _row("bct", 0.3)]
-    assert orderings(rows)[0] == "P_com cmc@1: hbct ≥ bct (– vs +0.30): does not hold"
+    assert orderings(rows)[0] == ("P_com cmc@1: hbct ≥ bct (– vs +0.30): not comparable "
+                                  "(a P_com is undefined: its reference is not above the old model)")
     assert orderings([_row("lce", 0.2)]) == []
 
 
