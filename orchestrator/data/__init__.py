@@ -12,6 +12,7 @@ from orchestrator.data.scenarios import (
     select_classes,
     stratified_sample,
 )
+from orchestrator.data.procedural import load_shapes
 from orchestrator.data.registry import SOURCE_NAMES, load_source
 from orchestrator.data.selection import training_indices
 from orchestrator.data.sources import (
@@ -43,6 +44,7 @@ __all__ = [
     "load_digits",
     "load_image_folder",
     "load_parquet",
+    "load_shapes",
     "load_source",
     "load_tiny_imagenet",
     "safe_extract_tar",

@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator.data.gallery_sources import GallerySource, ImageFilesSource, ParquetDatasetSource
 from orchestrator.data.images import LabeledImages
+from orchestrator.data.procedural import load_shapes
 from orchestrator.data.sources import load_cifar, load_digits, load_image_folder, load_parquet, load_tiny_imagenet
 
 LOADERS: dict[str, Callable[..., LabeledImages]] = {
@@ -27,6 +28,7 @@ LOADERS: dict[str, Callable[..., LabeledImages]] = {
     "tiny_imagenet": load_tiny_imagenet,
     "image_folder": load_image_folder,
     "parquet": load_parquet,
+    "shapes": load_shapes,
 }
 SOURCE_NAMES = tuple(LOADERS)
 STREAMED_SOURCES: dict[str, type[GallerySource]] = {"parquet_dataset": ParquetDatasetSource, "image_files": ImageFilesSource}
@@ -36,12 +38,12 @@ SPLITS: dict[str, tuple[str, ...]] = {
     "cifar10": ("train", "test"),
     "cifar100": ("train", "test"),
     "tiny_imagenet": ("train", "val"),
+    "shapes": ("train", "test"),
 }
 
 
 def load_source(name: str, **options: Any) -> LabeledImages:
-    """Load a dataset by name ("digits", "cifar10", "cifar100", "tiny_imagenet", "image_folder",
-    "parquet") with the named loader's keyword options."""
+    """Load a dataset by name (one of ``SOURCE_NAMES``) with the named loader's keyword options."""
     if name not in LOADERS:
         raise ValueError(f"name: unknown data source {name!r}; known: {', '.join(SOURCE_NAMES)}")
     return LOADERS[name](**options)

@@ -6,6 +6,8 @@
 - `load_tiny_imagenet`: the standard tiny-imagenet-200 folder layout (local).
 - `load_image_folder`: root/<class>/<images> (local).
 - `load_parquet`: encoded image bytes or raw pixel arrays in a Parquet file, local or fsspec URL.
+- `load_shapes`: procedurally rendered shapes x fill patterns, generated offline from a seed, the
+  test split on held-out background styles (`orchestrator.data.procedural`).
 
 The same loaders by name, for configuration files: `orchestrator.data.registry`.
 

@@ -119,20 +119,28 @@ class LorentzMLR(nn.Module):
         logit_c = (||z_c|| / sqrt(K)) * asinh(sqrt(K) alpha_c / ||z_c||)
                 = sign(alpha_c) ||w_c||_L d_L(h, H_{w_c})
 
-    ``||z_c||`` is floored at 1e-6. Init (Bdeir): ``a_c, z_c ~ U(-1/sqrt(d), 1/sqrt(d))``.
+    ``||z_c||`` is floored at 1e-6. Init (Bdeir): ``a_c ~ U(-1/sqrt(d), 1/sqrt(d))`` and
+    ``z_c ~ U(-s/sqrt(d), s/sqrt(d))`` with ``s = init_scale`` (Bdeir: s = 1, ``||z_c|| ~ 0.58``).
     Decision: keep the offset ``a_c`` (Bdeir's code, which HBCT cites for the closed form) rather
     than hyperplanes through the origin; ``a_c = 0`` recovers the paper's literal ``w_c in T_o``.
+    ``init_scale``: the paper gives no init. The logits are linear in ``||z_c||`` (``alpha_c /
+    ||z_c||`` does not depend on it), and the lifted points stay within a distance ζ of the origin,
+    so ``||z_c||`` IS the logit scale; with s = 1 the logits start within about ±0.6 and SGD needs
+    many epochs to grow them (the CE stays near ln C). A larger s only starts the same family of
+    functions at a larger scale (the equation is unchanged).
     ``curv`` is a float or the ``LearnableCurvature`` shared with the lift.
     """
 
-    def __init__(self, dim: int, num_classes: int, curv: Curvature = 1.0):
+    def __init__(self, dim: int, num_classes: int, curv: Curvature = 1.0, init_scale: float = 1.0):
         super().__init__()
         self.dim = _check_positive_int(dim, "dim")
         self.num_classes = _check_positive_int(num_classes, "num_classes")
         self.curvature = check_fixed_curv(curv)
+        if isinstance(init_scale, bool) or not 0.0 < float(init_scale) < float("inf"):
+            raise ValueError(f"init_scale must be finite and > 0, got {init_scale!r}")
         bound = 1.0 / math.sqrt(dim)
         self.a = nn.Parameter(torch.empty(num_classes).uniform_(-bound, bound))
-        self.z = nn.Parameter(torch.empty(num_classes, dim).uniform_(-bound, bound))
+        self.z = nn.Parameter(torch.empty(num_classes, dim).uniform_(-bound, bound) * float(init_scale))
 
     @property
     def curv(self) -> float | torch.Tensor:

@@ -73,6 +73,27 @@ def test_lorentz_mlr_init_and_shape_check():
         head(torch.zeros(2, 16))
 
 
+@pytest.mark.parametrize("scale", [3.0, 10.0])
+def test_lorentz_mlr_init_scale_scales_the_normals_and_the_logits_linearly(scale):
+    """init_scale multiplies Bdeir's draw of z_c (same random draw, same offsets a_c), and the
+    logits are linear in ||z_c||: the scaled head's logits are ``scale`` times the plain ones."""
+    torch.manual_seed(7)
+    plain = LorentzMLR(12, 5, curv=0.8).double()
+    torch.manual_seed(7)
+    scaled = LorentzMLR(12, 5, curv=0.8, init_scale=scale).double()
+    torch.testing.assert_close(scaled.a, plain.a)
+    torch.testing.assert_close(scaled.z, plain.z * scale)
+    assert scaled.z.abs().max() <= scale / math.sqrt(12)
+    h = _lorentz_points(30, 12, 0.8)
+    torch.testing.assert_close(scaled(h), plain(h) * scale, rtol=1e-5, atol=1e-6)  # float32 init draws
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("inf"), True])
+def test_lorentz_mlr_rejects_a_bad_init_scale(bad):
+    with pytest.raises(ValueError, match="init_scale must be finite and > 0"):
+        LorentzMLR(4, 3, init_scale=bad)
+
+
 def test_lorentz_mlr_shares_learnable_curvature():
     curvature = LearnableCurvature(1.5)
     head = LorentzMLR(4, 3, curv=curvature)

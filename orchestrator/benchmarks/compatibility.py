@@ -1,0 +1,143 @@
+"""Compatibility of every method on two datasets at several training budgets (issue 14).
+
+For each (dataset, epochs) pair, ``run_update_experiment`` trains every method's old model φ_o on
+the first half of the classes, its unaligned reference φ_* and its new model φ_n on all classes,
+and evaluates them on the held-out split. One markdown table per pair: old self, new self, cross,
+P_com, P_up (CMC@1 / mAP) and the empirical criterion, followed by the papers' orderings, each
+stated as holding or not on that table.
+
+Datasets: ``digits`` (scikit-learn's, the project's default) and ``shapes`` (generated offline,
+test split on held-out background styles; by default the 24-class, 24x24 variant below, sized for
+2 CPU cores).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from orchestrator.data import load_shapes
+from orchestrator.evaluation.update_experiment import ExperimentSettings, UpdateExperiment, run_update_experiment
+from orchestrator.metrics import KEY_METRICS
+from orchestrator.training.config import TrainConfig
+
+#: The ``shapes`` options the benchmark uses (24 classes, 2,880 training images, 24x24).
+SHAPES_OPTIONS: dict[str, Any] = {"num_shapes": 6, "num_patterns": 4, "train_per_class": 120,
+                                  "test_per_class": 20, "image_size": 24}
+#: (label, method, params): the paper's HBCT, the candidate recipe of issue 14, the cosine methods.
+METHODS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("hbct", "hbct", {}),
+    ("hbct s10 λ1", "hbct", {"mlr_init_scale": 10.0, "lam": 1.0}),
+    ("bct", "bct", {}),
+    ("lce", "lce", {}),
+    ("hot_refresh", "hot_refresh", {}),
+    ("l2", "l2", {}),
+    ("lambda_orth", "lambda_orth", {}),
+    ("fct", "fct", {}),
+)
+_COLUMNS = ("old self", "ref self", "self", "cross", "P_com", "P_up")
+_KEYS = ("old_self", "reference_self", "self", "cross", "p_com", "p_up")
+
+
+def experiment_for(dataset: str, epochs: int) -> UpdateExperiment:
+    """The update experiment of ``dataset`` ("digits" | "shapes") at ``epochs`` (batch 64, SGD lr 0.05,
+    no augmentation, embed_dim 32, test_resnet: the default pipeline's recipe)."""
+    training = TrainConfig(epochs=epochs, batch_size=64, lr=0.05, augment=False)
+    if dataset == "digits":
+        return UpdateExperiment(ExperimentSettings(embed_dim=32, training=training))
+    if dataset == "shapes":
+        options = {k: v for k, v in SHAPES_OPTIONS.items() if k != "image_size"}
+        settings = ExperimentSettings(embed_dim=32, training=training, image_size=SHAPES_OPTIONS["image_size"])
+        size = SHAPES_OPTIONS["image_size"]
+        return UpdateExperiment(settings, load_shapes("train", image_size=size, **options),
+                                load_shapes("test", image_size=size, **options))
+    raise ValueError(f"dataset: expected 'digits' or 'shapes', got {dataset!r}")
+
+
+def measure(dataset: str, epochs: int, methods: Sequence[tuple[str, str, dict[str, Any]]] = METHODS,
+            workers: int = 2) -> list[dict[str, Any]]:
+    """One row per method: its label and, per key metric (``KEY_METRICS``: CMC@1, mAP), the update summary with
+    ``old_self`` added (the old model's self-test)."""
+    result = run_update_experiment([(name, params) for _, name, params in methods],
+                                   experiment=experiment_for(dataset, epochs), workers=workers)
+    rows = []
+    for (label, _, _), generation in zip(methods, result.generations):
+        old, _ = result.generations[generation]
+        per_metric = {}
+        for metric in KEY_METRICS:
+            summary = dict(result.summaries[generation][metric])
+            summary["old_self"] = result.report.value(old, old, metric)
+            per_metric[metric] = summary
+        rows.append({"method": label, **per_metric})
+    return rows
+
+
+def _cell(value: Any, signed: bool = False) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:+.2f}" if signed else f"{value:.3f}"
+
+
+def format_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown: one row per method, each column "CMC@1 / mAP", then the criterion per metric."""
+    header = "| method | " + " | ".join(_COLUMNS) + " | criterion (CMC@1 / mAP) |"
+    lines = [header, "|" + "---|" * (len(_COLUMNS) + 2)]
+    for row in rows:
+        cells = []
+        for key in _KEYS:
+            signed = key.startswith("p_")
+            cells.append(f"{_cell(row['cmc@1'].get(key), signed)} / {_cell(row['map'].get(key), signed)}")
+        verdict = " / ".join("passes" if row[m]["compatible"] else "fails" for m in KEY_METRICS)
+        lines.append(f"| {row['method']} | " + " | ".join(cells) + f" | {verdict} |")
+    return "\n".join(lines)
+
+
+def orderings(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The papers' claims checked on one table, each "holds" / "does not hold" with its numbers:
+    every HBCT row's P_com ≥ BCT's (HBCT Table 1), LCE's P_com ≥ BCT's (LCE), BCT passes the
+    criterion (BCT). A comparison with an undefined P_com is "not comparable"; a claim whose
+    methods are missing from ``rows`` is left out."""
+    by = {row["method"]: row for row in rows}
+    hbct = [label for label in by if label.startswith("hbct")]
+    out = []
+    for better, metric in [(h, m) for h in hbct for m in KEY_METRICS] + [("lce", "map")]:
+        if better in by and "bct" in by:
+            a, b = by[better][metric]["p_com"], by["bct"][metric]["p_com"]
+            if any(v is None or math.isnan(v) for v in (a, b)):
+                verdict = "not comparable (a P_com is undefined: its reference is not above the old model)"
+            else:
+                verdict = "holds" if a >= b else "does not hold"
+            out.append(f"P_com {metric}: {better} ≥ bct ({_cell(a, True)} vs {_cell(b, True)}): {verdict}")
+    if "bct" in by:
+        passes = all(by["bct"][m]["compatible"] for m in KEY_METRICS)
+        out.append("bct passes the empirical criterion on CMC@1 and mAP: " + ("holds" if passes else "does not hold"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", default="digits,shapes")
+    parser.add_argument("--epochs", default="10,20", help="comma-separated training budgets")
+    parser.add_argument("--methods", default=",".join(label for label, _, _ in METHODS),
+                        help="comma-separated labels of METHODS")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None, help="append each table to this markdown file")
+    args = parser.parse_args(argv)
+    known = {label: (label, name, params) for label, name, params in METHODS}
+    unknown = [m for m in args.methods.split(",") if m not in known]
+    if unknown:
+        parser.error(f"--methods: unknown {unknown}; known: {', '.join(known)}")
+    methods = [known[m] for m in args.methods.split(",")]
+    for dataset in args.datasets.split(","):
+        for epochs in (int(e) for e in args.epochs.split(",")):
+            started = time.perf_counter()
+            rows = measure(dataset, epochs, methods, args.workers)
+            text = (f"### {dataset}, {epochs} epochs ({time.perf_counter() - started:.0f} s)\n\n"
+                    + format_table(rows) + "\n\n" + "\n".join(f"- {line}" for line in orderings(rows)) + "\n")
+            print(text, flush=True)
+            if args.out is not None:
+                with open(args.out, "a", encoding="utf-8") as handle:
+                    handle.write(text + "\n")
+    return 0
