@@ -30,12 +30,17 @@ class EvaluationSpec(StrictModel):
                class-stratified sample of at most this many items of the evaluation split (the
                whole split when smaller, or when null); each generation embeds it once and its
                embeddings are stored and reused by every later generation's evaluation.
+    warn_p_up: after each evaluation, a generation with a parent whose P_up on mAP (its own
+               self-test against the reference's, hbct.md eq. 15) is below this is named in a
+               warning line: the compatibility training costs it that share of the quality the
+               same training reaches unaligned. None: no warning; needs ``reference``.
     """
 
     reference: str | None = None
     backfill_curves: bool = False
     gallery_sample: int = Field(10_000, ge=10, le=limits.MAX_ITEMS)
     eval_sample: int | None = Field(10_000, ge=10, le=limits.MAX_ITEMS)
+    warn_p_up: float | None = Field(-0.2, ge=-1.0, le=0.0)
 
     metrics: ClassVar[tuple[str, ...]] = METRICS
 

@@ -36,6 +36,7 @@ from orchestrator.pipeline.evaluate_step import EVAL_EMBEDDINGS, eval_embeddings
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
 from orchestrator.pipeline.gate import DeploymentHeld, GateDecision, GateMeasurement, decide
 from orchestrator.pipeline.operations import shard_snapshot
+from orchestrator.pipeline.quality_warning import own_quality_warnings, self_tests
 from orchestrator.pipeline.verify import refuse_unknown_file, refuse_unknown_storage
 from orchestrator.pipeline.step_specs import ChangedStepSpec, changed_fields, evaluate_spec, plan_spec, train_spec
 from orchestrator.pipeline.report import (
@@ -96,6 +97,7 @@ class PipelineRunner:
         self._train_images = None
         self._eval_images = None
         self._skipped: list[str] = []
+        self._warned: set[str] = set()
         self._parents = {g.name: g.parent for g in config.generations}
         self.tracker = open_tracker(config, self.storage, self._say)
 
@@ -163,9 +165,21 @@ class PipelineRunner:
                 self.tracker.log_checkpoint(generation.name, record.checkpoint_uri, record.sha256)
                 self._step(f"evaluate:{generation.name}", lambda key, g=generation: self._evaluate(g, key),
                            evaluate_spec(self.config), generation.name)
+                self._warn_own_quality()
                 if generation.name in served:
                     self._serve(generation)
             return self._finish()
+
+    def _warn_own_quality(self) -> None:
+        """Say ``evaluation.warn_p_up``'s warning, once per run, for each generation whose own mAP
+        and the reference's are both measured (``quality_warning``)."""
+        evaluation = self.config.evaluation
+        selfs = self_tests(self.store.compatibility_values(dataset=self.config.data.eval_split))
+        parents = {g.name: g.parent for g in self.config.generations}
+        for name, line in own_quality_warnings(selfs, parents, evaluation.reference, evaluation.warn_p_up).items():
+            if name not in self._warned:
+                self._warned.add(name)
+                self._say(line)
 
     def _serve(self, generation) -> None:
         """Gallery plan and shard updates, deployment, then the served gallery's evaluation."""

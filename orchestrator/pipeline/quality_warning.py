@@ -1,0 +1,40 @@
+"""The training-time quality warning (issue 14): a generation whose own retrieval falls far below
+what the same training reaches without compatibility (the unaligned reference φ_*) is named.
+
+P_up (hbct.md eq. 15 as the HBCT tables compute it, ``metrics.p_up``):
+``(M(φ_n; φ_n) − M(φ_*; φ_*)) / M(φ_*; φ_*)`` on mAP; below ``evaluation.warn_p_up`` the alignment
+costs the new model that share of the quality it could have had, which the criterion alone (cross
+against the old self-test) never shows.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from orchestrator.lineage.records import CompatibilityRecord
+from orchestrator.metrics import p_up
+
+WARNING_METRIC = "map"
+
+
+def self_tests(values: Iterable[CompatibilityRecord], metric: str = WARNING_METRIC) -> dict[str, float]:
+    """Generation → its recorded self-test M(φ; φ) on ``metric`` (undefined values left out)."""
+    return {v.query: v.value for v in values if v.query == v.gallery and v.metric == metric and v.value is not None}
+
+
+def own_quality_warnings(selfs: Mapping[str, float], generations: Mapping[str, str | None], reference: str | None,
+                         floor: float | None) -> dict[str, str]:
+    """Generation → warning line for every generation with a parent (``generations``: name → parent)
+    whose P_up against ``reference`` is below ``floor``; {} without a reference, a floor, or a
+    measured non-zero reference self-test."""
+    if reference is None or floor is None or not selfs.get(reference):
+        return {}
+    warnings = {}
+    for name, parent in generations.items():
+        if parent is None or name == reference or name not in selfs:
+            continue
+        gain = p_up(selfs[name], selfs[reference])
+        if gain < floor:
+            warnings[name] = (f"warning: {name}'s own mAP {selfs[name]:.4f} is far below the unaligned reference "
+                              f"{reference}'s {selfs[reference]:.4f} (P_up {gain:+.3f} < evaluation.warn_p_up "
+                              f"{floor:g}): its compatibility training costs it that share of its quality")
+    return warnings
