@@ -52,6 +52,11 @@ class GateSpec(StrictModel):
                       its comparison path) may be below the quality the serving generation's report
                       measured by at most this much. Unmeasurable on an unlabelled gallery (the
                       gate then says so and checks the criterion only).
+    min_p_up:         the generation's own mAP may fall below the unaligned reference's
+                      (``evaluation.reference``) by at most this share: P_up ≥ min_p_up (hbct.md
+                      eq. 15; the quantity ``evaluation.warn_p_up`` warns about). None (default): not
+                      checked. The reference must come before the generation in ``generations`` to
+                      be measured when the gate runs; otherwise the gate says it did not check.
     action:           when a check fails: ``hold`` (do not deploy; the serving generation keeps
                       serving, the run stops with a non-zero exit), ``full_backfill`` (re-plan as a
                       full re-embed, then deploy) or ``force`` (deploy anyway, recorded).
@@ -59,4 +64,5 @@ class GateSpec(StrictModel):
 
     criterion: bool = True
     max_quality_drop: float = Field(0.0, ge=0, le=1)
+    min_p_up: float | None = Field(None, ge=-1, le=0)
     action: Literal["hold", "full_backfill", "force"] = "hold"

@@ -7,7 +7,9 @@ The gate runs after a generation's gallery plan and before any shard changes
   empirical compatibility criterion M(new → old) > M(old → old) (``search.admission``), as the
   router would admit them;
 - quality: the served gallery's mAP after the planned backfill, predicted on the ``gallery-eval``
-  sample, against what the serving generation's report measured, within ``max_quality_drop``.
+  sample, against what the serving generation's report measured, within ``max_quality_drop``;
+- own quality (``min_p_up``, off by default): the generation's P_up on mAP against the unaligned
+  reference (``pipeline.quality_warning``), at least ``min_p_up``.
 
 The decision is taken from the committed measurement and the *current* ``GateSpec`` on every run,
 so a held generation can be re-run with another action without measuring again; it is recorded
@@ -34,6 +36,8 @@ class GateMeasurement:
     predicted:        mAP of the served gallery after the plan, on the sample (None: unmeasured).
     serving_quality:  mAP the serving generation's report measured on its gallery (None: unmeasured).
     unmeasured:       why the quality was not measured ("" when it was).
+    p_up:             the generation's P_up on mAP against the reference (None: no reference, or
+                      not measured when the gate ran).
     """
 
     generation: str
@@ -43,6 +47,7 @@ class GateMeasurement:
     predicted: float | None = None
     serving_quality: float | None = None
     unmeasured: str = ""
+    p_up: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,4 +90,7 @@ def decide(measurement: GateMeasurement, spec: GateSpec) -> GateDecision:
             failures.append(f"served mAP after the plan {measurement.predicted:.4f} < {floor:.4f} "
                             f"({measurement.serving} serves {measurement.serving_quality:.4f}, "
                             f"max_quality_drop {spec.max_quality_drop:g})")
+    if spec.min_p_up is not None and measurement.p_up is not None and measurement.p_up < spec.min_p_up:
+        failures.append(f"own mAP against the unaligned reference: P_up {measurement.p_up:+.3f} < min_p_up "
+                        f"{spec.min_p_up:g}")
     return GateDecision(measurement.generation, tuple(failures), spec.action if failures else "deploy")

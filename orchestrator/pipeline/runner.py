@@ -31,7 +31,7 @@ from orchestrator.evaluation import CompatibilityReport, sample_split
 from orchestrator.integrity import check_checkpoint, load_checked_generation, trained_outputs
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.store import STEP_SPEC, clean_json
-from orchestrator.metrics import KEY_METRICS, METRICS, format_value
+from orchestrator.metrics import KEY_METRICS, METRICS, format_value, p_up
 from orchestrator.pipeline.evaluate_step import EVAL_EMBEDDINGS, eval_embeddings_uri, evaluate_once, recorded_embeddings
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
 from orchestrator.pipeline.gate import DeploymentHeld, GateDecision, GateMeasurement, decide
@@ -181,6 +181,15 @@ class PipelineRunner:
                 self._warned.add(name)
                 self._say(line)
 
+    def _p_up(self, name: str) -> float | None:
+        """P_up on mAP of generation ``name`` against ``evaluation.reference`` from the recorded
+        self-tests; None without a reference or either measurement."""
+        reference = self.config.evaluation.reference
+        selfs = self_tests(self.store.compatibility_values(dataset=self.config.data.eval_split))
+        if reference is None or not selfs.get(reference) or name not in selfs:
+            return None
+        return p_up(selfs[name], selfs[reference])
+
     def _serve(self, generation) -> None:
         """Gallery plan and shard updates, deployment, then the served gallery's evaluation."""
         gallery = self.gallery
@@ -208,12 +217,15 @@ class PipelineRunner:
         gallery = self.gallery
         plan = gallery.committed_plan(generation.name)
         self._step(gallery.gate_key(generation.name), lambda key: self.store.commit_step(
-            key, gallery.measure_gate(plan, serving.generation, self._parents).to_json()))
+            key, {**gallery.measure_gate(plan, serving.generation, self._parents).to_json(),
+                  "p_up": self._p_up(generation.name)}))
         measurement = GateMeasurement.from_json(self.store.committed_outputs(gallery.gate_key(generation.name)))
         decision = decide(measurement, generation.gate)
         self._say(decision.describe())
         if measurement.unmeasured:
             self._say(f"gate of {generation.name}: served quality not checked: {measurement.unmeasured}")
+        if generation.gate.min_p_up is not None and measurement.p_up is None:
+            self._say(f"gate of {generation.name}: min_p_up not checked: no measured reference (evaluation.reference)")
         if decision.action == "hold":
             position = [g.name for g in self.config.generations].index(generation.name)
             held = DeploymentHeld(

@@ -47,3 +47,14 @@ def test_an_unmeasured_quality_checks_the_criterion_only():
 def test_the_measurement_round_trips_through_json():
     m = measurement([("g1", False, "why")], predicted=0.5, serving_quality=0.6)
     assert GateMeasurement.from_json(json.loads(json.dumps(m.to_json()))) == m
+
+
+@pytest.mark.parametrize("gain, floor, passes", [(-0.78, -0.2, False), (-0.2, -0.2, True), (-0.034, -0.05, True),
+                                                 (-0.78, None, True), (None, -0.2, True)])
+def test_the_own_quality_check_holds_p_up_to_min_p_up_when_asked(gain, floor, passes):
+    m = GateMeasurement("g2", "g1", "map", [], 0.9, 0.9, "", p_up=gain)
+    decision = decide(m, GateSpec(min_p_up=floor))
+    assert decision.passed is passes  # None floor: off; None P_up: not measured, which the runner says
+    if not passes:
+        assert decision.failures == (f"own mAP against the unaligned reference: P_up {gain:+.3f} < min_p_up {floor:g}",)
+    assert GateMeasurement.from_json({k: v for k, v in m.to_json().items() if k != "p_up"}).p_up is None  # older gates
