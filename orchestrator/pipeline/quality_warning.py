@@ -21,19 +21,24 @@ def self_tests(values: Iterable[CompatibilityRecord], metric: str = WARNING_METR
     return {v.query: v.value for v in values if v.query == v.gallery and v.metric == metric and v.value is not None}
 
 
+def reference_p_up(selfs: Mapping[str, float], name: str, reference: str | None) -> float | None:
+    """P_up of generation ``name`` against ``reference`` from the self-tests; None without a
+    reference, a measured non-zero reference self-test, or the generation's own."""
+    if reference is None or not selfs.get(reference) or name not in selfs:
+        return None
+    return p_up(selfs[name], selfs[reference])
+
+
 def own_quality_warnings(selfs: Mapping[str, float], generations: Mapping[str, str | None], reference: str | None,
                          floor: float | None) -> dict[str, str]:
     """Generation → warning line for every generation with a parent (``generations``: name → parent)
-    whose P_up against ``reference`` is below ``floor``; {} without a reference, a floor, or a
-    measured non-zero reference self-test."""
-    if reference is None or floor is None or not selfs.get(reference):
+    whose P_up against ``reference`` (``reference_p_up``) is below ``floor``; {} without a floor."""
+    if floor is None:
         return {}
     warnings = {}
     for name, parent in generations.items():
-        if parent is None or name == reference or name not in selfs:
-            continue
-        gain = p_up(selfs[name], selfs[reference])
-        if gain < floor:
+        gain = None if parent is None or name == reference else reference_p_up(selfs, name, reference)
+        if gain is not None and gain < floor:
             warnings[name] = (f"warning: {name}'s own mAP {selfs[name]:.4f} is far below the unaligned reference "
                               f"{reference}'s {selfs[reference]:.4f} (P_up {gain:+.3f} < evaluation.warn_p_up "
                               f"{floor:g}): its compatibility training costs it that share of its quality")

@@ -31,12 +31,12 @@ from orchestrator.evaluation import CompatibilityReport, sample_split
 from orchestrator.integrity import check_checkpoint, load_checked_generation, trained_outputs
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.store import STEP_SPEC, clean_json
-from orchestrator.metrics import KEY_METRICS, METRICS, format_value, p_up
+from orchestrator.metrics import KEY_METRICS, METRICS, format_value
 from orchestrator.pipeline.evaluate_step import EVAL_EMBEDDINGS, eval_embeddings_uri, evaluate_once, recorded_embeddings
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
 from orchestrator.pipeline.gate import DeploymentHeld, GateDecision, GateMeasurement, decide
 from orchestrator.pipeline.operations import shard_snapshot
-from orchestrator.pipeline.quality_warning import own_quality_warnings, self_tests
+from orchestrator.pipeline.quality_warning import own_quality_warnings, reference_p_up, self_tests
 from orchestrator.pipeline.verify import refuse_unknown_file, refuse_unknown_storage
 from orchestrator.pipeline.step_specs import ChangedStepSpec, changed_fields, evaluate_spec, plan_spec, train_spec
 from orchestrator.pipeline.report import (
@@ -182,13 +182,9 @@ class PipelineRunner:
                 self._say(line)
 
     def _p_up(self, name: str) -> float | None:
-        """P_up on mAP of generation ``name`` against ``evaluation.reference`` from the recorded
-        self-tests; None without a reference or either measurement."""
-        reference = self.config.evaluation.reference
+        """P_up on mAP of generation ``name`` against ``evaluation.reference`` (``reference_p_up``)."""
         selfs = self_tests(self.store.compatibility_values(dataset=self.config.data.eval_split))
-        if reference is None or not selfs.get(reference) or name not in selfs:
-            return None
-        return p_up(selfs[name], selfs[reference])
+        return reference_p_up(selfs, name, self.config.evaluation.reference)
 
     def _serve(self, generation) -> None:
         """Gallery plan and shard updates, deployment, then the served gallery's evaluation."""
