@@ -38,7 +38,8 @@ from orchestrator.pipeline.gate import DeploymentHeld, GateDecision, GateMeasure
 from orchestrator.pipeline.operations import shard_snapshot
 from orchestrator.pipeline.quality_warning import own_quality_warnings, reference_p_up, self_tests
 from orchestrator.pipeline.verify import refuse_unknown_file, refuse_unknown_storage
-from orchestrator.pipeline.step_specs import ChangedStepSpec, changed_fields, evaluate_spec, plan_spec, train_spec
+from orchestrator.pipeline.step_specs import (ChangedStepSpec, changed_fields, evaluate_spec, plan_spec, recorded_spec,
+                                               train_spec)
 from orchestrator.pipeline.report import (
     compatibility_matrix,
     format_gallery_rows,
@@ -260,7 +261,7 @@ class PipelineRunner:
         if step is not None and step.status == "committed":
             recorded = step.outputs.get(STEP_SPEC)
             if spec is not None and recorded is not None:
-                changed = changed_fields(recorded, clean_json(spec))
+                changed = changed_fields(recorded_spec(recorded), clean_json(spec))
                 if changed:
                     raise ChangedStepSpec(key, changed, generation)
             self._check_reused(key)

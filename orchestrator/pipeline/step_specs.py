@@ -4,8 +4,9 @@ Every step records its spec when it starts (``LineageStore.start_step(spec=...)`
 committed outputs). A re-run whose spec for a committed step differs is refused, naming the step
 and the changed fields (``ChangedStepSpec``), instead of skipping the step and silently keeping
 results the file no longer describes. Fields that cannot change results are left out: the Ray
-settings, the embedding actors' batch size, pool size and resources, the gate's action and the
-search depth of the report.
+settings, the embedding actors' batch size, pool size and resources, the gate's action, the
+search depth of the report and ``data.scenario`` (a label checked against the generations; specs
+recorded before it was left out are read without it, ``NOT_COUNTED``).
 
 - ``train:<gen>``: the generation (all but its backfill policy and gate), the data settings of
   training, and the parent's checkpoint sha256 (its identity);
@@ -33,7 +34,8 @@ class ChangedStepSpec(ValueError):
             "(the old one stays in the lineage), or put the old values back")
 
 
-TRAINING_ONLY = {"train_split", "train_per_class", "task_splits", "scenario"}
+TRAINING_ONLY = {"train_split", "train_per_class", "task_splits"}
+NOT_COUNTED = {"scenario"}  # data fields that change no result, left out of every spec
 
 
 def train_spec(config: PipelineConfig, generation: GenerationSpec, parent_sha256: str | None) -> dict[str, Any]:
@@ -44,13 +46,20 @@ def train_spec(config: PipelineConfig, generation: GenerationSpec, parent_sha256
 
 def evaluate_spec(config: PipelineConfig) -> dict[str, Any]:
     """Every data setting but the training-only ones (new ones count by default), and the sample."""
-    return {"data": config.data.model_dump(mode="json", exclude=TRAINING_ONLY),
+    return {"data": config.data.model_dump(mode="json", exclude=TRAINING_ONLY | NOT_COUNTED),
             "evaluation": config.evaluation.model_dump(mode="json", include={"eval_sample"})}
 
 
 def plan_spec(config: PipelineConfig, generation: GenerationSpec) -> dict[str, Any]:
     gallery = config.gallery.model_dump(mode="json", exclude={"embedding"})
     return {"gallery": gallery, "backfill": generation.backfill.model_dump(mode="json")}
+
+
+def recorded_spec(spec: dict[str, Any]) -> dict[str, Any]:
+    """A spec as a step recorded it, without the fields that no longer count (``NOT_COUNTED``)."""
+    if not isinstance(spec.get("data"), dict):
+        return spec
+    return {**spec, "data": {k: v for k, v in spec["data"].items() if k not in NOT_COUNTED}}
 
 
 def changed_fields(recorded: Any, current: Any, path: str = "") -> list[str]:

@@ -6,7 +6,7 @@ import pytest
 
 from orchestrator.config import load_pipeline
 from orchestrator.pipeline.runner import PipelineRunner
-from orchestrator.pipeline.step_specs import ChangedStepSpec, changed_fields, plan_spec, train_spec
+from orchestrator.pipeline.step_specs import ChangedStepSpec, changed_fields, plan_spec, recorded_spec, train_spec
 
 
 def runner(tmp_path, **overrides) -> PipelineRunner:
@@ -39,6 +39,16 @@ def test_a_committed_step_with_another_spec_is_refused_and_the_same_one_skipped(
     assert refused.value.fields == ["data.image_size (32 → 28)", "generation.method.params.clip (1.2 → 1.5)"]
     recorded = runner(tmp_path).store.committed_outputs("train:g1")
     assert recorded["done"] is True and recorded["spec"]["generation"]["name"] == "g1"  # outputs kept
+
+
+def test_the_scenario_label_does_not_count_even_in_a_spec_recorded_with_it(tmp_path):
+    first = runner(tmp_path)
+    assert run_train_step(first) is True
+    assert run_train_step(runner(tmp_path, **{"data.scenario": "extended_class"})) is False  # a label: skipped
+    # a lineage written when the scenario was part of the spec still resumes
+    spec = first.store.committed_outputs("train:g1")["spec"]
+    older = {**spec, "data": {**spec["data"], "scenario": "both"}}
+    assert changed_fields(recorded_spec(older), spec) == [] and changed_fields(older, spec) == ["data.scenario"]
 
 
 def test_the_plan_spec_covers_the_gallery_and_the_backfill_policy_only(tmp_path):
