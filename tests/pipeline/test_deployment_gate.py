@@ -1,5 +1,6 @@
-"""The deployment gate through the CLI: g0-old → g1 where g1 is trained with no compatibility
-(``independent``, a cosine space against g0-old's hyperbolic one), so the criterion fails.
+"""The deployment gate through the CLI: g0-old (the session's served run, copied) → g1 where g1 is
+trained with no compatibility (``independent``, a cosine space against g0-old's hyperbolic one), so
+the criterion fails.
 
 - ``hold`` (the default): exit 3 with the reason and the way on; nothing deployed, no shard changed,
   the gate's measurement and the failed deploy step are in the lineage, search serves g0-old;
@@ -12,23 +13,18 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from cli_runs import cli, cli_in_process
+from g0_run import g0_config, write_pipeline
 
 from orchestrator.lineage import LineageStore
 
 pytestmark = pytest.mark.e2e
 
-REPO = Path(__file__).resolve().parents[2]
-
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=1200)
+LIFELONG = Path(__file__).resolve().parents[2] / "pipelines" / "lifelong.yaml"
 
 
 def shard_generations(store: LineageStore) -> dict[str, int]:
@@ -39,24 +35,28 @@ def shard_generations(store: LineageStore) -> dict[str, int]:
     return counts
 
 
-def test_hold_force_full_backfill_rollback_and_gc(tmp_path):
-    config = yaml.safe_load((REPO / "pipelines" / "lifelong.yaml").read_text())
-    config["storage"] = str(tmp_path / "run")
-    config["lineage"] = f"sqlite:///{tmp_path / 'lineage.db'}"
+def gate_pipeline(folder: Path) -> Path:
+    """The copied g0-old run's file (``folder/run``, its lineage inside) with lifelong.yaml's g1
+    after it: 1 epoch, ``independent``, the gate's default action."""
+    config = g0_config()
     config["evaluation"] = {"reference": None, "backfill_curves": False}
-    config["data"]["scenario"] = "extended_class"
-    config["generations"] = [g for g in config["generations"] if g["name"] in ("g0-old", "g1")]
-    for generation in config["generations"]:
-        generation["training"] = {**generation["training"], "epochs": 1}
-    config["generations"][1]["method"] = {"name": "independent", "params": {}}
-    pipeline = tmp_path / "gate.yaml"
-    pipeline.write_text(yaml.safe_dump(config, sort_keys=False))
+    g1 = next(g for g in yaml.safe_load(LIFELONG.read_text())["generations"] if g["name"] == "g1")
+    g1["training"] = {**g1["training"], "epochs": 1}
+    g1["method"] = {"name": "independent", "params": {}}
+    config["generations"].append(g1)
+    return write_pipeline(folder / "gate.yaml", config, folder / "run")
+
+
+def test_hold_force_full_backfill_rollback_and_gc(tmp_path, copy_g0_run):
+    copy_g0_run(tmp_path)
+    pipeline = gate_pipeline(tmp_path)
+    lineage = f"sqlite:///{tmp_path / 'run' / 'lineage.db'}"
 
     held = cli("run", str(pipeline), cwd=tmp_path)
     assert held.returncode == 3, held.stdout[-3000:] + held.stderr[-3000:]
     assert "orchestrator: held: gate of g1: failed (g1 → g0-old:" in held.stderr
     assert "g0-old keeps serving" in held.stderr and "generations.1.gate.action" in held.stderr
-    store = LineageStore(config["lineage"])
+    store = LineageStore(lineage)
     assert store.current_deployment().generation == "g0-old"
     assert shard_generations(store) == {"g0-old": 539}  # no shard changed
     gate = store.committed_outputs("gate:digits-test:g1")
@@ -65,13 +65,12 @@ def test_hold_force_full_backfill_rollback_and_gc(tmp_path):
     assert deploy.status == "failed" and "gate of g1: failed" in deploy.error
     store.close()
 
-    search = cli("search", str(pipeline), "--split", "test", "--limit", "3", "-k", "2", "--json", cwd=tmp_path)
+    search = cli_in_process("search", str(pipeline), "--split", "test", "--limit", "3", "-k", "2", "--json", cwd=tmp_path)
     assert search.returncode == 0, search.stderr[-2000:]
     assert json.loads(search.stdout)["serving"] == "g0-old"
 
-    forced_lineage = f"sqlite:///{tmp_path / 'forced.db'}"
-    shutil.copy(tmp_path / "lineage.db", tmp_path / "forced.db")
-    shutil.copytree(tmp_path / "run", tmp_path / "forced-run")  # the lineage's locations are the storage's own
+    shutil.copytree(tmp_path / "run", tmp_path / "forced-run")  # the lineage inside; its locations are the storage's own
+    forced_lineage = f"sqlite:///{tmp_path / 'forced-run' / 'lineage.db'}"
     forced = cli("run", str(pipeline), "--set", f"lineage={forced_lineage}", "--set", "generations.1.gate.action=force",
                  "--storage", str(tmp_path / "forced-run"), cwd=tmp_path)
     assert forced.returncode == 0, forced.stdout[-3000:] + forced.stderr[-3000:]
@@ -86,7 +85,7 @@ def test_hold_force_full_backfill_rollback_and_gc(tmp_path):
     escalated = cli("run", str(pipeline), "--set", "generations.1.gate.action=full_backfill", cwd=tmp_path)
     assert escalated.returncode == 0, escalated.stdout[-3000:] + escalated.stderr[-3000:]
     assert "plan:digits-test:g1:full: 4 shard update(s), 539 of 539 items" in escalated.stdout
-    store = LineageStore(config["lineage"])
+    store = LineageStore(lineage)
     assert store.current_deployment().generation == "g1"
     assert shard_generations(store) == {"g1": 539}
     assert store.committed_outputs("deploy:g1")["gate"]["action"] == "full_backfill"
@@ -99,34 +98,34 @@ def test_hold_force_full_backfill_rollback_and_gc(tmp_path):
     shard_files = files(tmp_path / "run" / "galleries" / "digits-test")
     shard_files = {f for f in shard_files if f.startswith("shard-")}
     assert len(shard_files) == 16  # 4 shards × (parquet + index) × (g0-old, g1)
-    rollback = cli("deploy", str(pipeline), "--rollback", cwd=tmp_path)
+    rollback = cli_in_process("deploy", str(pipeline), "--rollback", cwd=tmp_path)
     assert rollback.returncode == 0, rollback.stderr[-2000:]
     assert "g0-old serves queries again (was g1)" in rollback.stdout
-    store = LineageStore(config["lineage"])
+    store = LineageStore(lineage)
     assert [d.generation for d in store.deployments()] == ["g0-old", "g1", "g0-old"]
     assert shard_generations(store) == {"g0-old": 539}
     store.close()
-    search = cli("search", str(pipeline), "--split", "test", "--limit", "3", "-k", "2", "--json", cwd=tmp_path)
+    search = cli_in_process("search", str(pipeline), "--split", "test", "--limit", "3", "-k", "2", "--json", cwd=tmp_path)
     served = json.loads(search.stdout)
     assert served["serving"] == "g0-old" and {h["generation"] for hits in served["results"] for h in hits} == {"g0-old"}
-    assert cli("deploy", str(pipeline), "--generation", "g1", cwd=tmp_path).returncode == 0
+    assert cli_in_process("deploy", str(pipeline), "--generation", "g1", cwd=tmp_path).returncode == 0
 
     # gc: a dry run removes nothing; keeping one deployment removes g0-old's shard files and Ray
     # Train's epoch checkpoints, never what the lineage points at; search still serves g1
     ray_runs = {p.name for p in (tmp_path / "run" / "ray").iterdir()}
     assert {r.rsplit("-", 1)[0] for r in ray_runs} == {"train-g0-old", "train-g1"}
-    dry = cli("gc", str(pipeline), "--keep-deployments", "1", "--dry-run", cwd=tmp_path)
+    dry = cli_in_process("gc", str(pipeline), "--keep-deployments", "1", "--dry-run", cwd=tmp_path)
     assert dry.returncode == 0 and "gc: would remove 10 file(s) / folder(s), kept 8" in dry.stdout
     assert {f for f in files(tmp_path / "run" / "galleries" / "digits-test") if f.startswith("shard-")} == shard_files
-    collected = cli("gc", str(pipeline), "--keep-deployments", "1", cwd=tmp_path)
+    collected = cli_in_process("gc", str(pipeline), "--keep-deployments", "1", cwd=tmp_path)
     assert collected.returncode == 0 and "gc: removed 10 file(s) / folder(s), kept 8" in collected.stdout
     left = {f for f in files(tmp_path / "run" / "galleries" / "digits-test") if f.startswith("shard-")}
     assert len(left) == 8 and all("/g1." in f for f in left) and left < shard_files
     assert not (tmp_path / "run" / "ray").exists() or not any((tmp_path / "run" / "ray").iterdir())
     assert (tmp_path / "run" / "generations" / "g0-old" / "card.json").exists()  # checkpoints are kept
-    search = cli("search", str(pipeline), "--split", "test", "--limit", "3", "-k", "2", "--json", cwd=tmp_path)
+    search = cli_in_process("search", str(pipeline), "--split", "test", "--limit", "3", "-k", "2", "--json", cwd=tmp_path)
     assert search.returncode == 0 and json.loads(search.stdout)["serving"] == "g1"
-    gone = cli("deploy", str(pipeline), "--rollback", cwd=tmp_path)
+    gone = cli_in_process("deploy", str(pipeline), "--rollback", cwd=tmp_path)
     assert gone.returncode == 2 and "cannot be served again" in gone.stderr  # its files were collected
 
     # an edited committed step is refused, naming the step and the field, not skipped

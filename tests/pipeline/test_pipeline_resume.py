@@ -1,4 +1,5 @@
-"""The lifelong pipeline end to end through Ray, killed and failed at its worst moments, run again.
+"""The lifelong pipeline end to end through Ray, killed and failed at its worst moments, run again,
+from the session's served g0-old run (copied; the same g0-old as this file's):
 
 1. The driver (and the local Ray it started) is SIGKILLed while the second generation trains.
 2. The re-run fails while g1 backfills the gallery: a file sits where the last new shard's folder
@@ -112,7 +113,8 @@ def assert_gallery_consistent(db: Path) -> dict[int, str]:
 
 
 @pytest.mark.e2e
-def test_killed_driver_resumes_without_redoing_or_duplicating(tmp_path):
+def test_killed_driver_resumes_without_redoing_or_duplicating(tmp_path, copy_g0_run):
+    copy_g0_run(tmp_path)
     pipeline = small_pipeline(tmp_path)
     db = tmp_path / "run" / "lineage.db"
     first = run_cli(pipeline, tmp_path)
