@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_runs import cli, cli_in_process
-from g0_run import g0_config, write_pipeline
 
 from orchestrator.lineage import LineageStore
+from cli_runs import cli, cli_in_process
+from g0_run import g0_config, write_pipeline
 
 pytestmark = pytest.mark.e2e
 

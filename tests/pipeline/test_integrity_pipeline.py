@@ -13,8 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,14 +23,11 @@ from orchestrator.lineage import LineageStore
 from orchestrator.pipeline.verify import stored_files, verify_storage
 from orchestrator.search.service import open_router
 from orchestrator.storage import ChecksumMismatch
+from cli_runs import cli, cli_in_process
 
 pytestmark = pytest.mark.e2e
 
 
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=900)
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +105,7 @@ def test_each_tampered_file_is_refused_never_served(served, tamper, served_refus
                 open_router(store, config.gallery.name)
         else:  # the Parquet file is not what search reads: what is served is still the lineage's
             assert open_router(store, config.gallery.name).searchable_items == 539
-        verify = cli("verify", str(path), cwd=root)
+        verify = cli_in_process("verify", str(path), cwd=root)
         assert verify.returncode == 1, verify.stdout + verify.stderr
         mismatches = [line for line in verify.stdout.splitlines() if line.startswith("MISMATCH")]
         assert len(mismatches) == 1 and str(changed) in mismatches[0], verify.stdout

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,16 +20,13 @@ import pytest
 from orchestrator.config import load_pipeline
 from orchestrator.integrity import INTEGRITY_PREFIX
 from orchestrator.lineage import LineageStore
+from cli_runs import cli, cli_in_process
 from g0_run import g0_config, write_pipeline
 
 pytestmark = pytest.mark.e2e
 
 SEARCH = ("--split", "test", "--limit", "8", "-k", "5", "--json")
 
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=900)
 
 
 def files(storage: Path) -> dict[str, tuple[bytes, int]]:
@@ -44,7 +39,7 @@ def files(storage: Path) -> dict[str, tuple[bytes, int]]:
 def test_a_moved_storage_serves_verifies_and_resumes(tmp_path, copy_g0_run):
     pipeline = copy_g0_run(tmp_path)
     old, new = tmp_path / "run", tmp_path / "elsewhere" / "moved-run"
-    before = cli("search", str(pipeline), *SEARCH, cwd=tmp_path)
+    before = cli_in_process("search", str(pipeline), *SEARCH, cwd=tmp_path)
     assert before.returncode == 0, before.stderr[-2000:]
 
     new.parent.mkdir()
@@ -54,14 +49,14 @@ def test_a_moved_storage_serves_verifies_and_resumes(tmp_path, copy_g0_run):
     lineage = load_pipeline(str(moved)).lineage
     assert lineage == f"sqlite:///{new}/lineage.db"
 
-    after = cli("search", str(moved), *SEARCH, cwd=tmp_path)
+    after = cli_in_process("search", str(moved), *SEARCH, cwd=tmp_path)
     assert after.returncode == 0, after.stderr[-2000:]
     served_before, served_after = json.loads(before.stdout), json.loads(after.stdout)
     assert served_after["results"] == served_before["results"]
     assert len(served_after["results"]) == 8 and all(len(hits) == 5 for hits in served_after["results"])
     assert (served_after["serving"], served_after["searched_items"]) == ("g0-old", 539)
 
-    verify = cli("verify", str(moved), cwd=tmp_path)
+    verify = cli_in_process("verify", str(moved), cwd=tmp_path)
     assert verify.returncode == 0, verify.stdout[-3000:] + verify.stderr[-2000:]
     assert "0 problem(s), 0 unreferenced file(s)" in verify.stdout
 

@@ -13,8 +13,6 @@ generations with partial backfills, so the final gallery holds shards of g0, g1 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -29,16 +27,13 @@ from orchestrator.lineage import LineageStore
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.metrics import retrieval_metrics
 from orchestrator.storage import load_generation, read_json
+from cli_runs import cli, cli_in_process
 
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
 PIPELINE = REPO / "pipelines" / "binary_hyperbolic.yaml"
 
-
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=1200)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +99,7 @@ def test_three_generations_are_served_and_the_search_matches_a_brute_force_ranki
 def test_orchestrator_search_serves_g2_over_all_three_generations(served):
     root, config, _stdout = served
     out = root / "hits.json"
-    run = cli("search", str(PIPELINE), "--storage", str(root / "run"), "--split", "test", "--limit", "40", "-k", "5",
+    run = cli_in_process("search", str(PIPELINE), "--storage", str(root / "run"), "--split", "test", "--limit", "40", "-k", "5",
               "--evaluate", "--json", "--output", str(out), cwd=root)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     report = json.loads(out.read_text())
@@ -133,7 +128,7 @@ def test_orchestrator_search_serves_g2_over_all_three_generations(served):
 
 def test_a_generation_without_recorded_compatibility_is_refused(served):
     root, _config, _stdout = served
-    run = cli("search", str(PIPELINE), "--storage", str(root / "run"), "--split", "test", "--limit", "3",
+    run = cli_in_process("search", str(PIPELINE), "--storage", str(root / "run"), "--split", "test", "--limit", "3",
               "--serving", "g0", cwd=root)
     assert run.returncode == 2
     assert "generation 'g0' cannot search" in run.stderr
