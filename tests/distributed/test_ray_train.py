@@ -21,6 +21,7 @@ import torch
 from orchestrator.data import channel_statistics, load_digits
 from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
 from orchestrator.storage import load_card, load_generation
+from orchestrator.training.generation import GenerationTraining
 from orchestrator.training.seeds import derive_seed
 
 pytestmark = pytest.mark.e2e
@@ -138,6 +139,8 @@ def test_killed_worker_resumes_from_the_last_epoch_checkpoint(local_ray, digits_
 def test_init_from_parent_and_replacement_start_points(local_ray, digits_stats, parent, tmp_path):
     """init_from_parent starts from the parent's weights; a replacement (replaces) starts from its
     pretrained checkpoint, and that checkpoint, not the parent, is the frozen model it aligns to.
+    The first through Ray Train (the job's fields reach the worker); the two replacement cases in
+    this process through ``GenerationTraining``, the session every Ray Train worker runs.
 
     The parent is test_convnext (LayerNorm: a model and a frozen copy give identical outputs in
     train and eval mode): a learning rate of 1e-9 keeps the l2 term at ~0 exactly when the frozen
@@ -148,10 +151,21 @@ def test_init_from_parent_and_replacement_start_points(local_ray, digits_stats, 
     train = load_digits("train")
     ids = train.ids[train.labels < 5][:256].tolist()  # the parent's classes: same seen_classes buffer
 
-    def run(name, method, **fields):
+    def spec(name, method, **fields):
         base = job(name, method, tmp_path, digits_stats, train_ids=ids)
-        spec = GenerationJob(**{**base.__dict__, "encoder": CONVNEXT, "seed": derive_seed(0, name), **fields})
-        return train_generation_with_ray(spec, ScalingSettings(num_workers=1), storage_path=str(tmp_path / "ray"))
+        return GenerationJob(**{**base.__dict__, "encoder": CONVNEXT, "seed": derive_seed(0, name), **fields})
+
+    def run(name, method, **fields):
+        return train_generation_with_ray(spec(name, method, **fields), ScalingSettings(num_workers=1),
+                                         storage_path=str(tmp_path / "ray"))
+
+    def run_here(name, method, **fields):
+        session = GenerationTraining(spec(name, method, **fields))
+        session.start()
+        metrics = session.train_epoch(0)
+        session.finish()
+        session.save()
+        return metrics
 
     parent_model, parent_card = load_generation(parent.uri)
     assert parent_card.encoder["arch"] == "test_convnext"
@@ -166,8 +180,8 @@ def test_init_from_parent_and_replacement_start_points(local_ray, digits_stats, 
                 if k.startswith("encoder.backbone.")}
     save_file(backbone, str(tmp_path / "third_party.safetensors"))
     pretrained = {**CONVNEXT, "pretrained": str(tmp_path / "third_party.safetensors")}
-    replaced = run("g2", "l2", training=quiet, replaces=True, encoder=pretrained, **lineage)
-    aligned_to_parent = run("g3", "l2", training=quiet, encoder=pretrained, **lineage)
+    replaced = run_here("g2", "l2", training=quiet, replaces=True, encoder=pretrained, **lineage)
+    aligned_to_parent = run_here("g3", "l2", training=quiet, encoder=pretrained, **lineage)
     assert replaced["loss/l2"] < 1e-6  # aligned to its own starting checkpoint
     assert aligned_to_parent["loss/l2"] > 1e-3  # same start, aligned to g0 (whose projection differs)
     model, card = load_generation(str(tmp_path / "g2"))
