@@ -73,12 +73,16 @@ class GalleryUpdater:
 
     normalisation: the training split's per-channel (mean, std), shared by every generation.
     eval_images:   the query set of the evaluation (the evaluation split).
+    ensure_ray:    called before the first work on Ray (scoring, embedding): connects to or starts
+                   the file's Ray then, so that steps with nothing to do on Ray start none. Default:
+                   nothing (the caller has connected).
     """
 
     def __init__(self, config: PipelineConfig, store: LineageStore, storage: str,
                  normalisation: tuple[tuple[float, ...], tuple[float, ...]], eval_images: Callable[[], LabeledImages],
-                 say: Callable[[str], None]):
+                 say: Callable[[str], None], ensure_ray: Callable[[], None] = lambda: None):
         self.config, self.store, self.say = config, store, say
+        self.ensure_ray = ensure_ray
         self.spec = config.gallery
         self.name = config.gallery.name
         self.locations = StorageRoot(storage)  # plan files record locations as the lineage does
@@ -181,6 +185,7 @@ class GalleryUpdater:
         if policy.policy == "none" and not curves:
             return (), ()
         candidates = [s for s in shards if s.generation != generation.name]
+        self.ensure_ray()
         scored = ScoredGallery(self._priority_rule(generation, policy),
                                [ShardToScore(s.index, s.embeddings_uri, s.sha256) for s in candidates])
         ranked = sorted(scored.summaries, key=lambda x: (-x["mean"], x["index"]))  # shards by mean priority
@@ -314,6 +319,7 @@ class GalleryUpdater:
             if entry.kind == "embed" and plan.before[entry.shard].generation is not None:
                 self.store.start_backfill(self.name, entry.shard, generation, items=entry.num_items)
         settings = EmbeddingSettings(**self.spec.embedding.model_dump())
+        self.ensure_ray()
         quiet_ray_data()
         total = sum(e.num_items for e in pending)
         self.say(f"{self.name}: embedding {total} items of {len(pending)} shard update(s) with {generation} "

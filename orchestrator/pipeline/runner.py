@@ -100,6 +100,7 @@ class PipelineRunner:
         self._skipped: list[str] = []
         self._warned: set[str] = set()
         self._parents = {g.name: g.parent for g in config.generations}
+        self._ray_connected = False
         self.tracker = open_tracker(config, self.storage, self._say)
 
     # --- data --------------------------------------------------------------------------------
@@ -130,7 +131,19 @@ class PipelineRunner:
 
     @functools.cached_property
     def gallery(self) -> GalleryUpdater:
-        return GalleryUpdater(self.config, self.store, self.storage, self.normalisation, lambda: self.eval_images, self._say)
+        return GalleryUpdater(self.config, self.store, self.storage, self.normalisation, lambda: self.eval_images, self._say,
+                              ensure_ray=self.ensure_ray)
+
+    def ensure_ray(self) -> None:
+        """Connect to (or start) Ray as the file says, once, when the first step that needs it runs
+        (training, scoring or embedding a gallery): a re-run whose steps have all committed, or one
+        refused before any work, starts no Ray. Prints the dashboard's address when Ray gives one."""
+        if self._ray_connected:
+            return
+        self._ray_connected = True
+        dashboard = connect(self.config.ray.address, dashboard=self.config.ray.dashboard)
+        if dashboard:
+            self.progress(dashboard_message(dashboard))
 
     def generation_uri(self, name: str) -> str:
         return join_uri(self.storage, "generations", name)
@@ -338,6 +351,7 @@ class PipelineRunner:
                                   checkpoints_to_keep=ray_settings.checkpoints_to_keep)
         self._say(f"{key}: {generation.method.name} on {len(job.train_ids)} items, {generation.training.epochs} epochs, "
                   f"{scaling.num_workers} worker(s)")
+        self.ensure_ray()
         metrics = train_generation_with_ray(job, scaling, storage_path=join_uri(self.storage, "ray"),
                                             run_name=f"train-{generation.name}-{self.config_sha[:8]}",
                                             progress=lambda line: self._say(f"{key}: {line}"),
@@ -414,13 +428,10 @@ def _raise(error: BaseException) -> None:
 
 def run_pipeline(config: PipelineConfig, progress: Progress | None = None) -> PipelineResult:
     """Take the pipeline's run lock (``LineageBusy`` when another process has it: nothing started,
-    not even Ray), connect to (or start) Ray as the file says and run it; see ``PipelineRunner``.
-    The Ray dashboard's address is printed when Ray reports one."""
-    runner = PipelineRunner(config, progress)  # before Ray starts: a missing MLflow fails fast
+    not even Ray) and run it; see ``PipelineRunner``. Ray starts (or is joined) as the file says
+    when the first step needs it (``PipelineRunner.ensure_ray``)."""
+    runner = PipelineRunner(config, progress)  # a missing MLflow fails fast
     with runner.locked("orchestrator run"):
-        dashboard = connect(config.ray.address, dashboard=config.ray.dashboard)
-        if dashboard:
-            runner.progress(dashboard_message(dashboard))
         return runner.run()
 
 
