@@ -31,6 +31,7 @@ from orchestrator.metrics import METRICS
 from orchestrator.pipeline.report import write_report
 from orchestrator.pipeline.step_specs import train_spec
 from orchestrator.pipeline.tracking import Tracker, metric_key, open_tracker, shown_uri
+from g0_run import g0_config, write_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 LIFELONG = REPO / "pipelines" / "lifelong.yaml"
@@ -215,19 +216,17 @@ def test_metric_keys_drop_the_at_sign_and_printed_uris_hide_passwords():
 
 
 @pytest.mark.e2e
-def test_a_pipeline_run_with_tracking_and_the_dashboard(tmp_path):
-    config = yaml.safe_load(LIFELONG.read_text())
-    config["storage"] = str(tmp_path / "run")
+def test_a_pipeline_run_with_tracking_and_the_dashboard(tmp_path, copy_g0_run):
+    """g1 (2 epochs) trained over the session's served g0-old run (copied, trained untracked):
+    both generations get a run; g0-old's, skipped, has its checkpoint and scores but no epochs."""
+    copy_g0_run(tmp_path)
+    config = g0_config()
+    g1 = next(g for g in yaml.safe_load(LIFELONG.read_text())["generations"] if g["name"] == "g1")
+    config["generations"].append({**g1, "training": {**g1["training"], "epochs": 2}, "gate": {"action": "force"}})
     config["evaluation"] = {"reference": None, "backfill_curves": False}
-    config["data"]["scenario"] = "extended_class"
-    config["generations"] = [g for g in config["generations"] if g["name"] in ("g0-old", "g1")]
-    for generation, epochs in zip(config["generations"], (2, 1)):
-        generation["training"] = {**generation["training"], "epochs": epochs}
-        generation["gate"] = {"action": "force"}
     config["ray"]["dashboard"] = True
     config["tracking"] = {"enabled": True}
-    pipeline = tmp_path / "tracked.yaml"
-    pipeline.write_text(yaml.safe_dump(config, sort_keys=False))
+    pipeline = write_pipeline(tmp_path / "tracked.yaml", config, tmp_path / "run")
 
     done = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(pipeline)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=1200)
@@ -240,11 +239,14 @@ def test_a_pipeline_run_with_tracking_and_the_dashboard(tmp_path):
     assert set(runs) == {"lifelong", "g0-old", "g1"} and {r.info.status for r in runs.values()} == {"FINISHED"}
     store = LineageStore(f"sqlite:///{tmp_path / 'run' / 'lineage.db'}")
     values = {(v.query, v.gallery, v.metric): v.value for v in store.compatibility_values(dataset="test")}
-    for name, epochs in (("g0-old", 2), ("g1", 1)):
+    for name, epochs in (("g0-old", 1), ("g1", 2)):
         run, record = runs[name], store.get_generation(name)
         history = sorted(client.get_metric_history(run.info.run_id, "loss"), key=lambda m: m.step)
-        assert [m.step for m in history] == list(range(epochs))
-        assert history[-1].value == pytest.approx(record.metrics["loss"])  # the last epoch's loss, as recorded
+        if name == "g1":
+            assert [m.step for m in history] == list(range(epochs))
+            assert history[-1].value == pytest.approx(record.metrics["loss"])  # the last epoch's loss, as recorded
+        else:
+            assert history == []  # trained before tracking was on: its skipped step logs no epoch
         assert run.data.tags["checkpoint_uri"] == record.checkpoint_uri
         assert run.data.tags["checkpoint_sha256"] == record.sha256
         assert run.data.params["method.name"] == "hbct" and run.data.params["training.epochs"] == str(epochs)
