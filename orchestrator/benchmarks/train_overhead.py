@@ -237,8 +237,10 @@ def run_ray(setup: Setup, run_name: str = "train-overhead") -> dict[str, Any]:
         output_uri=str((setup.workdir / "ray-output").resolve()),
     )
     fit_called = time.time()
-    metrics = train_generation_with_ray(job, ScalingSettings(num_workers=1, cpus_per_worker=1, max_failures=0),
-                                        storage_path=str(storage), run_name=run_name)
+    # every epoch's checkpoint is kept: their times are the epoch boundaries measured here
+    scaling = ScalingSettings(num_workers=1, cpus_per_worker=1, max_failures=0,
+                              checkpoints_to_keep=setup.training.epochs)
+    metrics = train_generation_with_ray(job, scaling, storage_path=str(storage), run_name=run_name)
     fit_returned = time.time()
     ends = checkpoint_times(storage / run_name)
     if len(ends) != setup.training.epochs:
