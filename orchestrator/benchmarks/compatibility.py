@@ -27,11 +27,15 @@ from orchestrator.training.config import TrainConfig
 SHAPES_OPTIONS: dict[str, Any] = {"num_shapes": 6, "num_patterns": 4, "train_per_class": 120,
                                   "test_per_class": 20, "image_size": 24}
 #: (label, method, params): the paper's HBCT, the candidate recipes of issue 14 (s: MLR init scale,
-#: t: learned logit scale, w: λ warm-up fraction), the cosine methods.
+#: t: learned logit scale, t≤m: capped at m, w: λ warm-up fraction), the cosine methods.
 METHODS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("hbct", "hbct", {}),
     ("hbct s10 λ1", "hbct", {"mlr_init_scale": 10.0, "lam": 1.0}),
     ("hbct t", "hbct", {"mlr_learn_scale": True}),
+    ("hbct t λ0.6", "hbct", {"mlr_learn_scale": True, "lam": 0.6}),
+    ("hbct t≤3", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 3.0}),
+    ("hbct t≤3 λ0.6", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 3.0, "lam": 0.6}),
+    ("hbct t≤3 λ1", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 3.0, "lam": 1.0}),
     ("hbct t λ1", "hbct", {"mlr_learn_scale": True, "lam": 1.0}),
     ("hbct t λ1 w0.5", "hbct", {"mlr_learn_scale": True, "lam": 1.0, "lam_warmup": 0.5}),
     ("hbct s10 λ1 w0.5", "hbct", {"mlr_init_scale": 10.0, "lam": 1.0, "lam_warmup": 0.5}),

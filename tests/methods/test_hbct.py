@@ -319,6 +319,7 @@ def test_learned_logit_scale_is_in_the_head_and_is_trained():
     """mlr_learn_scale builds the MLR with a log-scale parameter; training moves it (it receives
     the base loss's gradient), and the default head has none."""
     assert HBCT().build_head(6, 3).log_scale is None
+    assert HBCT({"mlr_learn_scale": True, "mlr_max_scale": 4.0}).build_head(6, 3).max_log_scale == pytest.approx(math.log(4.0))
     method = HBCT({"mlr_learn_scale": True, "clip": 1.0})
     model = make_model(method, seed=1)
     assert isinstance(model.head, LorentzMLR) and model.head.log_scale.item() == 0.0
@@ -333,8 +334,8 @@ def test_learned_logit_scale_is_in_the_head_and_is_trained():
 def test_parent_and_reference_keep_the_base_fields_and_drop_the_alignment_ones():
     """Updates that differ only in their alignment settings share one old model and one φ_*."""
     method = HBCT({"lam": 1.0, "lam_warmup": 0.5, "tau": 0.7, "entail": False, "clip": 1.4,
-                   "mlr_init_scale": 10.0, "mlr_learn_scale": True, "curv": 0.5})
-    base = {"curv": 0.5, "mlr_init_scale": 10.0, "mlr_learn_scale": True}
+                   "mlr_init_scale": 10.0, "mlr_learn_scale": True, "mlr_max_scale": 4.0, "curv": 0.5})
+    base = {"curv": 0.5, "mlr_init_scale": 10.0, "mlr_learn_scale": True, "mlr_max_scale": 4.0}
     assert method.reference_method().params == HBCT({**base, "clip": 1.4}).params
     assert method.parent_method().params == HBCT({**base, "clip": 1.2}).params
 

@@ -118,12 +118,29 @@ def test_lorentz_mlr_learned_scale_multiplies_the_logits_and_receives_its_gradie
     torch.testing.assert_close(learned.log_scale.grad, expected)
     assert abs(learned.log_scale.grad.item()) > 1e-3
     with torch.no_grad():
-        learned.log_scale.fill_(7.0)
+        learned.log_scale.fill_(7.0)  # beyond ln 100
     learned.log_scale.grad = None
     capped = learned(h)
     torch.testing.assert_close(capped, 100.0 * plain(h))
     capped.sum().backward()
     assert learned.log_scale.grad.item() == 0.0
+
+
+def test_lorentz_mlr_max_scale_caps_the_learned_scale():
+    torch.manual_seed(3)
+    plain = LorentzMLR(6, 4).double()
+    torch.manual_seed(3)
+    capped = LorentzMLR(6, 4, learn_scale=True, max_scale=3.0).double()
+    h = _lorentz_points(5, 6, 1.0)
+    with torch.no_grad():
+        capped.log_scale.fill_(math.log(2.0))  # below the cap: t = 2
+    torch.testing.assert_close(capped(h), 2.0 * plain(h))
+    with torch.no_grad():
+        capped.log_scale.fill_(math.log(5.0))  # above it: t = 3
+    torch.testing.assert_close(capped(h), 3.0 * plain(h))
+    for bad in (0.5, float("inf"), True):
+        with pytest.raises(ValueError, match="max_scale must be finite and >= 1"):
+            LorentzMLR(6, 4, learn_scale=True, max_scale=bad)
 
 
 def test_lorentz_mlr_shares_learnable_curvature():
