@@ -53,7 +53,7 @@ class HBCTParams(MethodParams):
                    The MLR logits are linear in ‖z_c‖ and the embeddings lie within ζ of the origin,
                    so s is the initial logit scale; the paper leaves the init open.
     mlr_learn_scale: learn one logit scale t shared by all classes (``LorentzMLR(learn_scale=True)``:
-                   logits × exp(log t), log t from 0, clamped at ln 100), as MERU learns its
+                   logits × exp(log t), log t from 0, clamped at ln mlr_max_scale), as MERU learns its
                    scales. Fills in a choice the paper leaves open (it names no learned scale,
                    hbct.md §15 item 2); eq. 9 is unchanged (t rescales every ‖z_c‖ alike).
     mlr_max_scale: the ceiling of that learned scale t (MERU / CLIP: 100).
@@ -211,17 +211,17 @@ class HBCT(CompatibilityMethod):
     #: (λ, its schedule, the alignment terms' settings) act only with a parent.
     BASE_FIELDS = ("curv", "clip", "mlr_init_scale", "mlr_learn_scale", "mlr_max_scale")
 
-    def _base_only(self, clip: float) -> "HBCT":
+    def _base_only(self, clip: float) -> HBCT:
         """HBCT with this method's base-loss fields, clip ``clip`` and the alignment fields at their
         defaults, so that updates differing only in their alignment share one old model / one φ_*."""
         fields = {name: getattr(self.params, name) for name in self.BASE_FIELDS}
         return HBCT({**fields, "clip": clip})
 
-    def reference_method(self) -> "HBCT":
+    def reference_method(self) -> HBCT:
         """φ_*: the same Lorentz model and head trained with the base loss alone (same clip)."""
         return self._base_only(self.params.clip)
 
-    def parent_method(self) -> "HBCT":
+    def parent_method(self) -> HBCT:
         """The old generation of an HBCT update: the same Lorentz model trained with the base loss
         alone and clip ζ_o = ζ_n − 0.2 (hbct.md §3: ζ_o = 1.0, ζ_n = 1.2), floored at 0.2."""
         return self._base_only(max(0.2, self.params.clip - 0.2))
