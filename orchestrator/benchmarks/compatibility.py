@@ -26,10 +26,20 @@ from orchestrator.training.config import TrainConfig
 #: The ``shapes`` options the benchmark uses (24 classes, 2,880 training images, 24x24).
 SHAPES_OPTIONS: dict[str, Any] = {"num_shapes": 6, "num_patterns": 4, "train_per_class": 120,
                                   "test_per_class": 20, "image_size": 24}
-#: (label, method, params): the paper's HBCT, the candidate recipe of issue 14, the cosine methods.
+#: (label, method, params): the paper's HBCT, the candidate recipes of issue 14 (s: MLR init scale,
+#: t: learned logit scale, t≤m: capped at m, w: λ warm-up fraction), the cosine methods.
 METHODS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("hbct", "hbct", {}),
     ("hbct s10 λ1", "hbct", {"mlr_init_scale": 10.0, "lam": 1.0}),
+    ("hbct t", "hbct", {"mlr_learn_scale": True}),
+    ("hbct t λ0.6", "hbct", {"mlr_learn_scale": True, "lam": 0.6}),
+    ("hbct t≤3", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 3.0}),
+    ("hbct t≤3 λ0.6", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 3.0, "lam": 0.6}),
+    ("hbct t≤3 λ1", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 3.0, "lam": 1.0}),
+    ("hbct t λ1", "hbct", {"mlr_learn_scale": True, "lam": 1.0}),
+    ("hbct t λ1 w0.5", "hbct", {"mlr_learn_scale": True, "lam": 1.0, "lam_warmup": 0.5}),
+    ("hbct s10 λ1 w0.5", "hbct", {"mlr_init_scale": 10.0, "lam": 1.0, "lam_warmup": 0.5}),
+    ("hbct s10 t λ1", "hbct", {"mlr_init_scale": 10.0, "mlr_learn_scale": True, "lam": 1.0}),
     ("bct", "bct", {}),
     ("lce", "lce", {}),
     ("hot_refresh", "hot_refresh", {}),
@@ -41,10 +51,10 @@ _COLUMNS = ("old self", "ref self", "self", "cross", "P_com", "P_up")
 _KEYS = ("old_self", "reference_self", "self", "cross", "p_com", "p_up")
 
 
-def experiment_for(dataset: str, epochs: int) -> UpdateExperiment:
+def experiment_for(dataset: str, epochs: int, seed: int = 0) -> UpdateExperiment:
     """The update experiment of ``dataset`` ("digits" | "shapes") at ``epochs`` (batch 64, SGD lr 0.05,
-    no augmentation, embed_dim 32, test_resnet: the default pipeline's recipe)."""
-    training = TrainConfig(epochs=epochs, batch_size=64, lr=0.05, augment=False)
+    no augmentation, embed_dim 32, test_resnet: the default pipeline's recipe), base seed ``seed``."""
+    training = TrainConfig(epochs=epochs, batch_size=64, lr=0.05, augment=False, seed=seed)
     if dataset == "digits":
         return UpdateExperiment(ExperimentSettings(embed_dim=32, training=training))
     if dataset == "shapes":
@@ -57,11 +67,11 @@ def experiment_for(dataset: str, epochs: int) -> UpdateExperiment:
 
 
 def measure(dataset: str, epochs: int, methods: Sequence[tuple[str, str, dict[str, Any]]] = METHODS,
-            workers: int = 2) -> list[dict[str, Any]]:
+            workers: int = 2, seed: int = 0) -> list[dict[str, Any]]:
     """One row per method: its label and, per key metric (``KEY_METRICS``: CMC@1, mAP), the update summary with
     ``old_self`` added (the old model's self-test)."""
     result = run_update_experiment([(name, params) for _, name, params in methods],
-                                   experiment=experiment_for(dataset, epochs), workers=workers)
+                                   experiment=experiment_for(dataset, epochs, seed), workers=workers)
     rows = []
     for (label, _, _), generation in zip(methods, result.generations):
         old, _ = result.generations[generation]
@@ -123,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--methods", default=",".join(label for label, _, _ in METHODS),
                         help="comma-separated labels of METHODS")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--seeds", default="0", help="comma-separated base training seeds (one table each)")
     parser.add_argument("--out", type=Path, default=None, help="append each table to this markdown file")
     args = parser.parse_args(argv)
     known = {label: (label, name, params) for label, name, params in METHODS}
@@ -131,10 +142,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--methods: unknown {unknown}; known: {', '.join(known)}")
     methods = [known[m] for m in args.methods.split(",")]
     for dataset in args.datasets.split(","):
-        for epochs in (int(e) for e in args.epochs.split(",")):
+        for epochs, seed in ((int(e), int(s)) for e in args.epochs.split(",") for s in args.seeds.split(",")):
             started = time.perf_counter()
-            rows = measure(dataset, epochs, methods, args.workers)
-            text = (f"### {dataset}, {epochs} epochs ({time.perf_counter() - started:.0f} s)\n\n"
+            rows = measure(dataset, epochs, methods, args.workers, seed)
+            text = (f"### {dataset}, {epochs} epochs, seed {seed} ({time.perf_counter() - started:.0f} s)\n\n"
                     + format_table(rows) + "\n\n" + "\n".join(f"- {line}" for line in orderings(rows)) + "\n")
             print(text, flush=True)
             if args.out is not None:

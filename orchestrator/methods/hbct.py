@@ -52,6 +52,14 @@ class HBCTParams(MethodParams):
     mlr_init_scale: multiplier s of the Lorentz MLR's class-normal init U(-s/√d, s/√d) (``LorentzMLR``).
                    The MLR logits are linear in ‖z_c‖ and the embeddings lie within ζ of the origin,
                    so s is the initial logit scale; the paper leaves the init open.
+    mlr_learn_scale: learn one logit scale t shared by all classes (``LorentzMLR(learn_scale=True)``:
+                   logits × exp(log t), log t from 0, clamped at ln mlr_max_scale), as MERU learns its
+                   scales. Fills in a choice the paper leaves open (it names no learned scale,
+                   hbct.md §15 item 2); eq. 9 is unchanged (t rescales every ‖z_c‖ alike).
+    mlr_max_scale: the ceiling of that learned scale t (MERU / CLIP: 100).
+    lam_warmup:    fraction f of the training's epochs over which λ ramps linearly from 0: at
+                   0-based epoch e of E, λ_e = λ · min(1, e / (f·E)); 0 (the paper) keeps λ
+                   constant. Fills in a choice the paper leaves open (it gives no schedule of λ).
     distance:      the (dis)similarity inside the contrastive term (Table 5): "geodesic" d_L,
                    "squared" Lorentz distance ‖x−y‖²_L = −2/K − 2⟨x,y⟩_L, or "lorentz_inner"
                    −⟨x,y⟩_L − 1/K (see ``contrastive_distances``).
@@ -69,6 +77,9 @@ class HBCTParams(MethodParams):
     q_min: float = Field(1e-3, ge=0, le=1)
     distance: Distance = "geodesic"
     mlr_init_scale: float = Field(1.0, gt=0)
+    mlr_learn_scale: bool = False
+    mlr_max_scale: float = Field(100.0, ge=1)
+    lam_warmup: float = Field(0.0, ge=0, le=1)
 
 
 def entailment_loss(old: torch.Tensor, new: torch.Tensor, curv: float, min_radius: float = 0.1) -> torch.Tensor:
@@ -172,7 +183,12 @@ class HBCT(CompatibilityMethod):
       benchmarks/README.md): Bdeir's init (``mlr_init_scale=1``, the default) starts the logits near
       zero and the base loss near ln C for several epochs; ``mlr_init_scale=10`` trains a far
       better old model at 10 epochs on the generated shapes, but then needs λ ≈ 1 (not 0.3) for the
-      update to pass the compatibility criterion, at a cost in the new model's own mAP.
+      update to pass the compatibility criterion, at a cost in the new model's own mAP;
+      ``mlr_learn_scale`` learns that scale instead (MERU-style): better old and new models on the
+      shapes, but on the digits the aligned new model loses own mAP (a small fixed scale keeps the
+      CE pulling classes together after the classes separate; a learned one lets it saturate and
+      the alignment terms take over); ``lam_warmup`` (a λ ramp) did not help on either dataset.
+      Both stay off by default (measured in benchmarks/README.md, issue 14).
     """
 
     name = "hbct"
@@ -188,12 +204,27 @@ class HBCT(CompatibilityMethod):
         return build_lift(Space.LORENTZ, curv=self.params.curv, clip=self.params.clip, rescale=True)
 
     def build_head(self, embed_dim: int, num_classes: int) -> nn.Module:
-        return LorentzMLR(embed_dim, num_classes, curv=self.params.curv, init_scale=self.params.mlr_init_scale)
+        return LorentzMLR(embed_dim, num_classes, curv=self.params.curv, init_scale=self.params.mlr_init_scale,
+                          learn_scale=self.params.mlr_learn_scale, max_scale=self.params.mlr_max_scale)
 
-    def parent_method(self) -> "HBCT":
+    #: The fields that shape a model trained with the base loss alone (no parent); the others
+    #: (λ, its schedule, the alignment terms' settings) act only with a parent.
+    BASE_FIELDS = ("curv", "clip", "mlr_init_scale", "mlr_learn_scale", "mlr_max_scale")
+
+    def _base_only(self, clip: float) -> HBCT:
+        """HBCT with this method's base-loss fields, clip ``clip`` and the alignment fields at their
+        defaults, so that updates differing only in their alignment share one old model / one φ_*."""
+        fields = {name: getattr(self.params, name) for name in self.BASE_FIELDS}
+        return HBCT({**fields, "clip": clip})
+
+    def reference_method(self) -> HBCT:
+        """φ_*: the same Lorentz model and head trained with the base loss alone (same clip)."""
+        return self._base_only(self.params.clip)
+
+    def parent_method(self) -> HBCT:
         """The old generation of an HBCT update: the same Lorentz model trained with the base loss
         alone and clip ζ_o = ζ_n − 0.2 (hbct.md §3: ζ_o = 1.0, ζ_n = 1.2), floored at 0.2."""
-        return HBCT(self.params.model_copy(update={"clip": max(0.2, self.params.clip - 0.2)}))
+        return self._base_only(max(0.2, self.params.clip - 0.2))
 
     def check_parent(self, old_model: CompatibleModel) -> None:
         """Raise ValueError unless the parent is a Lorentz model with this method's curvature K."""
@@ -212,6 +243,17 @@ class HBCT(CompatibilityMethod):
         if ctx.old_model is not None:
             self.check_parent(ctx.old_model)
 
+    def lam_at(self, epoch: int | None, epochs: int | None) -> float:
+        """λ_e of 0-based ``epoch`` of ``epochs``: λ · min(1, e / (f·E)) with f = ``lam_warmup``
+        (λ itself when f = 0, where the epoch is not needed)."""
+        p = self.params
+        if p.lam_warmup == 0:
+            return p.lam
+        if epoch is None or epochs is None:
+            raise ValueError(f"hbct: lam_warmup={p.lam_warmup} needs the epoch and the training length "
+                             f"(TrainContext.epoch / epochs), got epoch={epoch!r}, epochs={epochs!r}")
+        return p.lam * min(1.0, epoch / (p.lam_warmup * epochs))
+
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx: TrainContext) -> dict[str, torch.Tensor]:
         """Terms ``base`` (CE of the Lorentz MLR logits), and with a parent ``entailment`` (unless
         ``entail=False``) and ``contrastive``, each already multiplied by its weight."""
@@ -219,6 +261,7 @@ class HBCT(CompatibilityMethod):
         if old is None:
             return terms
         p = self.params
+        lam = self.lam_at(*((ctx.epoch, ctx.epochs) if ctx is not None else (None, None)))
         h_new = new.embedding
         h_old = old.embedding.detach()
         if h_new.shape != h_old.shape:
@@ -226,12 +269,12 @@ class HBCT(CompatibilityMethod):
                 f"hbct: new and old embeddings must have the same shape, got {tuple(h_new.shape)} and {tuple(h_old.shape)}"
             )
         if p.entail:
-            terms["entailment"] = p.lam * p.entail_weight * entailment_loss(h_old, h_new, p.curv, p.min_radius)
+            terms["entailment"] = lam * p.entail_weight * entailment_loss(h_old, h_new, p.curv, p.min_radius)
         distances = contrastive_distances(h_new, h_old, p.curv, p.distance) / p.tau
         if p.contrastive == "rince":
             q = lorentz.uncertainty(h_old, p.curv).clamp(min=p.q_min)
             contrast = rince_loss(distances, q, p.beta)
         else:
             contrast = infonce_loss(distances)
-        terms["contrastive"] = p.lam * contrast
+        terms["contrastive"] = lam * contrast
         return terms

@@ -128,10 +128,16 @@ class LorentzMLR(nn.Module):
     so ``||z_c||`` IS the logit scale; with s = 1 the logits start within about ±0.6 and SGD needs
     many epochs to grow them (the CE stays near ln C). A larger s only starts the same family of
     functions at a larger scale (the equation is unchanged).
+    ``learn_scale``: multiply the logits by a learned scalar ``t = exp(log_t)``, ``log_t`` initialised
+    to 0 (t = 1) and clamped to at most ``ln max_scale`` in the forward pass (MERU / CLIP's learned
+    logit scale, max_scale = 100). Since the logits are linear in ``||z_c||``, ``t`` is one scale shared by every class's
+    ``||z_c||``: the same family of functions (eq. 9 unchanged), reparameterised so that one
+    parameter, whose gradient sums over all classes, can raise the logit scale quickly.
     ``curv`` is a float or the ``LearnableCurvature`` shared with the lift.
     """
 
-    def __init__(self, dim: int, num_classes: int, curv: Curvature = 1.0, init_scale: float = 1.0):
+    def __init__(self, dim: int, num_classes: int, curv: Curvature = 1.0, init_scale: float = 1.0,
+                 learn_scale: bool = False, max_scale: float = 100.0):
         super().__init__()
         self.dim = _check_positive_int(dim, "dim")
         self.num_classes = _check_positive_int(num_classes, "num_classes")
@@ -141,6 +147,17 @@ class LorentzMLR(nn.Module):
         bound = 1.0 / math.sqrt(dim)
         self.a = nn.Parameter(torch.empty(num_classes).uniform_(-bound, bound))
         self.z = nn.Parameter(torch.empty(num_classes, dim).uniform_(-bound, bound) * float(init_scale))
+        if isinstance(max_scale, bool) or not 1.0 <= float(max_scale) < float("inf"):
+            raise ValueError(f"max_scale must be finite and >= 1, got {max_scale!r}")
+        self.log_scale = nn.Parameter(torch.zeros(())) if learn_scale else None
+        self.max_log_scale = math.log(float(max_scale))
+
+    @property
+    def logit_scale(self) -> torch.Tensor | float:
+        """The learned logit scale t (a 0-d tensor with gradients), or 1.0 when not learned."""
+        if self.log_scale is None:
+            return 1.0
+        return self.log_scale.clamp(max=self.max_log_scale).exp()
 
     @property
     def curv(self) -> float | torch.Tensor:
@@ -153,7 +170,7 @@ class LorentzMLR(nn.Module):
         z_norm = self.z.norm(dim=-1).clamp_min(_MIN_NORMAL_NORM)  # (C,)
         shifted = sqrt_k * self.a
         alpha = torch.cosh(shifted) * (space @ self.z.T) - torch.sinh(shifted) * z_norm * time  # (B, C)
-        return z_norm / sqrt_k * torch.asinh(sqrt_k * alpha / z_norm)
+        return self.logit_scale * z_norm / sqrt_k * torch.asinh(sqrt_k * alpha / z_norm)
 
 
 class DSimplexHead(nn.Module):

@@ -49,3 +49,9 @@ def test_bad_dataset_and_method_are_refused():
         experiment_for("mnist", 1)
     with pytest.raises(SystemExit):
         main(["--methods", "hbct,nope", "--datasets", "digits", "--epochs", "1"])
+
+
+def test_the_seed_reaches_the_training_settings():
+    experiment = experiment_for("digits", 3, seed=5)
+    assert (experiment.settings.training.seed, experiment.settings.training.epochs) == (5, 3)
+    assert experiment_for("digits", 3).settings.training.seed == 0

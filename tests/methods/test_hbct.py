@@ -289,6 +289,57 @@ def test_train_generation_with_frozen_parent():
         assert torch.equal(tensor, before[name]), name
 
 
+# --- issue 14 options: learned logit scale, λ warm-up ------------------------------------------
+
+
+@pytest.mark.parametrize("epoch, expected", [(0, 0.0), (1, 0.48), (2, 0.96), (3, 1.2), (4, 1.2), (9, 1.2)])
+def test_lam_warmup_ramps_lambda_linearly_over_the_fraction_of_the_epochs(epoch, expected):
+    """λ = 1.2, warm-up over 0.25 of 10 epochs = 2.5 epochs: λ_e = 1.2 · min(1, e / 2.5)."""
+    method = HBCT({"lam": 1.2, "lam_warmup": 0.25})
+    assert method.lam_at(epoch, 10) == pytest.approx(expected)
+
+
+def test_lam_warmup_weights_the_alignment_terms_of_that_epoch():
+    new, old, labels = paired_outputs()
+    plain = HBCT({"lam": 1.0}).loss(new, old, labels, ctx=None)
+    method = HBCT({"lam": 1.0, "lam_warmup": 0.5})
+    model = make_model(method)
+    ctx = make_ctx(model, model)
+    ctx.epoch, ctx.epochs = 3, 10  # λ_3 = min(1, 3 / 5) = 0.6
+    warm = method.loss(new, old, labels, ctx)
+    torch.testing.assert_close(warm["base"], plain["base"])
+    for name in ("entailment", "contrastive"):
+        torch.testing.assert_close(warm[name], 0.6 * plain[name])
+    assert HBCT({"lam": 1.0}).lam_at(None, None) == 1.0  # no warm-up: the epoch is not needed
+    with pytest.raises(ValueError, match="lam_warmup=0.5 needs the epoch and the training length.*epochs=None"):
+        method.loss(new, old, labels, ctx=None)
+
+
+def test_learned_logit_scale_is_in_the_head_and_is_trained():
+    """mlr_learn_scale builds the MLR with a log-scale parameter; training moves it (it receives
+    the base loss's gradient), and the default head has none."""
+    assert HBCT().build_head(6, 3).log_scale is None
+    assert HBCT({"mlr_learn_scale": True, "mlr_max_scale": 4.0}).build_head(6, 3).max_log_scale == pytest.approx(math.log(4.0))
+    method = HBCT({"mlr_learn_scale": True, "clip": 1.0})
+    model = make_model(method, seed=1)
+    assert isinstance(model.head, LorentzMLR) and model.head.log_scale.item() == 0.0
+    torch.manual_seed(0)
+    x = torch.randn(48, 8)
+    labels = torch.arange(48) % 3
+    data = TensorDataset(x + labels[:, None].float(), labels, torch.arange(48))
+    train_generation(method, model, data, data, TrainConfig(epochs=3, batch_size=16, lr=0.05))
+    assert model.head.log_scale.item() > 0.01  # separable classes: a larger logit scale lowers the CE
+
+
+def test_parent_and_reference_keep_the_base_fields_and_drop_the_alignment_ones():
+    """Updates that differ only in their alignment settings share one old model and one φ_*."""
+    method = HBCT({"lam": 1.0, "lam_warmup": 0.5, "tau": 0.7, "entail": False, "clip": 1.4,
+                   "mlr_init_scale": 10.0, "mlr_learn_scale": True, "mlr_max_scale": 4.0, "curv": 0.5})
+    base = {"curv": 0.5, "mlr_init_scale": 10.0, "mlr_learn_scale": True, "mlr_max_scale": 4.0}
+    assert method.reference_method().params == HBCT({**base, "clip": 1.4}).params
+    assert method.parent_method().params == HBCT({**base, "clip": 1.2}).params
+
+
 # --- parent checks --------------------------------------------------------------------------
 
 

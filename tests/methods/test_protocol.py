@@ -259,18 +259,19 @@ def test_l2_lorentz_reference_keeps_the_geometry():
         assert model.curv == 2.0 and model.encoder.lift.clip == 1.4
 
 
-def test_hbct_parent_lowers_the_clip_and_reference_is_itself():
-    method = HBCT({"lam": 0.5, "tau": 0.7})
+def test_hbct_parent_lowers_the_clip_and_reference_is_itself_without_alignment_settings():
+    method = HBCT({"lam": 0.5, "tau": 0.7, "mlr_init_scale": 3.0})
     parent = method.parent_method()
     assert type(parent) is HBCT
     assert parent.params.clip == pytest.approx(method.params.clip - 0.2) == pytest.approx(1.0)
-    assert parent.params.model_dump(exclude={"clip"}) == method.params.model_dump(exclude={"clip"})
+    assert parent.params == HBCT({"clip": parent.params.clip, "mlr_init_scale": 3.0}).params
     assert HBCT({"clip": 1.6}).parent_method().params.clip == pytest.approx(1.4)
     assert HBCT({"clip": 0.3}).parent_method().params.clip == pytest.approx(0.2)  # floored at 0.2
 
     reference = method.reference_method()
     assert type(reference) is HBCT and reference is not method
-    assert reference.params == method.params
+    assert reference.params == HBCT({"mlr_init_scale": 3.0}).params
+    assert HBCT().reference_method().params == HBCT().params
 
 
 def test_dsimplex_reference_and_parent_are_itself():

@@ -94,6 +94,55 @@ def test_lorentz_mlr_rejects_a_bad_init_scale(bad):
         LorentzMLR(4, 3, init_scale=bad)
 
 
+def test_lorentz_mlr_learned_scale_multiplies_the_logits_and_receives_its_gradient():
+    """learn_scale: logits = exp(log t) × the plain head's logits (same draw); the gradient of a
+    loss L on the logits w.r.t. log t is Σ ∂L/∂logit · logit (since ∂logit/∂log t = logit), computed
+    here from the logits alone; the clamp caps t at 100 (no gradient beyond it)."""
+    torch.manual_seed(3)
+    plain = LorentzMLR(6, 4, curv=1.3).double()
+    torch.manual_seed(3)
+    learned = LorentzMLR(6, 4, curv=1.3, learn_scale=True).double()
+    assert [n for n, _ in plain.named_parameters()] == ["a", "z"]
+    assert learned.log_scale.item() == 0.0 and plain.logit_scale == 1.0
+    h = _lorentz_points(7, 6, 1.3)
+    torch.testing.assert_close(learned(h), plain(h))  # t = 1 at init
+    with torch.no_grad():
+        learned.log_scale.fill_(math.log(2.5))
+    logits = learned(h)
+    torch.testing.assert_close(logits, 2.5 * plain(h))
+    labels = torch.tensor([0, 1, 2, 3, 0, 1, 2])
+    torch.nn.functional.cross_entropy(logits, labels).backward()
+    probs = torch.softmax(logits.detach(), dim=1)
+    onehot = torch.nn.functional.one_hot(labels, 4).double()
+    expected = ((probs - onehot) * logits.detach()).sum() / len(labels)
+    torch.testing.assert_close(learned.log_scale.grad, expected)
+    assert abs(learned.log_scale.grad.item()) > 1e-3
+    with torch.no_grad():
+        learned.log_scale.fill_(7.0)  # beyond ln 100
+    learned.log_scale.grad = None
+    capped = learned(h)
+    torch.testing.assert_close(capped, 100.0 * plain(h))
+    capped.sum().backward()
+    assert learned.log_scale.grad.item() == 0.0
+
+
+def test_lorentz_mlr_max_scale_caps_the_learned_scale():
+    torch.manual_seed(3)
+    plain = LorentzMLR(6, 4).double()
+    torch.manual_seed(3)
+    capped = LorentzMLR(6, 4, learn_scale=True, max_scale=3.0).double()
+    h = _lorentz_points(5, 6, 1.0)
+    with torch.no_grad():
+        capped.log_scale.fill_(math.log(2.0))  # below the cap: t = 2
+    torch.testing.assert_close(capped(h), 2.0 * plain(h))
+    with torch.no_grad():
+        capped.log_scale.fill_(math.log(5.0))  # above it: t = 3
+    torch.testing.assert_close(capped(h), 3.0 * plain(h))
+    for bad in (0.5, float("inf"), True):
+        with pytest.raises(ValueError, match="max_scale must be finite and >= 1"):
+            LorentzMLR(6, 4, learn_scale=True, max_scale=bad)
+
+
 def test_lorentz_mlr_shares_learnable_curvature():
     curvature = LearnableCurvature(1.5)
     head = LorentzMLR(4, 3, curv=curvature)

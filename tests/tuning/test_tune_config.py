@@ -55,7 +55,8 @@ def test_values_are_normalised_by_the_method_parameters(tmp_path):
     # a parameter the method does not have, with the close name suggested
     ("  lam: {loguniform: [0.03, 3.0]}", "  lamda: {loguniform: [0.03, 3.0]}",
      "space.lamda: not a parameter of method 'hbct' (did you mean 'lam'?); parameters: curv, clip, lam, "
-     "entail_weight, entail, min_radius, beta, tau, contrastive, q_min, distance, mlr_init_scale (got \"lamda\") [line 5]"),
+     "entail_weight, entail, min_radius, beta, tau, contrastive, q_min, distance, mlr_init_scale, mlr_learn_scale, "
+     "mlr_max_scale, lam_warmup (got \"lamda\") [line 5]"),
     # a value the method's Params rejects (beta in (0, 1])
     ("  entail: {grid: [true, false]}", "  beta: {choice: [0.01, 2]}",
      "space.beta.choice[1]: Input should be less than or equal to 1 (got 2) [line 6]"),
