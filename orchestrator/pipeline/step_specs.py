@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ValidationError
+
 from orchestrator.config import GenerationSpec, PipelineConfig
 
 
@@ -56,10 +58,19 @@ def plan_spec(config: PipelineConfig, generation: GenerationSpec) -> dict[str, A
 
 
 def recorded_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """A spec as a step recorded it, without the fields that no longer count (``NOT_COUNTED``)."""
-    if not isinstance(spec.get("data"), dict):
-        return spec
-    return {**spec, "data": {k: v for k, v in spec["data"].items() if k not in NOT_COUNTED}}
+    """A spec as a step recorded it, read as today's code would have recorded it: without the
+    fields that no longer count (``NOT_COUNTED``), and its generation validated again, so that a
+    setting added since (a method parameter, at its default: the behaviour it was recorded with)
+    is not taken for a change. A generation that no longer validates is compared as recorded."""
+    if isinstance(spec.get("data"), dict):
+        spec = {**spec, "data": {k: v for k, v in spec["data"].items() if k not in NOT_COUNTED}}
+    if isinstance(spec.get("generation"), dict):
+        try:
+            generation = GenerationSpec.model_validate(spec["generation"])
+        except ValidationError:
+            return spec
+        spec = {**spec, "generation": generation.model_dump(mode="json", exclude={"backfill", "gate"})}
+    return spec
 
 
 def changed_fields(recorded: Any, current: Any, path: str = "") -> list[str]:

@@ -51,6 +51,24 @@ def test_the_scenario_label_does_not_count_even_in_a_spec_recorded_with_it(tmp_p
     assert changed_fields(recorded_spec(older), spec) == [] and changed_fields(older, spec) == ["data.scenario"]
 
 
+def test_a_method_parameter_added_since_at_its_default_is_not_a_change(tmp_path):
+    first = runner(tmp_path)
+    assert run_train_step(first) is True
+    spec = first.store.committed_outputs("train:g1")["spec"]
+    params = spec["generation"]["method"]["params"]
+    assert params["mlr_learn_scale"] is False  # recorded today with every parameter, defaults included
+    older = {**spec, "generation": {**spec["generation"], "method": {
+        "name": "hbct", "params": {k: v for k, v in params.items() if k not in ("mlr_learn_scale", "lam_warmup")}}}}
+    assert changed_fields(older, spec) == ["generation.method.params.lam_warmup",
+                                           "generation.method.params.mlr_learn_scale"]
+    assert changed_fields(recorded_spec(older), spec) == []  # as written before the parameters existed
+    edited = {**older, "generation": {**older["generation"], "method": {
+        "name": "hbct", "params": {**older["generation"]["method"]["params"], "lam": 0.5}}}}
+    assert changed_fields(recorded_spec(edited), spec) == ["generation.method.params.lam (0.5 → 0.3)"]
+    unknown = {**older, "generation": {**older["generation"], "retired_field": 1}}
+    assert "generation.retired_field" in changed_fields(recorded_spec(unknown), spec)  # compared as recorded
+
+
 def test_the_plan_spec_covers_the_gallery_and_the_backfill_policy_only(tmp_path):
     base = runner(tmp_path).config
     changed = runner(tmp_path, **{"generations.1.backfill.budget": 0.25, "gallery.embedding.concurrency": 2}).config
