@@ -274,7 +274,8 @@ class PipelineRunner:
         if step is not None and step.status == "committed":
             recorded = step.outputs.get(STEP_SPEC)
             if spec is not None and recorded is not None:
-                changed = changed_fields(recorded_spec(recorded), clean_json(spec))
+                current = clean_json(spec)
+                changed = changed_fields(recorded_spec(recorded, current), current)
                 if changed:
                     raise ChangedStepSpec(key, changed, generation)
             self._check_reused(key)

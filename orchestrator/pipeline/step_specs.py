@@ -6,7 +6,8 @@ and the changed fields (``ChangedStepSpec``), instead of skipping the step and s
 results the file no longer describes. Fields that cannot change results are left out: the Ray
 settings, the embedding actors' batch size, pool size and resources, the gate's action, the
 search depth of the report and ``data.scenario`` (a label checked against the generations; specs
-recorded before it was left out are read without it, ``NOT_COUNTED``).
+recorded before it was left out are read without it, ``NOT_COUNTED``). A recorded spec is read
+with today's defaults for settings added since (``recorded_spec``).
 
 - ``train:<gen>``: the generation (all but its backfill policy and gate), the data settings of
   training, and the parent's checkpoint sha256 (its identity);
@@ -22,7 +23,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.config import GenerationSpec, PipelineConfig
+from orchestrator.config import (BackfillPolicy, DataSettings, EvaluationSpec, GallerySpec, GenerationSpec,
+                                 PipelineConfig)
 
 
 class ChangedStepSpec(ValueError):
@@ -57,20 +59,27 @@ def plan_spec(config: PipelineConfig, generation: GenerationSpec) -> dict[str, A
     return {"gallery": gallery, "backfill": generation.backfill.model_dump(mode="json")}
 
 
-def recorded_spec(spec: dict[str, Any]) -> dict[str, Any]:
-    """A spec as a step recorded it, read as today's code would have recorded it: without the
-    fields that no longer count (``NOT_COUNTED``), and its generation validated again, so that a
-    setting added since (a method parameter, at its default: the behaviour it was recorded with)
-    is not taken for a change. A generation that no longer validates is compared as recorded."""
-    if isinstance(spec.get("data"), dict):
-        spec = {**spec, "data": {k: v for k, v in spec["data"].items() if k not in NOT_COUNTED}}
-    if isinstance(spec.get("generation"), dict):
+#: Each section of a spec and the model that validates it.
+SECTION_MODELS = {"generation": GenerationSpec, "data": DataSettings, "gallery": GallerySpec,
+                  "backfill": BackfillPolicy, "evaluation": EvaluationSpec}
+
+
+def recorded_spec(recorded: dict[str, Any], current: dict[str, Any]) -> dict[str, Any]:
+    """The spec a step recorded, read as today's code would have recorded it, to compare with
+    ``current``: each section validated again by its model (``SECTION_MODELS``), so that a setting
+    added since is read at its default (the behaviour the step ran with), and kept to the fields
+    ``current`` has (a field that no longer counts, e.g. ``NOT_COUNTED``, is left out). A section
+    that no longer validates is compared as recorded."""
+    normalised = dict(recorded)
+    for section, model in SECTION_MODELS.items():
+        if not (isinstance(recorded.get(section), dict) and isinstance(current.get(section), dict)):
+            continue
         try:
-            generation = GenerationSpec.model_validate(spec["generation"])
+            full = model.model_validate(recorded[section]).model_dump(mode="json")
         except ValidationError:
-            return spec
-        spec = {**spec, "generation": generation.model_dump(mode="json", exclude={"backfill", "gate"})}
-    return spec
+            continue
+        normalised[section] = {key: full[key] for key in current[section] if key in full}
+    return normalised
 
 
 def changed_fields(recorded: Any, current: Any, path: str = "") -> list[str]:

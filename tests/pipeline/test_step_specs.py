@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config import load_pipeline
+from orchestrator.config import BackfillPolicy, load_pipeline
 from orchestrator.pipeline.runner import PipelineRunner
 from orchestrator.pipeline.step_specs import ChangedStepSpec, changed_fields, plan_spec, recorded_spec, train_spec
 
@@ -48,7 +48,7 @@ def test_the_scenario_label_does_not_count_even_in_a_spec_recorded_with_it(tmp_p
     # a lineage written when the scenario was part of the spec still resumes
     spec = first.store.committed_outputs("train:g1")["spec"]
     older = {**spec, "data": {**spec["data"], "scenario": "both"}}
-    assert changed_fields(recorded_spec(older), spec) == [] and changed_fields(older, spec) == ["data.scenario"]
+    assert changed_fields(recorded_spec(older, spec), spec) == [] and changed_fields(older, spec) == ["data.scenario"]
 
 
 def test_a_method_parameter_added_since_at_its_default_is_not_a_change(tmp_path):
@@ -61,14 +61,22 @@ def test_a_method_parameter_added_since_at_its_default_is_not_a_change(tmp_path)
         "name": "hbct", "params": {k: v for k, v in params.items() if k not in ("mlr_learn_scale", "lam_warmup")}}}}
     assert changed_fields(older, spec) == ["generation.method.params.lam_warmup",
                                            "generation.method.params.mlr_learn_scale"]
-    assert changed_fields(recorded_spec(older), spec) == []  # as written before the parameters existed
+    assert changed_fields(recorded_spec(older, spec), spec) == []  # as written before the parameters existed
     edited = {**older, "generation": {**older["generation"], "method": {
         "name": "hbct", "params": {**older["generation"]["method"]["params"], "lam": 0.5}}}}
-    assert changed_fields(recorded_spec(edited), spec) == ["generation.method.params.lam (0.5 → 0.3)"]
+    assert changed_fields(recorded_spec(edited, spec), spec) == ["generation.method.params.lam (0.5 → 0.3)"]
     unknown = {**older, "generation": {**older["generation"], "retired_field": 1}}
-    assert "generation.retired_field" in changed_fields(recorded_spec(unknown), spec)  # compared as recorded
+    assert "generation.retired_field" in changed_fields(recorded_spec(unknown, spec), spec)  # compared as recorded
 
 
+def test_a_plan_spec_recorded_before_a_backfill_setting_existed_reads_it_at_its_default(tmp_path):
+    config = runner(tmp_path).config
+    spec = plan_spec(config, config.generations[1])  # g1: partial, 0.5 of the items, uncertainty order
+    assert spec["backfill"]["budget_unit"] == BackfillPolicy().budget_unit == "items"
+    older = {**spec, "backfill": {k: v for k, v in spec["backfill"].items() if k != "budget_unit"}}
+    assert changed_fields(recorded_spec(older, spec), spec) == []  # missing: read at its default, as used then
+    other = {**older, "backfill": {**older["backfill"], "order": "random"}}
+    assert changed_fields(recorded_spec(other, spec), spec) == ["backfill.order ('random' → 'uncertainty')"]
 def test_the_plan_spec_covers_the_gallery_and_the_backfill_policy_only(tmp_path):
     base = runner(tmp_path).config
     changed = runner(tmp_path, **{"generations.1.backfill.budget": 0.25, "gallery.embedding.concurrency": 2}).config
