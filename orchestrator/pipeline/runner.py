@@ -100,7 +100,6 @@ class PipelineRunner:
         self._skipped: list[str] = []
         self._warned: set[str] = set()
         self._parents = {g.name: g.parent for g in config.generations}
-        self._ray_connected = False
         self.tracker = open_tracker(config, self.storage, self._say)
 
     # --- data --------------------------------------------------------------------------------
@@ -137,10 +136,8 @@ class PipelineRunner:
     def ensure_ray(self) -> None:
         """Connect to (or start) Ray as the file says, once, when the first step that needs it runs
         (training, scoring or embedding a gallery): a re-run whose steps have all committed, or one
-        refused before any work, starts no Ray. Prints the dashboard's address when Ray gives one."""
-        if self._ray_connected:
-            return
-        self._ray_connected = True
+        refused before any work, starts no Ray. Prints the dashboard's address when Ray gives one
+        (``connect`` does nothing, and returns None, once Ray is up)."""
         dashboard = connect(self.config.ray.address, dashboard=self.config.ray.dashboard)
         if dashboard:
             self.progress(dashboard_message(dashboard))
