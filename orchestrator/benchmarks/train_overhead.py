@@ -12,7 +12,9 @@ incomplete batch dropped) and one method, trained by
               terms, the frozen parent run on the same batch, as any hand-written BCT loop does);
   (b) local   the orchestrator's local loop ``orchestrator.training.loop.train_generation``;
   (c) ray     the Ray Train path ``orchestrator.distributed.train.train_generation_with_ray``
-              with one worker (1 CPU), as ``orchestrator run`` trains every generation.
+              with one worker (1 CPU), as ``orchestrator run`` trains every generation;
+  (d) ray_local  the same call with ``num_workers`` 0 (``ray.num_workers: 0``): Ray Train's local
+              mode, the loop in this process, no controller or worker actors.
 
 Every path runs with one torch thread (``torch.set_num_threads(1)`` here; ``OMP_NUM_THREADS=1``
 in the Ray worker's runtime environment, which torch reads at start-up).
@@ -23,7 +25,8 @@ Throughput is samples per second of the training epochs. The steady state is the
 time over epochs 1..N-1 (epoch 0 pays one-time costs: allocator warm-up, first-touch of the
 data); samples per epoch are what the loop counted (``samples``).
 
-For (a) and (b) epoch times are taken in-process. For (c) the Ray worker reports after every
+For (a) and (b) epoch times are taken in-process; for (d) they are the times the driver receives
+each epoch's report (``on_epoch``). For (c) the Ray worker reports after every
 epoch with a checkpoint, which Ray persists under the run's storage folder; the end of epoch k is
 the modification time of checkpoint k's files, so an epoch of the Ray path costs training plus
 its per-epoch checkpoint and report (what a real run pays). Ray's start-up is reported apart:
@@ -73,8 +76,9 @@ from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
 
 TARGET_RATIO = 0.9
-PATHS = ("plain", "local", "ray")
-LABELS = {"plain": "(a) plain PyTorch loop", "local": "(b) orchestrator local loop", "ray": "(c) Ray Train, 1 worker"}
+PATHS = ("plain", "local", "ray", "ray_local")
+LABELS = {"plain": "(a) plain PyTorch loop", "local": "(b) orchestrator local loop", "ray": "(c) Ray Train, 1 worker",
+          "ray_local": "(d) Ray Train, local mode"}
 
 
 @dataclass
@@ -222,12 +226,11 @@ def start_ray(num_cpus: int = 2, health_check_interval_s: float | None = DEFAULT
     return time.perf_counter() - started
 
 
-def run_ray(setup: Setup, run_name: str = "train-overhead") -> dict[str, Any]:
-    """(c) ``train_generation_with_ray`` with one worker; Ray must be initialised (``start_ray``)."""
-    from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
+def _ray_job(setup: Setup):
+    """The ``GenerationJob`` of (c) and (d)."""
+    from orchestrator.distributed.train import GenerationJob
 
-    storage = (setup.workdir / "ray").resolve()
-    job = GenerationJob(
+    return GenerationJob(
         name="bench", method=setup.method, method_params={}, encoder=setup.encoder.model_dump(mode="json"),
         training=setup.training.model_dump(mode="json"), num_classes=setup.num_classes, data_source="digits",
         data_options={"split": "train", "image_size": setup.image_size}, image_size=setup.image_size,
@@ -236,6 +239,14 @@ def run_ray(setup: Setup, run_name: str = "train-overhead") -> dict[str, Any]:
         parent_sha256=setup.parent_sha256, seed=setup.training.seed,
         output_uri=str((setup.workdir / "ray-output").resolve()),
     )
+
+
+def run_ray(setup: Setup, run_name: str = "train-overhead") -> dict[str, Any]:
+    """(c) ``train_generation_with_ray`` with one worker; Ray must be initialised (``start_ray``)."""
+    from orchestrator.distributed.train import ScalingSettings, train_generation_with_ray
+
+    storage = (setup.workdir / "ray").resolve()
+    job = _ray_job(setup)
     fit_called = time.time()
     # every epoch's checkpoint is kept: their times are the epoch boundaries measured here
     scaling = ScalingSettings(num_workers=1, cpus_per_worker=1, max_failures=0,
@@ -255,6 +266,31 @@ def run_ray(setup: Setup, run_name: str = "train-overhead") -> dict[str, Any]:
     # start_ray): the best estimate of what epoch 0 itself cost
     summary["fastest_epoch_seconds"] = min(e["seconds"] for e in epochs[1:])
     summary["first_epoch_end_after_fit_s"] = ends[0] - fit_called
+    summary["startup_seconds"] = max(0.0, ends[0] - fit_called - summary["fastest_epoch_seconds"])
+    summary["tail_seconds"] = fit_returned - ends[-1]
+    return summary
+
+
+def run_ray_local(setup: Setup) -> dict[str, Any]:
+    """(d) ``train_generation_with_ray`` in Ray Train's local mode (``num_workers`` 0), one torch
+    thread; epoch ends are when the driver receives each epoch's report. Ray must be initialised
+    (the epoch reports travel through a Ray queue, as in a pipeline run)."""
+    from orchestrator.distributed.train import ScalingSettings, train_generation_with_ray
+
+    ends: list[float] = []
+    fit_called = time.time()
+    metrics = train_generation_with_ray(_ray_job(setup), ScalingSettings(num_workers=0, cpus_per_worker=1),
+                                        storage_path=str((setup.workdir / "ray-local").resolve()),
+                                        run_name="train-overhead-local", on_epoch=lambda m: ends.append(time.time()))
+    fit_returned = time.time()
+    if len(ends) != setup.training.epochs:
+        raise RuntimeError(f"expected {setup.training.epochs} epoch reports, received {len(ends)}")
+    samples = int(metrics["samples"])
+    epochs = [{"epoch": i, "seconds": None if i == 0 else ends[i] - ends[i - 1], "samples": samples}
+              for i in range(len(ends))]
+    epochs[-1]["loss"] = float(metrics["loss"])
+    summary = _summary("ray_local", epochs, wall=fit_returned - fit_called)
+    summary["fastest_epoch_seconds"] = min(e["seconds"] for e in epochs[1:])
     summary["startup_seconds"] = max(0.0, ends[0] - fit_called - summary["fastest_epoch_seconds"])
     summary["tail_seconds"] = fit_returned - ends[-1]
     return summary
@@ -298,9 +334,9 @@ def _summary(path: str, epochs: list[dict[str, Any]], wall: float) -> dict[str, 
 
 
 def ratios(results: dict[str, dict[str, Any]]) -> dict[str, float]:
-    """Steady-state throughput of (b) and (c) relative to (a)."""
+    """Steady-state throughput of (b), (c) and (d) relative to (a)."""
     base = results["plain"]["steady_samples_per_s"]
-    return {f"{path}/plain": results[path]["steady_samples_per_s"] / base for path in ("local", "ray") if path in results}
+    return {f"{path}/plain": results[path]["steady_samples_per_s"] / base for path in PATHS[1:] if path in results}
 
 
 def format_table(results: dict[str, dict[str, Any]], ray_init_seconds: float | None = None) -> str:
@@ -316,7 +352,8 @@ def format_table(results: dict[str, dict[str, Any]], ray_init_seconds: float | N
                      f"{r['steady_samples_per_s']:>13.1f}{mean:>11}{r['startup_seconds']:>11.2f}{r['wall_seconds']:>9.2f}")
     lines.append("")
     for name, value in ratios(results).items():
-        label = {"local/plain": "(b)/(a) local loop / plain", "ray/plain": "(c)/(a) Ray Train / plain"}[name]
+        label = {"local/plain": "(b)/(a) local loop / plain", "ray/plain": "(c)/(a) Ray Train / plain",
+                 "ray_local/plain": "(d)/(a) local mode / plain"}[name]
         lines.append(f"{label:<30}{value:>8.3f}×")
     if "ray" in results:
         r = results["ray"]
@@ -329,6 +366,10 @@ def format_table(results: dict[str, dict[str, Any]], ray_init_seconds: float | N
         if ray_init_seconds is not None:
             fixed.insert(0, f"ray.init {ray_init_seconds:.2f} s")
         lines.append("Ray fixed overhead (not in the throughput): " + "; ".join(fixed))
+    if "ray_local" in results:
+        r = results["ray_local"]
+        lines.append(f"local mode fixed overhead: train_generation_with_ray() → first epoch ≈ {r['startup_seconds']:.2f} s; "
+                     f"last epoch → return {r['tail_seconds']:.2f} s")
     return "\n".join(lines)
 
 
@@ -338,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--method", choices=("independent", "bct"), default="independent")
     parser.add_argument("--parent-epochs", type=int, default=2, help="epochs of bct's parent (not timed)")
-    parser.add_argument("--paths", default=",".join(PATHS), help="comma-separated subset of plain,local,ray")
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"comma-separated subset of {','.join(PATHS)}")
     parser.add_argument("--limit", type=int, default=None, help="train on the first N items only (smoke runs)")
     parser.add_argument("--json", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument("--strict", action="store_true", help="exit 1 when the Ray path misses the target")
@@ -352,8 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = [p.strip() for p in args.paths.split(",") if p.strip()]
     if "plain" not in paths or not set(paths) <= set(PATHS):
         parser.error(f"--paths: a subset of {','.join(PATHS)} that includes plain (the baseline)")
-    if "ray" in paths and args.epochs < 2:
-        parser.error("--epochs: the Ray path needs at least 2 epochs (its epoch times are checkpoint intervals)")
+    if {"ray", "ray_local"} & set(paths) and args.epochs < 2:
+        parser.error("--epochs: the Ray paths need at least 2 epochs (their epoch times are intervals)")
     with tempfile.TemporaryDirectory(prefix="train_overhead_") as workdir:
         setup = make_setup(args.method, args.epochs, args.limit, parent_epochs=args.parent_epochs, workdir=Path(workdir))
         print(f"training {len(setup.images)} digits (32×32, 10 classes), test_resnet embed_dim 32, method "
@@ -362,10 +403,11 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, dict[str, Any]] = {}
         ray_init_seconds = None
         for path in paths:
-            if path == "ray":
-                ray_init_seconds = start_ray(health_check_interval_s=args.ray_health_check_interval)
+            if path in ("ray", "ray_local"):
+                seconds = start_ray(health_check_interval_s=args.ray_health_check_interval)
+                ray_init_seconds = seconds if path == "ray" else ray_init_seconds
                 try:
-                    results["ray"] = run_ray(setup)
+                    results[path] = (run_ray if path == "ray" else run_ray_local)(setup)
                 finally:
                     import ray
 

@@ -19,7 +19,11 @@ class RaySettings(StrictModel):
 
     address:         None (or "local") starts a local Ray; "auto" joins the cluster of this node
                      (``ray start --head``, ``ray job submit``); "host:6379"; "ray://host:10001".
-    num_workers:     data-parallel training workers (Ray Train ``ScalingConfig.num_workers``).
+    num_workers:     data-parallel training workers (Ray Train ``ScalingConfig.num_workers``); 0 runs
+                     Ray Train's local mode: the generation trains in the driver process, with no
+                     worker actors to start (about 10 s less per generation; small generations,
+                     debugging), no epoch checkpoints and no retries (a killed run trains that
+                     generation again from its first epoch).
     cpus_per_worker: CPUs reserved per worker.
     gpus_per_worker: GPUs per worker; with ``use_gpu`` and 0 here, one GPU per worker (Ray's default).
     use_gpu:         train on GPUs.
@@ -32,7 +36,7 @@ class RaySettings(StrictModel):
     """
 
     address: str | None = None
-    num_workers: int = Field(1, ge=1, le=limits.MAX_WORKERS)
+    num_workers: int = Field(1, ge=0, le=limits.MAX_WORKERS)
     cpus_per_worker: float = Field(1.0, gt=0, le=limits.MAX_CPUS)
     gpus_per_worker: float = Field(0.0, ge=0, le=limits.MAX_GPUS)
     use_gpu: bool = False

@@ -51,7 +51,9 @@ def train_generation_with_ray(job: GenerationJob, scaling: ScalingSettings, stor
 
     storage_path: Ray Train's persistent storage (absolute local path or URI) for its per-epoch
                   checkpoints; the finished generation goes to ``job.output_uri``.
-    Worker failures inside a run resume from the last epoch checkpoint. ``progress`` receives
+    Worker failures inside a run resume from the last epoch checkpoint. With ``num_workers`` 0
+    the loop runs in this process (Ray Train's local mode): no worker actors, no epoch
+    checkpoints kept, no retries. ``progress`` receives
     one line per finished epoch, or a bar on a terminal, and ``on_epoch`` each finished epoch's
     metrics (with ``epoch``), in the driver (see ``EpochReports``).
     """
@@ -77,11 +79,16 @@ def train_generation_with_ray(job: GenerationJob, scaling: ScalingSettings, stor
     )
     if watcher is not None:
         watcher.start()
+    local_mode = scaling.num_workers == 0  # the loop's own errors reach fit() unwrapped
+    driver_threads = torch.get_num_threads()
+    if local_mode:  # as many intra-op threads as a worker's CPUs (Ray sets OMP_NUM_THREADS so for actors)
+        torch.set_num_threads(max(1, int(scaling.cpus_per_worker)))
     try:
         result = trainer.fit()
-    except TrainingFailedError as error:
+    except (Exception if local_mode else TrainingFailedError) as error:
         raise RuntimeError(f"training generation {job.name!r} failed: {error}") from error
     finally:
+        torch.set_num_threads(driver_threads)
         if watcher is not None:
             watcher.stop()
     return dict(result.metrics or {})

@@ -347,8 +347,9 @@ class PipelineRunner:
                                   gpus_per_worker=ray_settings.gpus_per_worker, use_gpu=ray_settings.use_gpu,
                                   max_failures=ray_settings.max_failures,
                                   checkpoints_to_keep=ray_settings.checkpoints_to_keep)
+        where = f"{scaling.num_workers} worker(s)" if scaling.num_workers else "in the driver (Ray Train local mode)"
         self._say(f"{key}: {generation.method.name} on {len(job.train_ids)} items, {generation.training.epochs} epochs, "
-                  f"{scaling.num_workers} worker(s)")
+                  f"{where}")
         self.ensure_ray()
         metrics = train_generation_with_ray(job, scaling, storage_path=join_uri(self.storage, "ray"),
                                             run_name=f"train-{generation.name}-{self.config_sha[:8]}",

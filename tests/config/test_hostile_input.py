@@ -239,6 +239,13 @@ def test_huge_counts_are_refused_and_the_bound_itself_is_not(tmp_path, field, bo
         assert node == bound
 
 
+def test_training_workers_go_down_to_local_mode_and_no_further(tmp_path):
+    """ray.num_workers 0 is Ray Train's local mode (the driver trains); below it is refused."""
+    assert load_pipeline(write(tmp_path, with_value("ray.num_workers", 0))).ray.num_workers == 0
+    message = refusal(write(tmp_path, with_value("ray.num_workers", -1), "negative.yaml"))
+    assert ": ray.num_workers: Input should be greater than or equal to 0 (got -1) [line " in message
+
+
 def test_huge_method_parameter_and_ray_resources(tmp_path):
     text = with_value("generations.1.method", {"name": "fct", "params": {"adapter_epochs": 10**12}})
     message = refusal(write(tmp_path, text))

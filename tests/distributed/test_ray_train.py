@@ -95,6 +95,33 @@ def test_a_wrong_parent_hash_fails_the_run(local_ray, digits_stats, parent, tmp_
     assert not (tmp_path / "g1").exists()
 
 
+def test_local_mode_trains_the_parent_bit_for_bit_in_this_process(local_ray, digits_stats, parent, tmp_path):
+    """num_workers 0 (Ray Train's local mode): the parent's job, run in this process with no
+    worker actor, writes the same weights (same sha256) and reports the same metrics as the one
+    Ray Train worker that trained ``parent``; the process's own torch threads are left as found."""
+    train = load_digits("train")
+    old_ids = train.ids[train.labels < 5].tolist()
+    workers_before = _train_workers()
+    threads = torch.get_num_threads()
+    metrics = train_generation_with_ray(job("g0", "independent", tmp_path, digits_stats, train_ids=old_ids,
+                                            encoder=CONVNEXT),
+                                        ScalingSettings(num_workers=0), storage_path=str(tmp_path / "ray"))
+    assert load_card(str(tmp_path / "g0")).sha256 == parent.sha256
+    assert metrics == pytest.approx(parent.metrics)
+    assert _train_workers() == workers_before and torch.get_num_threads() == threads
+    bad = job("g1", "l2", tmp_path, digits_stats, epochs=1, encoder=CONVNEXT, parent_name="g0",
+              parent_uri=parent.uri, parent_sha256="0" * 64)
+    with pytest.raises(RuntimeError, match="training generation 'g1' failed: .*sha256"):
+        train_generation_with_ray(bad, ScalingSettings(num_workers=0), storage_path=str(tmp_path / "ray"))
+    assert not (tmp_path / "g1").exists()
+
+
+def _train_workers() -> set[int]:
+    """PIDs of the Ray Train worker actors on this machine."""
+    return {proc.pid for proc in psutil.process_iter(["cmdline"])
+            if any("RayTrainWorker" in part for part in (proc.info["cmdline"] or []))}
+
+
 def _a_checkpoint_is_registered(run_dir: Path) -> bool:
     """True once Ray Train's checkpoint manager has recorded a checkpoint in its snapshot file.
 
@@ -110,11 +137,10 @@ def _a_checkpoint_is_registered(run_dir: Path) -> bool:
 def _kill_a_worker_once_a_checkpoint_is_registered(run_dir: Path, killed: list[int], deadline: float) -> None:
     while time.time() < deadline and not killed:
         if _a_checkpoint_is_registered(run_dir):
-            for proc in psutil.process_iter(["cmdline"]):
-                if any("RayTrainWorker" in part for part in (proc.info["cmdline"] or [])):
-                    proc.kill()
-                    killed.append(proc.pid)
-                    return
+            for pid in _train_workers():
+                psutil.Process(pid).kill()
+                killed.append(pid)
+                return
         time.sleep(0.2)
 
 

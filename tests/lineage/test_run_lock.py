@@ -63,7 +63,7 @@ def test_a_second_taker_is_refused_naming_the_holder_until_it_releases(url):
             with second.run_lock("tiny", "orchestrator gc"):
                 pytest.fail("two holders at once")
         message = str(busy.value)
-        assert f"pipeline 'tiny' is held by " in message and f"(pid {os.getpid()}, orchestrator run)" in message
+        assert "pipeline 'tiny' is held by " in message and f"(pid {os.getpid()}, orchestrator run)" in message
         with second.run_lock("other", "orchestrator run"):  # another pipeline is not held
             assert second.row_counts()["run_locks"] == 2
     with second.run_lock("tiny", "orchestrator gc"):

@@ -11,7 +11,9 @@ REPO = Path(__file__).resolve().parents[2]
 
 def g0_config() -> dict:
     """pipelines/lifelong.yaml cut to its first generation (g0-old, one epoch, gate forced), no
-    reference, no scenario; the lineage at its default place, a SQLite file inside the storage."""
+    reference, no scenario; the lineage at its default place, a SQLite file inside the storage;
+    trained in the driver (``ray.num_workers`` 0, Ray Train's local mode: the same weights as one
+    worker, without starting one; tests/distributed/test_ray_train.py checks both)."""
     config = yaml.safe_load((REPO / "pipelines" / "lifelong.yaml").read_text())
     config["generations"] = config["generations"][:1]
     config["data"].pop("scenario", None)
@@ -19,6 +21,7 @@ def g0_config() -> dict:
     config["generations"][0]["training"]["epochs"] = 1
     config["generations"][0]["gate"] = {"action": "force"}
     config.pop("lineage", None)
+    config["ray"]["num_workers"] = 0
     return config
 
 

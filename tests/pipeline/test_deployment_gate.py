@@ -38,8 +38,10 @@ def shard_generations(store: LineageStore) -> dict[str, int]:
 
 def gate_pipeline(folder: Path) -> Path:
     """The copied g0-old run's file (``folder/run``, its lineage inside) with lifelong.yaml's g1
-    after it: 1 epoch, ``independent``, the gate's default action."""
+    after it: 1 epoch, ``independent``, the gate's default action, trained by a Ray Train worker
+    (its epoch checkpoints are among what gc collects; g0-old was trained in the driver)."""
     config = g0_config()
+    config["ray"]["num_workers"] = 1
     config["evaluation"] = {"reference": None, "backfill_curves": False}
     g1 = next(g for g in yaml.safe_load(LIFELONG.read_text())["generations"] if g["name"] == "g1")
     g1["training"] = {**g1["training"], "epochs": 1}
@@ -115,12 +117,12 @@ def test_hold_force_full_backfill_rollback_and_gc(tmp_path, copy_g0_run):
     # gc: a dry run removes nothing; keeping one deployment removes g0-old's shard files and Ray
     # Train's epoch checkpoints, never what the lineage points at; search still serves g1
     ray_runs = {p.name for p in (tmp_path / "run" / "ray").iterdir()}
-    assert {r.rsplit("-", 1)[0] for r in ray_runs} == {"train-g0-old", "train-g1"}
+    assert {r.rsplit("-", 1)[0] for r in ray_runs} == {"train-g1"}
     dry = cli_in_process("gc", str(pipeline), "--keep-deployments", "1", "--dry-run", cwd=tmp_path)
-    assert dry.returncode == 0 and "gc: would remove 10 file(s) / folder(s), kept 8" in dry.stdout
+    assert dry.returncode == 0 and "gc: would remove 9 file(s) / folder(s), kept 8" in dry.stdout
     assert {f for f in files(tmp_path / "run" / "galleries" / "digits-test") if f.startswith("shard-")} == shard_files
     collected = cli_in_process("gc", str(pipeline), "--keep-deployments", "1", cwd=tmp_path)
-    assert collected.returncode == 0 and "gc: removed 10 file(s) / folder(s), kept 8" in collected.stdout
+    assert collected.returncode == 0 and "gc: removed 9 file(s) / folder(s), kept 8" in collected.stdout
     left = {f for f in files(tmp_path / "run" / "galleries" / "digits-test") if f.startswith("shard-")}
     assert len(left) == 8 and all("/g1." in f for f in left) and left < shard_files
     assert not (tmp_path / "run" / "ray").exists() or not any((tmp_path / "run" / "ray").iterdir())

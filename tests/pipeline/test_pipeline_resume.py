@@ -1,7 +1,9 @@
 """The lifelong pipeline end to end through Ray, killed and failed at its worst moments, run again,
 from the session's served g0-old run (copied; the same g0-old as this file's):
 
-1. The driver (and the local Ray it started) is SIGKILLed while the second generation trains.
+1. The driver (and the local Ray it started) is SIGKILLed while the second generation trains:
+   after its first of three epochs, in the driver (``ray.num_workers`` 0, Ray Train's local mode;
+   killed Ray Train workers are tests/distributed/test_ray_train.py's).
 2. The re-run fails while g1 backfills the gallery: a file sits where the last new shard's folder
    must go, so that shard's write fails after other shards may have committed.
 3. With the obstacle gone, the next run is SIGKILLed while g2 re-embeds shards through Ray Data.
@@ -17,6 +19,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -38,14 +41,16 @@ GENERATIONS = ["g0-old", "g1", "g2"]
 
 def small_pipeline(tmp_path: Path) -> Path:
     """pipelines/lifelong.yaml without the reference φ*, one epoch per generation (nothing here
-    depends on model quality), backfill curves, storage under tmp_path."""
+    depends on model quality) but three for g1 (the first run is killed after g1's first), backfill
+    curves, storage under tmp_path, training in the driver."""
     config = yaml.safe_load((REPO / "pipelines" / "lifelong.yaml").read_text())
     config["storage"] = str(tmp_path / "run")
     config["evaluation"] = {"reference": None, "backfill_curves": True}  # no φ*: one training less
     config["generations"] = [g for g in config["generations"] if g["name"] != "phi-star"]
     for generation in config["generations"]:
-        generation["training"] = {**generation["training"], "epochs": 1}
+        generation["training"] = {**generation["training"], "epochs": 3 if generation["name"] == "g1" else 1}
         generation["gate"] = {"action": "force"}  # 1 epoch may fail the gate: not what this test checks
+    config["ray"]["num_workers"] = 0
     path = tmp_path / "lifelong_small.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -68,18 +73,39 @@ def run_cli(pipeline: Path, cwd: Path, **kwargs) -> subprocess.Popen:
                             start_new_session=True, **kwargs)
 
 
-def wait_until(predicate, process: subprocess.Popen, what: str, timeout: float = 400) -> None:
+class Lines(threading.Thread):
+    """A run's output lines as they come (``lines``), so a test can act on one."""
+
+    def __init__(self, process: subprocess.Popen):
+        super().__init__(daemon=True)
+        self.process, self.lines = process, []
+        self.start()
+
+    def run(self) -> None:
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def seen(self, text: str) -> bool:
+        return any(text in line for line in list(self.lines))
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def wait_until(predicate, process: subprocess.Popen, what: str, timeout: float = 400, output=None) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline and not predicate():
         if process.poll() is not None:
-            pytest.fail(f"the run ended before {what}:\n" + process.stdout.read()[-3000:])
-        time.sleep(0.2)
+            pytest.fail(f"the run ended before {what}:\n" + (output or process.stdout.read)()[-3000:])
+        time.sleep(0.05)
     assert predicate(), f"timed out waiting for {what}"
 
 
-def kill(process: subprocess.Popen) -> None:
+def kill(process: subprocess.Popen, reader: Lines | None = None) -> None:
     os.killpg(process.pid, signal.SIGKILL)  # the driver and the local Ray it started
     process.wait(timeout=30)
+    if reader is not None:
+        reader.join(timeout=30)  # the pipe ends with the killed group
     process.stdout.close()
 
 
@@ -118,9 +144,10 @@ def test_killed_driver_resumes_without_redoing_or_duplicating(tmp_path, copy_g0_
     pipeline = small_pipeline(tmp_path)
     db = tmp_path / "run" / "lineage.db"
     first = run_cli(pipeline, tmp_path)
-    wait_until(lambda: step_status(db, "train:g1") == "started", first, "g1 started training")
-    time.sleep(3)  # inside g1's training
-    kill(first)
+    lines = Lines(first)
+    wait_until(lambda: lines.seen("train:g1: epoch 1/3"), first, "g1's first epoch", output=lines.text)
+    kill(first, lines)  # inside g1's training: two epochs to go
+    assert not lines.seen("train:g1: done")
 
     store = LineageStore(f"sqlite:///{db}")
     g0_before = store.get_generation("g0-old")

@@ -1,7 +1,8 @@
 """Serving a mixed-generation gallery end to end (the search issue's "done when").
 
-``pipelines/binary_hyperbolic.yaml`` runs as shipped through the CLI: three binary-hyperbolic
-generations with partial backfills, so the final gallery holds shards of g0, g1 and g2. Then:
+``pipelines/binary_hyperbolic.yaml`` runs as shipped through the CLI (trained in the driver,
+``--set ray.num_workers=0``): three binary-hyperbolic generations with partial backfills, so the
+final gallery holds shards of g0, g1 and g2. Then:
 
 - the report's search row (the router through the stored shard indexes) is checked against a
   brute-force ranking computed here from the shard files and the models: mAP of the exact float
@@ -39,7 +40,7 @@ PIPELINE = REPO / "pipelines" / "binary_hyperbolic.yaml"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
-    run = cli("run", str(PIPELINE), "--storage", str(root / "run"), cwd=root)
+    run = cli("run", str(PIPELINE), "--storage", str(root / "run"), "--set", "ray.num_workers=0", cwd=root)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     config = load_pipeline(str(PIPELINE), {"storage": str(root / "run")})
     return root, config, run.stdout

@@ -105,14 +105,14 @@ def test_three_generations_direct_and_adapter_paths_equal_the_brute_force_rankin
 
 
 def test_lorentz_shards_of_two_generations_rank_by_geodesic_distance(tmp_path):
-    rng = np.random.default_rng(2)
+    draws = torch.Generator().manual_seed(2)
     curv = 0.7
-    points = lorentz.expmap0(torch.cat([torch.zeros(50, 1), torch.randn(50, 5, dtype=torch.float64)], 1), curv)
+    points = lorentz.expmap0(torch.cat([torch.zeros(50, 1), torch.randn(50, 5, dtype=torch.float64, generator=draws)], 1), curv)
     ids = np.arange(50) + 100
     models = {"a": model("hbct", seed=0, curv=curv), "b": model("hbct", seed=1, curv=curv)}
     shards = [shard_record(tmp_path, 0, "a", ids[:30], points[:30].numpy(), "lorentz", curv),
               shard_record(tmp_path, 1, "b", ids[30:], points[30:].numpy(), "lorentz", curv)]
-    queries = lorentz.expmap0(torch.cat([torch.zeros(6, 1), torch.randn(6, 5, dtype=torch.float64)], 1), curv)
+    queries = lorentz.expmap0(torch.cat([torch.zeros(6, 1), torch.randn(6, 5, dtype=torch.float64, generator=draws)], 1), curv)
     router = SearchRouter("b", models, {"a": None, "b": "a"}, shards, None, ShardIndex.load)
     result = router.search(queries, 8)
     expected_d, expected_ids = brute_force_top_k(lorentz.pairwise_distance(queries, points, curv).numpy(), ids, 8)

@@ -47,7 +47,11 @@ class SmallPipeline:
 
 @pytest.fixture(scope="session")
 def small(tmp_path_factory, bench, ray_address) -> SmallPipeline:
-    """lifelong.yaml without g2, every generation 3 epochs, storage in a temporary folder."""
+    """lifelong.yaml without g2, every generation 3 epochs, storage in a temporary folder; the
+    pipeline's own train steps run in the driver (``ray.num_workers`` 0, Ray Train's local mode)."""
     folder = tmp_path_factory.mktemp("tuning")
     pipeline = bench.pipeline_file(REPO / "pipelines" / "lifelong.yaml", folder, folder / "run", epochs=3)
+    config = yaml.safe_load(pipeline.read_text())
+    config["ray"]["num_workers"] = 0
+    pipeline.write_text(yaml.safe_dump(config, sort_keys=False))
     return SmallPipeline(folder, pipeline, folder / "run")

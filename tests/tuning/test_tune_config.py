@@ -130,11 +130,11 @@ def test_a_missing_pipeline_is_an_error_of_the_tune_file_and_a_bad_one_names_the
     with pytest.raises(TuneFileError, match=r"tune.yaml: pipeline: no such pipeline file \(looked for .*nope.yaml\) \[line 2\]"):
         load_tune_file(path)
     bad = tmp_path / "bad_pipeline.yaml"
-    bad.write_text(Path(LIFELONG).read_text().replace("  num_workers: 1", "  num_workers: 0"))
+    bad.write_text(Path(LIFELONG).read_text().replace("  num_workers: 1", "  num_workers: -1"))
     with pytest.raises(PipelineConfigError) as error:
         load_tune_file(write_tune(tmp_path, BASE.format(pipeline=bad)))
     assert not isinstance(error.value, TuneFileError)
-    assert str(error.value).startswith(f"{bad}: ray.num_workers: Input should be greater than or equal to 1 (got 0)")
+    assert str(error.value).startswith(f"{bad}: ray.num_workers: Input should be greater than or equal to 0 (got -1)")
 
 
 def test_the_cli_rejects_a_bad_tune_file_before_starting_anything(tmp_path, capsys):
