@@ -3,31 +3,13 @@ and tracing retrieval quality versus the fraction re-embedded (``curve``).
 
 No Ray here: pure numpy / torch functions that the pipeline calls from wherever it runs.
 """
-from orchestrator.backfill.curve import DEFAULT_FRACTIONS, backfill_curve, mixed_gallery, write_backfill_curve
-from orchestrator.backfill.planner import (
-    BackfillPlan,
-    ShardBackfill,
-    ShardInfo,
-    budget_count,
-    class_mean_distance_priority,
-    plan_backfill,
-    priority_order,
-    random_priority,
-    uncertainty_priority,
-)
+from orchestrator.lazy_exports import lazy_exports
 
-__all__ = [
-    "DEFAULT_FRACTIONS",
-    "BackfillPlan",
-    "ShardBackfill",
-    "ShardInfo",
-    "backfill_curve",
-    "budget_count",
-    "class_mean_distance_priority",
-    "mixed_gallery",
-    "plan_backfill",
-    "priority_order",
-    "random_priority",
-    "uncertainty_priority",
-    "write_backfill_curve",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "curve": ["DEFAULT_FRACTIONS", "backfill_curve", "mixed_gallery", "write_backfill_curve"],
+    "random_order": ["random_priority"],
+    "planner": [
+        "BackfillPlan", "ShardBackfill", "ShardInfo", "budget_count",
+        "class_mean_distance_priority", "plan_backfill", "priority_order", "uncertainty_priority",
+    ],
+})

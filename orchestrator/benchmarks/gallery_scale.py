@@ -217,7 +217,7 @@ def run_plain(job: Job) -> dict[str, Any]:
     """The plain loop (module docstring), timed and its RSS sampled; runs in the calling process."""
     import torch
 
-    from orchestrator.data.images import to_model_input
+    from orchestrator.data.tensors import to_model_input
     from orchestrator.geometry.geometry import Geometry
     from orchestrator.storage import load_generation
 

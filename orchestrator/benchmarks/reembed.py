@@ -8,7 +8,7 @@ One generation (timm ``test_resnet``, embed_dim 32, method ``hbct`` as in pipeli
 weights do not change the cost of a forward pass). One gallery: the bundled digits (all 1,797,
 upscaled to 32×32) repeated to ``--items`` items with ids 0..N-1. Both paths load the generation
 from that checkpoint (sha256-checked) and turn uint8 images into the model's input with
-``orchestrator.data.images.to_model_input``; both produce the embedding and, for a hyperbolic
+``orchestrator.data.tensors.to_model_input``; both produce the embedding and, for a hyperbolic
 generation, its uncertainty.
 
   plain  a single-process loop written here: fixed-size batches → ``model.encoder`` under
@@ -48,7 +48,7 @@ import numpy as np
 import torch
 
 from orchestrator.data import LabeledImages, channel_statistics, load_digits
-from orchestrator.data.images import to_model_input
+from orchestrator.data.tensors import to_model_input
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.methods import create_method
 from orchestrator.models.encoder import EncoderConfig

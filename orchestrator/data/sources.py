@@ -33,8 +33,6 @@ import fsspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
-import torch.nn.functional as F
 from PIL import Image
 
 from orchestrator.data.images import LabeledImages
@@ -56,6 +54,8 @@ def load_digits(
     (`stratified_sample`, test = round(test_fraction * 1797) items, deterministic in `seed`); "all"
     returns every item. ids are the indices in the bundled array, so train and test ids are disjoint.
     """
+    import torch  # here, not at the top: gallery readers on Ray workers import this module without torch
+    import torch.nn.functional as F
     from sklearn.datasets import load_digits as sklearn_digits
 
     if split not in ("train", "test", "all"):

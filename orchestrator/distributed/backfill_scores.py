@@ -13,14 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 
-from orchestrator.backfill import random_priority
+from orchestrator.backfill.random_order import random_priority
 from orchestrator.backfill.selection import Ask, ScoredShard
 from orchestrator.backfill.class_means import class_sums, distances_to_class_means
 from orchestrator.gallery.shard_files import read_shard, write_selection
-from orchestrator.models.adapters import FORWARD_ADAPTER
-from orchestrator.storage import load_generation
 
 
 @dataclass(frozen=True)
@@ -47,13 +44,18 @@ class PriorityRule:
 
 def _features(rule: PriorityRule, shard) -> np.ndarray:
     """(n, D) float64 features of a shard for class-mean distances: F(h_old) for the mapped
-    generation's shards when the new model has a forward map, the embeddings otherwise."""
-    vectors = torch.from_numpy(shard.embeddings.astype(np.float64))
-    if rule.forward_model is not None and shard.generation == rule.mapped_generation:
-        model, _card = load_generation(rule.forward_model[0], expected_sha256=rule.forward_model[1])
-        with torch.no_grad():
-            vectors = model.adapters[FORWARD_ADAPTER].double()(vectors)
-    return vectors.numpy()
+    generation's shards when the new model has a forward map, the embeddings otherwise. Only the
+    forward map needs torch and the model: tasks of the other orders start without importing them."""
+    if rule.forward_model is None or shard.generation != rule.mapped_generation:
+        return shard.embeddings.astype(np.float64)
+    import torch
+
+    from orchestrator.models.adapters import FORWARD_ADAPTER
+    from orchestrator.storage.checkpoints import load_generation
+
+    model, _card = load_generation(rule.forward_model[0], expected_sha256=rule.forward_model[1])
+    with torch.no_grad():
+        return model.adapters[FORWARD_ADAPTER].double()(torch.from_numpy(shard.embeddings.astype(np.float64))).numpy()
 
 
 def _read_labelled(rule: PriorityRule, target: ShardToScore):

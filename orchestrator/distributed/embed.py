@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from orchestrator.data.gallery_sources import GallerySource, ImageFormat, MemorySource, decode_images
-from orchestrator.data.images import LabeledImages, to_model_input
+from orchestrator.data.images import LabeledImages
+from orchestrator.data.tensors import to_model_input
 from orchestrator.distributed.gallery_read import EntryRead, RowRange, gallery_dataset
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.storage import load_generation

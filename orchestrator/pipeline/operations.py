@@ -21,7 +21,7 @@ from typing import Any
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import DeploymentRecord, ShardAssignment, ShardRecord
 from orchestrator.storage import join_uri, read_bytes
-from orchestrator.storage.checkpoints import sha256_hex
+from orchestrator.storage.hashing import sha256_hex
 from orchestrator.storage.filesystem import open_filesystem, remove
 
 SNAPSHOT_FIELDS = ("index", "generation", "embeddings_uri", "index_uri", "sha256", "n_items")

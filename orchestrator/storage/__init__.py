@@ -3,68 +3,18 @@ writes, and generation checkpoints (safetensors + JSON card with sha256) and tra
 
 No Ray here: the pipeline and the Ray layer call these functions from wherever they run.
 """
-from orchestrator.storage.checkpoints import (
-    CARD_FILE,
-    CARD_FORMAT_VERSION,
-    WEIGHTS_FILE,
-    CheckpointCard,
-    ChecksumMismatch,
-    MethodSpec,
-    TrainingState,
-    checkpoint_exists,
-    describe_adapters,
-    load_card,
-    load_generation,
-    load_training_state,
-    rebuild_adapters,
-    save_generation,
-    save_training_state,
-    sha256_hex,
-)
-from orchestrator.storage.filesystem import (
-    exists,
-    is_local,
-    join_uri,
-    list_dir,
-    open_filesystem,
-    read_bytes,
-    read_json,
-    redact_options,
-    redact_uri,
-    remove,
-    remove_stale_temporaries,
-    write_bytes_atomic,
-    write_json_atomic,
-)
+from orchestrator.lazy_exports import lazy_exports
 
-__all__ = [
-    "CARD_FILE",
-    "CARD_FORMAT_VERSION",
-    "WEIGHTS_FILE",
-    "CheckpointCard",
-    "ChecksumMismatch",
-    "MethodSpec",
-    "TrainingState",
-    "checkpoint_exists",
-    "describe_adapters",
-    "exists",
-    "is_local",
-    "join_uri",
-    "list_dir",
-    "load_card",
-    "load_generation",
-    "load_training_state",
-    "open_filesystem",
-    "read_bytes",
-    "read_json",
-    "rebuild_adapters",
-    "redact_options",
-    "redact_uri",
-    "remove",
-    "remove_stale_temporaries",
-    "save_generation",
-    "save_training_state",
-    "sha256_hex",
-    "write_bytes_atomic",
-    "write_json_atomic",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "checkpoints": [
+        "CARD_FILE", "CARD_FORMAT_VERSION", "WEIGHTS_FILE", "CheckpointCard", "MethodSpec",
+        "TrainingState", "checkpoint_exists", "describe_adapters", "load_card", "load_generation",
+        "load_training_state", "rebuild_adapters", "save_generation", "save_training_state",
+    ],
+    "hashing": ["ChecksumMismatch", "sha256_hex"],
+    "filesystem": [
+        "exists", "is_local", "join_uri", "list_dir", "open_filesystem", "read_bytes", "read_json",
+        "redact_options", "redact_uri", "remove", "remove_stale_temporaries", "write_bytes_atomic",
+        "write_json_atomic",
+    ],
+})

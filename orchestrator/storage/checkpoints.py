@@ -34,7 +34,6 @@ stored as two tensors (aliasing is not preserved).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -51,6 +50,7 @@ from orchestrator.methods.registry import create_method
 from orchestrator.models.adapters import adapter_spec, build_adapter
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import EncoderConfig
+from orchestrator.storage.hashing import ChecksumMismatch, sha256_hex
 from orchestrator.storage.filesystem import (
     exists,
     join_uri,
@@ -68,22 +68,6 @@ WEIGHTS_FILE = "model.safetensors"
 CARD_FILE = "card.json"
 TRAINING_TENSORS_FILE = "training_state.safetensors"
 TRAINING_STATE_FILE = "training_state.json"
-
-
-class ChecksumMismatch(ValueError):
-    """The bytes read from ``uri`` do not hash to the expected sha256."""
-
-    def __init__(self, uri: str, expected: str, actual: str):
-        self.uri, self.expected, self.actual = uri, expected, actual
-        super().__init__(f"checksum mismatch for {redact_uri(uri)}: expected sha256 {expected}, got {actual}")
-
-    def __reduce__(self):
-        # keeps the error intact when it crosses a process boundary (a Ray worker → the driver)
-        return (type(self), (self.uri, self.expected, self.actual))
-
-
-def sha256_hex(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
 
 
 # --- the card ----------------------------------------------------------------------------------

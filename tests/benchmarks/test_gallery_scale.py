@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from orchestrator.benchmarks import gallery_scale as bench
-from orchestrator.data.images import to_model_input
+from orchestrator.data.tensors import to_model_input
 from orchestrator.gallery import read_shard
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.storage import load_generation
