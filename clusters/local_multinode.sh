@@ -23,12 +23,11 @@
 #                     (or be this script's own). Keep it short: Ray's unix socket paths under it
 #                     must stay below ~107 characters (hence /tmp, not $TMPDIR)
 #   RAY_AUTH_TOKEN_PATH  an existing token file to use; by default `up` generates one (mode 600)
-#   OTHER_RAY_WAIT    seconds `up` waits for another Ray on this machine to stop (default 120)
 #
 # `down` stops only this cluster's processes (found by their temp dirs under the state dir), never
-# with `ray stop`, which would stop every Ray on the machine. `up` still waits for other Rays on this
-# machine to finish first (OTHER_RAY_WAIT), to keep memory and /dev/shm free. Every port is picked
-# free by the script and bound to 127.0.0.1.
+# with `ray stop`, which would stop every Ray on the machine; so `up` does not wait for other Rays
+# here either: this cluster's processes, ports, temp dirs and object stores (OBJECT_STORE_MB per
+# node) are its own. Every port is picked free by the script and bound to 127.0.0.1.
 set -euo pipefail
 
 POINTER_FILE="${XDG_STATE_HOME:-${HOME:?}/.local/state}/orchestrator/local_multinode.dir"
@@ -130,19 +129,10 @@ PY
 cmd_up() {
     local n="${1:-}"
     [[ "$n" =~ ^[0-9]+$ ]] || usage
-    if [[ -n "$STATE_DIR" && -f "$STATE_DIR/cluster.env" ]] && pgrep -x raylet >/dev/null; then
+    if [[ -n "$STATE_DIR" && -f "$STATE_DIR/cluster.env" && -n "$(own_pids)" ]]; then
         echo "a local cluster from this script is already up ($STATE_DIR); '$0 down' first" >&2
         exit 1
     fi
-    local waited=0
-    while pgrep -x raylet >/dev/null; do
-        if (( waited >= ${OTHER_RAY_WAIT:-120} )); then
-            echo "another Ray is running on this machine; stop it first or raise OTHER_RAY_WAIT." >&2
-            exit 1
-        fi
-        (( waited == 0 )) && echo "waiting for another Ray on this machine to stop ..."
-        sleep 5; waited=$((waited + 5))
-    done
 
     new_state_dir
     auth_env

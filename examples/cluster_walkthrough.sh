@@ -13,7 +13,6 @@
 #   PIPELINE   pipeline file, relative to the repository root (default pipelines/lifelong.yaml)
 #   NUM_CPUS   CPUs the head offers (default 2: one for the training worker, one for the rest)
 #   RAY_AUTH_TOKEN_PATH  an existing token file to use; by default a fresh one is generated
-#   OTHER_RAY_WAIT       seconds to wait for another Ray on this machine to stop (default 120)
 #
 # Everything binds to 127.0.0.1 on ports picked free by the script, so it never collides with
 # another service. Needs: `pip install -e .` (the `orchestrator` and `ray` commands on PATH).
@@ -25,19 +24,6 @@ PIPELINE="${PIPELINE:-pipelines/lifelong.yaml}"
 NUM_CPUS="${NUM_CPUS:-2}"
 RUN_DIR="$(python3 -c 'import os, sys; print(os.path.abspath(sys.argv[1]))' "${RUN_DIR:-runs/walkthrough}")"
 mkdir -p "$RUN_DIR"
-
-# --- 0. `ray stop` stops EVERY Ray process on this machine (Ray has no per-head stop), so do not
-#        start while another Ray runs here: wait for it to finish, or give up with a message.
-waited=0
-while pgrep -x raylet >/dev/null; do
-    if (( waited >= ${OTHER_RAY_WAIT:-120} )); then
-        echo "another Ray is running on this machine; this script's 'ray stop' would stop it too." >&2
-        echo "stop it first ('ray stop'), or run the steps below by hand." >&2
-        exit 1
-    fi
-    (( waited == 0 )) && echo "waiting for another Ray on this machine to stop ..."
-    sleep 5; waited=$((waited + 5))
-done
 
 # --- 1. Token authentication. Ray 2.60 checks a shared token on every request when
 #        RAY_AUTH_MODE=token. Every process that talks to the cluster (ray start, ray job submit,
@@ -65,11 +51,26 @@ for s in socks:
 DASHBOARD="http://127.0.0.1:${DASHBOARD_PORT}"   # job submission goes through the dashboard
 
 # --- 3. Stop the head however the script ends (success, error, Ctrl-C), and remove the token.
+#        Not with `ray stop`: that stops EVERY Ray on this machine (Ray has no per-head stop). This
+#        head keeps its logs and sockets in its own temp dir, which every one of its processes
+#        names on its command line, so those are the processes stopped. On a real cluster, run
+#        `ray stop` on each node instead.
+RAY_TEMP="$(mktemp -d /tmp/orc-wt-XXXXXXXX)"   # short: Ray's socket paths under it stay < 107 bytes
+own_ray() { pgrep -f -- "$RAY_TEMP" || true; }
 cleanup() {
-    local status=$?
+    local status=$? pids k
     echo "--- stopping Ray"
-    ray stop --grace-period 30 >/dev/null 2>&1 || true
-    rm -rf "$TOKEN_DIR"
+    pids="$(own_ray)"
+    # shellcheck disable=SC2086
+    [[ -n "$pids" ]] && kill -TERM $pids 2>/dev/null || true
+    for ((k = 0; k < 30; k++)); do
+        [[ -z "$(own_ray)" ]] && break
+        sleep 1
+    done
+    pids="$(own_ray)"
+    # shellcheck disable=SC2086
+    [[ -n "$pids" ]] && kill -KILL $pids 2>/dev/null || true
+    rm -rf "$TOKEN_DIR" "$RAY_TEMP"
     exit "$status"
 }
 trap cleanup EXIT INT TERM
@@ -86,6 +87,7 @@ ray start --head \
     --dashboard-agent-listen-port="$AGENT_PORT" \
     --ray-client-server-port="$CLIENT_PORT" \
     --num-cpus="$NUM_CPUS" \
+    --temp-dir="$RAY_TEMP" \
     --disable-usage-stats
 
 # --- 5. Authentication is on: a request with a wrong token is refused before anything runs.

@@ -7,11 +7,70 @@ orders of magnitude slower (measured in this repo while building it). Results do
 Also: a local S3 server (moto's server mode, on loopback) for the storage and pipeline tests, and
 one real PostgreSQL server per session (``postgres_server.py``) for the lineage tests: each test
 asking for ``postgres_url`` gets a new empty database on it.
+
+Parallel lanes (``pytest -n 2 --dist loadgroup``, the README's command): the tests that share a
+costly session fixture run in one worker, so it is built once (``SHARED_FIXTURE_GROUPS``), and so
+do the end-to-end tests of one file; every
+Ray a test starts is its own local instance (``address="local"``), and the cluster scripts stop
+only their own processes, so tests in the two workers never stop or join each other's Ray.
 """
+import os
+import secrets
+from pathlib import Path
+
 import pytest
 import torch
 
 torch.set_num_threads(1)
+
+# session fixture → the xdist group of every test that uses it (directly or through another fixture)
+SHARED_FIXTURE_GROUPS = {
+    "g0_run": "served-g0-old",         # tests/pipeline: one served g0-old run, copied per test
+    "update": "digits-experiment",     # tests/evaluation: every learned method trained once
+    "digits_experiment": "digits-experiment",
+    "ray_address": "tuning",           # tests/tuning: one Ray, one pipeline whose steps the sweeps share
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (its hook has no order)
+def pytest_collection_modifyitems(config, items):
+    """The xdist group of each test: its session fixture's (``SHARED_FIXTURE_GROUPS``), else for an
+    end-to-end test its file (module fixtures such as a module's Ray or trained parent are built
+    once), else none (unit tests go wherever a worker is free)."""
+    for item in items:
+        groups = {SHARED_FIXTURE_GROUPS[name] for name in item.fixturenames if name in SHARED_FIXTURE_GROUPS}
+        if len(groups) > 1:
+            raise pytest.UsageError(f"{item.nodeid} uses session fixtures of several groups: {sorted(groups)}")
+        if not groups and item.get_closest_marker("e2e") is not None:
+            groups = {item.nodeid.split("::", 1)[0]}
+        for group in groups:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_configure(config):
+    _ensure_ray_token()
+
+
+def _ensure_ray_token() -> None:
+    """Ray's token for local clusters (``~/.ray/auth_token``) exists before any test starts Ray. On a
+    fresh machine the first ``ray.init`` writes it; two test processes starting their first Ray at
+    once would each write one, and the second would lock the first out of its own cluster. Created
+    here once (an atomic link: concurrent callers keep the first), never replaced."""
+    if os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"):
+        return
+    path = Path.home() / ".ray" / "auth_token"
+    if path.exists():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    candidate = path.with_name(f".auth_token.{os.getpid()}")
+    candidate.write_text(secrets.token_hex(32))
+    candidate.chmod(0o600)
+    try:
+        os.link(candidate, path)
+    except FileExistsError:
+        pass
+    finally:
+        candidate.unlink()
 
 
 @pytest.fixture(scope="module")

@@ -222,7 +222,8 @@ def start_ray(num_cpus: int = 2, health_check_interval_s: float | None = DEFAULT
     if health_check_interval_s is not None:
         env_vars["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(health_check_interval_s)
     started = time.perf_counter()
-    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": env_vars})
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": env_vars})  # a new instance, never another Ray on this machine
     return time.perf_counter() - started
 
 

@@ -268,7 +268,7 @@ def test_local_multinode_up_status_down_keep_the_state_private(tmp_path):
         stub.chmod(0o755)
     log = tmp_path / "ray.log"
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RAY_DIR", "XDG_STATE_HOME", "RAY_AUTH_TOKEN_PATH")}
-    env.update(HOME=str(tmp_path), PATH=f"{stubs}:{env['PATH']}", RAY_STUB_LOG=str(log), OTHER_RAY_WAIT="0")
+    env.update(HOME=str(tmp_path), PATH=f"{stubs}:{env['PATH']}", RAY_STUB_LOG=str(log))
     up = subprocess.run(["bash", str(LOCAL), "up", "2"], env=env, capture_output=True, text=True, timeout=60)
     assert up.returncode == 0, up.stderr
     state = Path(re.search(r"its state \(token, logs\) is in (\S+) \(private\)", up.stdout).group(1))

@@ -39,9 +39,15 @@ def one_generation_pipeline(tmp_path: Path) -> Path:
 
 
 def cluster_env(state: Path) -> dict[str, str]:
+    """The environment of the run and of the placement check: the cluster's token, and Ray Data's
+    pool waiting for both embedding actors before any read task starts. Without that wait the
+    read tasks (1 CPU each, quick to start) can hold the free CPUs on a busy machine until the
+    first actor has embedded every item, and the second actor is never placed (seen on 2 shared
+    cores); the placement, not Ray Data's scheduling race, is what this test checks."""
     values = dict(line.split("=", 1) for line in (state / "cluster.env").read_text().split())
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=values["RAY_AUTH_TOKEN_PATH"])
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=values["RAY_AUTH_TOKEN_PATH"],
+               RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S="300")
     return env | {"GCS": values["GCS_ADDRESS"], "DASHBOARD": values["DASHBOARD"]}
 
 
@@ -64,7 +70,7 @@ print(json.dumps(len([n for n in ray.nodes() if n["Alive"]])))
 def test_training_workers_and_embedding_actors_span_nodes(tmp_path):
     # a short state dir: Ray's unix socket paths under it must stay below 107 characters
     state = Path(tempfile.mkdtemp(prefix="orc-", dir="/tmp")) / "cl"
-    script_env = {**os.environ, "LOCAL_RAY_DIR": str(state), "NUM_CPUS": "1", "OTHER_RAY_WAIT": "300"}
+    script_env = {**os.environ, "LOCAL_RAY_DIR": str(state), "NUM_CPUS": "1"}
     up = subprocess.run(["bash", str(SCRIPT), "up", "2"], env=script_env, capture_output=True, text=True, timeout=400)
     if up.returncode != 0:  # `up` already stopped and removed what it started
         shutil.rmtree(state.parent, ignore_errors=True)

@@ -8,6 +8,7 @@ The local Ray is ``local_ray`` of tests/distributed/conftest.py (one per module)
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -117,9 +118,18 @@ def test_local_mode_trains_the_parent_bit_for_bit_in_this_process(local_ray, dig
 
 
 def _train_workers() -> set[int]:
-    """PIDs of the Ray Train worker actors on this machine."""
-    return {proc.pid for proc in psutil.process_iter(["cmdline"])
-            if any("RayTrainWorker" in part for part in (proc.info["cmdline"] or []))}
+    """PIDs of the Ray Train worker actors of this process's local Ray (its raylet is a child of
+    this process, their parent): never another test's, which may run beside this one."""
+    here = os.getpid()
+    workers = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        try:
+            if any("RayTrainWorker" in part for part in (proc.info["cmdline"] or [])) and \
+                    here in (parent.pid for parent in proc.parents()):
+                workers.add(proc.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return workers
 
 
 def _a_checkpoint_is_registered(run_dir: Path) -> bool:

@@ -103,7 +103,7 @@ def serve_untrained(config_file: str) -> None:
             store.start_step(key)
             action()
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never join another Ray
     updater = GalleryUpdater(config, store, config.storage, channel_statistics(load_digits("train")),
                              lambda: load_digits("test"), lambda line: print(line, flush=True))
     for generation in config.generations:
