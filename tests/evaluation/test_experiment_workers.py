@@ -47,7 +47,8 @@ def test_old_params_reach_the_old_model_only():
     # the paper's HBCT; the same with the learned logit scale on its old model only; HBCT t throughout
     methods = [("hbct", {}), ("hbct", {}, {"mlr_learn_scale": True}), ("hbct", {"mlr_learn_scale": True})]
     result = run_update_experiment(methods, experiment=small_experiment(), workers=1)
-    (paper_old, paper_ref), (old, ref), (t_old, t_ref) = (result.generations[label] for label in ("hbct", "hbct#1", "hbct#2"))
+    labels = ("hbct", "hbct#1", "hbct#2")
+    (paper_old, paper_ref), (old, ref), (t_old, t_ref) = (result.generations[label] for label in labels)
     # φ_* follows the new model's params: the paper's; the old model is HBCT t's old model (one training)
     assert (ref, old) == (paper_ref, t_old) and len({paper_old, old, paper_ref, t_ref}) == 4
     heads = {name: result.models[name].head for name in (paper_old, old, ref, "hbct", "hbct#1", "hbct#2")}
