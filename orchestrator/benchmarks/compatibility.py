@@ -26,12 +26,17 @@ from orchestrator.training.config import TrainConfig
 #: The ``shapes`` options the benchmark uses (24 classes, 2,880 training images, 24x24).
 SHAPES_OPTIONS: dict[str, Any] = {"num_shapes": 6, "num_patterns": 4, "train_per_class": 120,
                                   "test_per_class": 20, "image_size": 24}
-#: (label, method, params): the paper's HBCT, the candidate recipes of issue 14 (s: MLR init scale,
-#: t: learned logit scale, t≤m: capped at m, w: λ warm-up fraction), the cosine methods.
-METHODS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+#: A row: (label, method, params) or (label, method, params, old_params), old_params set on the old
+#: model alone (``run_update_experiment``).
+Row = tuple[str, str, dict[str, Any]] | tuple[str, str, dict[str, Any], dict[str, Any]]
+#: The paper's HBCT, the candidate recipes of issue 14 (s: MLR init scale, t: learned logit scale,
+#: t≤m: capped at m, w: λ warm-up fraction, old-t: the learned scale on the old model only), the
+#: cosine methods.
+METHODS: tuple[Row, ...] = (
     ("hbct", "hbct", {}),
     ("hbct s10 λ1", "hbct", {"mlr_init_scale": 10.0, "lam": 1.0}),
     ("hbct t", "hbct", {"mlr_learn_scale": True}),
+    ("hbct old-t", "hbct", {}, {"mlr_learn_scale": True}),
     ("hbct t λ0.6", "hbct", {"mlr_learn_scale": True, "lam": 0.6}),
     ("hbct t≤3", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 3.0}),
     ("hbct t≤3 λ0.6", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 3.0, "lam": 0.6}),
@@ -66,14 +71,14 @@ def experiment_for(dataset: str, epochs: int, seed: int = 0) -> UpdateExperiment
     raise ValueError(f"dataset: expected 'digits' or 'shapes', got {dataset!r}")
 
 
-def measure(dataset: str, epochs: int, methods: Sequence[tuple[str, str, dict[str, Any]]] = METHODS,
+def measure(dataset: str, epochs: int, methods: Sequence[Row] = METHODS,
             workers: int = 2, seed: int = 0) -> list[dict[str, Any]]:
     """One row per method: its label and, per key metric (``KEY_METRICS``: CMC@1, mAP), the update summary with
     ``old_self`` added (the old model's self-test)."""
-    result = run_update_experiment([(name, params) for _, name, params in methods],
+    result = run_update_experiment([row[1:] for row in methods],
                                    experiment=experiment_for(dataset, epochs, seed), workers=workers)
     rows = []
-    for (label, _, _), generation in zip(methods, result.generations):
+    for (label, *_), generation in zip(methods, result.generations):
         old, _ = result.generations[generation]
         per_metric = {}
         for metric in KEY_METRICS:
@@ -130,13 +135,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default="digits,shapes")
     parser.add_argument("--epochs", default="10,20", help="comma-separated training budgets")
-    parser.add_argument("--methods", default=",".join(label for label, _, _ in METHODS),
+    parser.add_argument("--methods", default=",".join(row[0] for row in METHODS),
                         help="comma-separated labels of METHODS")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seeds", default="0", help="comma-separated base training seeds (one table each)")
     parser.add_argument("--out", type=Path, default=None, help="append each table to this markdown file")
     args = parser.parse_args(argv)
-    known = {label: (label, name, params) for label, name, params in METHODS}
+    known = {row[0]: row for row in METHODS}
     unknown = [m for m in args.methods.split(",") if m not in known]
     if unknown:
         parser.error(f"--methods: unknown {unknown}; known: {', '.join(known)}")

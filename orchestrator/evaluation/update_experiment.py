@@ -4,7 +4,10 @@ For every method: its family's old model φ_o is trained on the first classes, i
 reference φ_* and the method's new model φ_n on all classes (φ_n aligned to φ_o); then all
 generations are evaluated on the held-out split (query = gallery, leave-one-out) and each update
 is summarised by self / cross retrieval, the empirical criterion, P_com and P_up (hbct.md §11).
-Old and reference models are shared between methods of the same geometry.
+Old and reference models are shared between methods of the same geometry. An entry
+``(name, params, old_params)`` trains its old model with ``old_params`` over the parent method's
+fields (as a pipeline can set a field on its first generation alone); its φ_* and new model keep
+``params``.
 
 Trainings are independent given their inputs (each is seeded from the training seed, the method
 and the classes it sees), so ``run_update_experiment(..., workers=N)`` trains the old and
@@ -135,13 +138,16 @@ class UpdateExperiment:
 
 
 def run_update_experiment(
-    methods: Sequence[str | tuple[str, dict]],
+    methods: Sequence[str | tuple[str, dict] | tuple[str, dict, dict]],
     settings: ExperimentSettings | None = None,
     experiment: UpdateExperiment | None = None,
     workers: int = 1,
 ) -> UpdateResult:
     """Train φ_o, φ_* and φ_n for every method (see module docstring) and evaluate them together.
 
+    methods: a method name, ``(name, params)``, or ``(name, params, old_params)``: fields of the old
+             model's method set over its ``parent_method()`` (e.g. ``{"mlr_learn_scale": True}`` for
+             an HBCT old generation alone); φ_* and the new model follow ``params``.
     workers: processes that train in parallel (1: all in this process). The old and reference
              models train first, then the new models; the weights do not depend on ``workers``.
              Methods registered only in this process (not importable by name, nor through
@@ -167,9 +173,9 @@ def run_update_experiment(
         return base_jobs[key][0]
 
     for entry in methods:
-        name, params = (entry, {}) if isinstance(entry, str) else entry
+        name, params, old_params = (entry, {}, {}) if isinstance(entry, str) else (*entry, {})[:3]
         method = create_method(name, params)
-        old = shared("old", method.parent_method(), classes=experiment.old_classes())
+        old = shared("old", _old_method(method, old_params), classes=experiment.old_classes())
         reference = shared("ref", method.reference_method(), arch=new_arch)
         label = name if name not in generations else f"{name}#{len(generations)}"
         new_jobs.append((label, method, old))
@@ -190,6 +196,14 @@ def run_update_experiment(
         for label, (old, reference) in generations.items()
     }
     return UpdateResult(report, summaries, generations, models)
+
+
+def _old_method(method: CompatibilityMethod, old_params: dict[str, Any]) -> CompatibilityMethod:
+    """The method of ``method``'s old model: its ``parent_method()``, with ``old_params`` over its fields."""
+    parent = method.parent_method()
+    if not old_params:
+        return parent
+    return create_method(parent.name, {**parent.params.model_dump(mode="json"), **old_params})
 
 
 class _InProcess(Executor):

@@ -1,5 +1,6 @@
 """``run_update_experiment(workers=N)`` trains in N spawned processes and gets the weights and the
-report of one process: every training is seeded from its own inputs, whichever process runs it."""
+report of one process: every training is seeded from its own inputs, whichever process runs it.
+An entry's ``old_params`` reach its old model and nothing else."""
 from __future__ import annotations
 
 import numpy as np
@@ -40,3 +41,21 @@ def test_two_processes_train_the_same_models_as_one():
 def test_workers_must_be_positive():
     with pytest.raises(ValueError, match="workers must be at least 1, got 0"):
         run_update_experiment(["bct"], experiment=small_experiment(), workers=0)
+
+
+def test_old_params_reach_the_old_model_only():
+    # the paper's HBCT; the same with the learned logit scale on its old model only; HBCT t throughout
+    methods = [("hbct", {}), ("hbct", {}, {"mlr_learn_scale": True}), ("hbct", {"mlr_learn_scale": True})]
+    result = run_update_experiment(methods, experiment=small_experiment(), workers=1)
+    labels = ("hbct", "hbct#1", "hbct#2")
+    (paper_old, paper_ref), (old, ref), (t_old, t_ref) = (result.generations[label] for label in labels)
+    # φ_* follows the new model's params: the paper's; the old model is HBCT t's old model (one training)
+    assert (ref, old) == (paper_ref, t_old) and len({paper_old, old, paper_ref, t_ref}) == 4
+    heads = {name: result.models[name].head for name in (paper_old, old, ref, "hbct", "hbct#1", "hbct#2")}
+    learned = {name for name, head in heads.items() if head.log_scale is not None}
+    assert learned == {old, "hbct#2"}
+    assert heads[old].log_scale.item() != 0.0  # trained, from log t = 0
+    assert result.models[old].encoder.lift.clip == pytest.approx(1.0)  # still the parent's ζ_o = ζ_n − 0.2
+    assert result.summaries["hbct#1"] != result.summaries["hbct"]
+    with pytest.raises(ValueError, match="mlr_learn_scal"):
+        run_update_experiment([("hbct", {}, {"mlr_learn_scal": True})], experiment=small_experiment())
