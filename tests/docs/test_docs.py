@@ -203,7 +203,7 @@ def test_the_readme_set_up_is_the_one_ci_runs():
     commands = [line for line in _code_lines(readme) if line.startswith("python3 -m")]
     venv = "python3 -m venv .venv && . .venv/bin/activate"
     run = "python3 -m pip install -e '.[dev]' && orchestrator run pipelines/lifelong.yaml"
-    test = "python3 -m pip install -e '.[dev]' && python3 -m pytest"
+    test = "python3 -m pip install -e '.[dev]' && python3 -m pytest -n 2 --dist loadgroup"
     assert commands[:3] == [venv, run, test]
     assert (REPO / ".ci" / "run").read_text().splitlines()[-1] == test
 
