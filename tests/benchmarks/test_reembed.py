@@ -12,6 +12,7 @@ import pytest
 
 from orchestrator.benchmarks import reembed
 import ray
+from local_ray import start_local_ray
 
 ITEMS, BATCH = 300, 64  # the tiled gallery wraps the 1,797 digits only for > 1,797 items; 5 batches
 
@@ -24,7 +25,7 @@ def bench():
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never join another Ray
+    start_local_ray()
     yield
     ray.shutdown()
 

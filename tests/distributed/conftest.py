@@ -9,11 +9,11 @@ import pytest
 import ray
 
 from orchestrator.distributed.runtime import WORKER_ENV_VARS
+from local_ray import start_local_ray
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": WORKER_ENV_VARS})
+    start_local_ray(runtime_env={"env_vars": WORKER_ENV_VARS})
     yield
     ray.shutdown()

@@ -22,6 +22,7 @@ from orchestrator.models.encoder import EncoderConfig
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
 from orchestrator.storage import load_generation, save_generation
 from streamed_gallery import pipeline_config, write_parquet_gallery
+from local_ray import start_local_ray
 
 SAMPLE = 200
 
@@ -84,7 +85,7 @@ def test_a_labelled_streamed_gallery_is_scored_on_its_sample(tmp_path):
         store.start_step(key)
         action()
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)
+    start_local_ray()
     try:
         key = updater.plan_key(generation.name)
         step(key, lambda: updater.plan(generation, key))

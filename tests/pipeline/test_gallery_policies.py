@@ -22,6 +22,7 @@ from orchestrator.methods import create_method
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
 from orchestrator.storage import save_generation
+from local_ray import start_local_ray
 
 pytestmark = pytest.mark.e2e
 
@@ -30,7 +31,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never join another Ray
+    start_local_ray()
     yield
     ray.shutdown()
 

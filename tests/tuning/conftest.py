@@ -12,6 +12,7 @@ import yaml
 
 from orchestrator.benchmarks import tune_asha_vs_grid
 from orchestrator.distributed.runtime import WORKER_ENV_VARS
+from local_ray import start_local_ray
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -24,9 +25,7 @@ def bench():
 
 @pytest.fixture(scope="session")
 def ray_address():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": WORKER_ENV_VARS})
-    yield ray.get_runtime_context().gcs_address
+    yield start_local_ray(runtime_env={"env_vars": WORKER_ENV_VARS})
     ray.shutdown()
 
 

@@ -1,0 +1,18 @@
+"""The in-process local Ray that test fixtures start.
+
+Under ``pytest -n 2`` one worker process runs test groups one after another, and the tuning
+tests' session fixture keeps its Ray until the session ends; a later group's fixture then found
+Ray already initialised in the process ("Maybe you called ray.init twice"). Groups run whole and
+in one worker, so a Ray still held when a fixture starts belongs to a group that has finished."""
+from __future__ import annotations
+
+import ray
+
+
+def start_local_ray(**options) -> str:
+    """Shut down any Ray this process still holds, start a new local instance (2 CPUs, no
+    dashboard, never joining another Ray on the machine); returns its GCS address."""
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, **options)
+    return ray.get_runtime_context().gcs_address
