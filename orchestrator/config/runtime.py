@@ -21,7 +21,7 @@ class RaySettings(StrictModel):
                      (``ray start --head``, ``ray job submit``); "host:6379"; "ray://host:10001".
     num_workers:     data-parallel training workers (Ray Train ``ScalingConfig.num_workers``); 0 runs
                      Ray Train's local mode: the generation trains in the driver process, with no
-                     worker actors to start (about 10 s less per generation; small generations,
+                     worker actors to start (about 13 s less per generation on 2 idle cores; small generations,
                      debugging), no epoch checkpoints and no retries (a killed run trains that
                      generation again from its first epoch).
     cpus_per_worker: CPUs reserved per worker.
