@@ -23,6 +23,12 @@ import torch
 
 torch.set_num_threads(1)
 
+# Each local Ray a test starts (in-process or in an `orchestrator run` subprocess, which inherits
+# this) would prestart worker processes for its first driver; with the pipeline's runtime
+# environment they were never used (seen as IDLE-only processes, 0.6-1 s of CPU each, 2 of 4 per
+# instance) on a suite whose two lanes keep both cores busy.
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+
 # session fixture → the xdist group of every test that uses it (directly or through another fixture)
 SHARED_FIXTURE_GROUPS = {
     "g0_run": "served-g0-old",         # tests/pipeline: one served g0-old run, copied per test
