@@ -258,18 +258,7 @@ def run_ray(setup: Setup, run_name: str = "train-overhead") -> dict[str, Any]:
     if len(ends) != setup.training.epochs:
         raise RuntimeError(f"expected {setup.training.epochs} epoch checkpoints under {storage / run_name}, "
                            f"found {len(ends)}")
-    samples = int(metrics["samples"])  # one worker: every epoch handles the same number of items
-    epochs = [{"epoch": i, "seconds": None if i == 0 else ends[i] - ends[i - 1], "samples": samples,
-               "end_after_fit_s": ends[i] - fit_called} for i in range(len(ends))]
-    epochs[-1]["loss"] = float(metrics["loss"])
-    summary = _summary("ray", epochs, wall=fit_returned - fit_called)
-    # the fastest checkpoint interval is an epoch that did not wait for the controller (see
-    # start_ray): the best estimate of what epoch 0 itself cost
-    summary["fastest_epoch_seconds"] = min(e["seconds"] for e in epochs[1:])
-    summary["first_epoch_end_after_fit_s"] = ends[0] - fit_called
-    summary["startup_seconds"] = max(0.0, ends[0] - fit_called - summary["fastest_epoch_seconds"])
-    summary["tail_seconds"] = fit_returned - ends[-1]
-    return summary
+    return _ray_summary("ray", metrics, ends, fit_called, fit_returned)
 
 
 def run_ray_local(setup: Setup) -> dict[str, Any]:
@@ -286,12 +275,23 @@ def run_ray_local(setup: Setup) -> dict[str, Any]:
     fit_returned = time.time()
     if len(ends) != setup.training.epochs:
         raise RuntimeError(f"expected {setup.training.epochs} epoch reports, received {len(ends)}")
+    return _ray_summary("ray_local", metrics, ends, fit_called, fit_returned)
+
+
+def _ray_summary(path: str, metrics: dict[str, Any], ends: list[float], fit_called: float,
+                 fit_returned: float) -> dict[str, Any]:
+    """The summary of a Ray path (c, d) from its epochs' end times (epoch seconds, in order) and
+    the times the training call was made and returned. One worker, or none: every epoch handles
+    the same number of items. The fastest epoch interval is an epoch that did not wait for the
+    controller (see ``start_ray``): the best estimate of what epoch 0 itself cost, so start-up is
+    (end of epoch 0 − call) − the fastest epoch."""
     samples = int(metrics["samples"])
-    epochs = [{"epoch": i, "seconds": None if i == 0 else ends[i] - ends[i - 1], "samples": samples}
-              for i in range(len(ends))]
+    epochs = [{"epoch": i, "seconds": None if i == 0 else ends[i] - ends[i - 1], "samples": samples,
+               "end_after_fit_s": ends[i] - fit_called} for i in range(len(ends))]
     epochs[-1]["loss"] = float(metrics["loss"])
-    summary = _summary("ray_local", epochs, wall=fit_returned - fit_called)
+    summary = _summary(path, epochs, wall=fit_returned - fit_called)
     summary["fastest_epoch_seconds"] = min(e["seconds"] for e in epochs[1:])
+    summary["first_epoch_end_after_fit_s"] = ends[0] - fit_called
     summary["startup_seconds"] = max(0.0, ends[0] - fit_called - summary["fastest_epoch_seconds"])
     summary["tail_seconds"] = fit_returned - ends[-1]
     return summary

@@ -74,3 +74,16 @@ def test_checkpoint_times_are_the_newest_file_of_each_checkpoint(bench, tmp_path
         os.utime(folder / "model.safetensors", (stamp, stamp))
     (tmp_path / "checkpoint_manager_snapshot.json").write_text("{}")  # a file, not a checkpoint
     assert bench.checkpoint_times(tmp_path) == [100.0, 103.0, 105.0]
+
+
+def test_a_ray_path_summary_from_epoch_end_times(bench):
+    """(c) and (d) share one summary: epochs end at 110, 112, 113.5, 115 s after a call at 100 s
+    that returned at 116 s; worked out by hand: intervals 2, 1.5, 1.5 (median 1.5, fastest 1.5),
+    start-up (110 − 100) − 1.5 = 8.5, tail 1, wall 16, 64 samples per epoch → 64 / 1.5 per s."""
+    summary = bench._ray_summary("ray_local", {"samples": 64, "loss": 0.5}, [110.0, 112.0, 113.5, 115.0],
+                                 fit_called=100.0, fit_returned=116.0)
+    assert [e["seconds"] for e in summary["epochs"]] == [None, 2.0, 1.5, 1.5]
+    assert summary["steady_epoch_seconds"] == 1.5 and summary["fastest_epoch_seconds"] == 1.5
+    assert summary["steady_samples_per_s"] == pytest.approx(64 / 1.5)
+    assert (summary["startup_seconds"], summary["tail_seconds"], summary["wall_seconds"]) == (8.5, 1.0, 16.0)
+    assert summary["path"] == "ray_local" and summary["final_loss"] == 0.5 and summary["samples_total"] == 256
