@@ -29,6 +29,8 @@
 # here either: this cluster's processes, ports, temp dirs and object stores (OBJECT_STORE_MB per
 # node) are its own. Every port is picked free by the script and bound to 127.0.0.1.
 set -euo pipefail
+# shellcheck source=clusters/stop_processes.sh
+source "$(dirname "${BASH_SOURCE[0]}")/stop_processes.sh"
 
 POINTER_FILE="${XDG_STATE_HOME:-${HOME:?}/.local/state}/orchestrator/local_multinode.dir"
 STATE_DIR="${LOCAL_RAY_DIR:-$(cat "$POINTER_FILE" 2>/dev/null || true)}"   # empty: no cluster recorded
@@ -233,19 +235,9 @@ cmd_down() {
         exit 1
     fi
     # Not `ray stop`: that would stop every Ray on this machine, other users' and other runs' too.
-    local pids k
-    pids="$(own_pids)"
-    if [[ -n "$pids" ]]; then
+    if [[ -n "$(own_pids)" ]]; then
         echo "--- stopping this cluster's Ray processes (SIGTERM, then SIGKILL after 30 s)"
-        # shellcheck disable=SC2086
-        kill -TERM $pids 2>/dev/null || true
-        for ((k = 0; k < 30; k++)); do
-            [[ -z "$(own_pids)" ]] && break
-            sleep 1
-        done
-        pids="$(own_pids)"
-        # shellcheck disable=SC2086
-        [[ -n "$pids" ]] && kill -KILL $pids 2>/dev/null || true
+        stop_processes_matching "$STATE_DIR/t[0-9]"
     fi
     rm -rf "$STATE_DIR"      # token, port records and the nodes' temp dirs (logs)
     forget_state_dir

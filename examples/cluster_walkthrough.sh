@@ -56,20 +56,12 @@ DASHBOARD="http://127.0.0.1:${DASHBOARD_PORT}"   # job submission goes through t
 #        names on its command line, so those are the processes stopped. On a real cluster, run
 #        `ray stop` on each node instead.
 RAY_TEMP="$(mktemp -d /tmp/orc-wt-XXXXXXXX)"   # short: Ray's socket paths under it stay < 107 bytes
-own_ray() { pgrep -f -- "$RAY_TEMP" || true; }
+# shellcheck source=clusters/stop_processes.sh
+source clusters/stop_processes.sh
 cleanup() {
-    local status=$? pids k
+    local status=$?
     echo "--- stopping Ray"
-    pids="$(own_ray)"
-    # shellcheck disable=SC2086
-    [[ -n "$pids" ]] && kill -TERM $pids 2>/dev/null || true
-    for ((k = 0; k < 30; k++)); do
-        [[ -z "$(own_ray)" ]] && break
-        sleep 1
-    done
-    pids="$(own_ray)"
-    # shellcheck disable=SC2086
-    [[ -n "$pids" ]] && kill -KILL $pids 2>/dev/null || true
+    stop_processes_matching "$RAY_TEMP"
     rm -rf "$TOKEN_DIR" "$RAY_TEMP"
     exit "$status"
 }
