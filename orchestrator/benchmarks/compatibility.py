@@ -6,9 +6,11 @@ and evaluates them on the held-out split. One markdown table per pair: old self,
 P_com, P_up (CMC@1 / mAP) and the empirical criterion, followed by the papers' orderings, each
 stated as holding or not on that table.
 
-Datasets: ``digits`` (scikit-learn's, the project's default) and ``shapes`` (generated offline,
+Datasets: ``digits`` (scikit-learn's, the project's default), ``shapes`` (generated offline,
 test split on held-out background styles; by default the 24-class, 24x24 variant below, sized for
-2 CPU cores).
+2 CPU cores) and ``shapes-60`` (60 classes, 36,000 training images at 32x32: the many-class,
+short-budget regime of issue 14's held-out check). After the per-seed tables of a (dataset, budget),
+a summary counts the seeds in which each HBCT row meets issue 14's targets (``targets``).
 """
 from __future__ import annotations
 
@@ -26,17 +28,31 @@ from orchestrator.training.config import TrainConfig
 #: The ``shapes`` options the benchmark uses (24 classes, 2,880 training images, 24x24).
 SHAPES_OPTIONS: dict[str, Any] = {"num_shapes": 6, "num_patterns": 4, "train_per_class": 120,
                                   "test_per_class": 20, "image_size": 24}
+#: ``shapes-60``: the regime of issue 14's held-out check (62 classes of 32x32 RGB, 37,200 training
+#: images, 4 epochs): 60 classes (10 shapes x 6 patterns), 600 training images per class, 32x32.
+SHAPES_60_OPTIONS: dict[str, Any] = {"num_shapes": 10, "num_patterns": 6, "train_per_class": 600,
+                                     "test_per_class": 20, "image_size": 32}
 #: A row: (label, method, params) or (label, method, params, old_params), old_params set on the old
 #: model alone (``run_update_experiment``).
 Row = tuple[str, str, dict[str, Any]] | tuple[str, str, dict[str, Any], dict[str, Any]]
 #: The paper's HBCT, the candidate recipes of issue 14 (s: MLR init scale, t: learned logit scale,
-#: t≤m: capped at m, w: λ warm-up fraction, old-t: the learned scale on the old model only), the
-#: cosine methods.
+#: t≤m: capped at m, w: λ warm-up fraction, old-t: the learned scale on the old model only, old-t≤m:
+#: capped at m), the cosine methods.
 METHODS: tuple[Row, ...] = (
     ("hbct", "hbct", {}),
     ("hbct s10 λ1", "hbct", {"mlr_init_scale": 10.0, "lam": 1.0}),
     ("hbct t", "hbct", {"mlr_learn_scale": True}),
     ("hbct old-t", "hbct", {}, {"mlr_learn_scale": True}),
+    ("hbct old-t≤3", "hbct", {}, {"mlr_learn_scale": True, "mlr_max_scale": 3.0}),
+    ("hbct old-t≤5", "hbct", {}, {"mlr_learn_scale": True, "mlr_max_scale": 5.0}),
+    ("hbct s2 old-t≤3", "hbct", {"mlr_init_scale": 2.0},
+     {"mlr_init_scale": 1.0, "mlr_learn_scale": True, "mlr_max_scale": 3.0}),
+    ("hbct s3 old-t≤3", "hbct", {"mlr_init_scale": 3.0},
+     {"mlr_init_scale": 1.0, "mlr_learn_scale": True, "mlr_max_scale": 3.0}),
+    ("hbct t≤2 old-t≤3", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 2.0},
+     {"mlr_learn_scale": True, "mlr_max_scale": 3.0}),
+    ("hbct t≤1.5 old-t≤3", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 1.5},
+     {"mlr_learn_scale": True, "mlr_max_scale": 3.0}),
     ("hbct t λ0.6", "hbct", {"mlr_learn_scale": True, "lam": 0.6}),
     ("hbct t≤3", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 3.0}),
     ("hbct t≤3 λ0.6", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 3.0, "lam": 0.6}),
@@ -57,18 +73,23 @@ _KEYS = ("old_self", "reference_self", "self", "cross", "p_com", "p_up")
 
 
 def experiment_for(dataset: str, epochs: int, seed: int = 0) -> UpdateExperiment:
-    """The update experiment of ``dataset`` ("digits" | "shapes") at ``epochs`` (batch 64, SGD lr 0.05,
-    no augmentation, embed_dim 32, test_resnet: the default pipeline's recipe), base seed ``seed``."""
-    training = TrainConfig(epochs=epochs, batch_size=64, lr=0.05, augment=False, seed=seed)
+    """The update experiment of ``dataset`` at ``epochs``, base seed ``seed``:
+
+    "digits" and "shapes": batch 64, SGD lr 0.05, no augmentation, embed_dim 32, test_resnet (the
+    default pipeline's recipe); "shapes-60": ``SHAPES_60_OPTIONS`` with the recipe of issue 14's
+    held-out check (batch 128, SGD lr 0.05, embed_dim 64, test_resnet; it trained 4 epochs)."""
     if dataset == "digits":
+        training = TrainConfig(epochs=epochs, batch_size=64, lr=0.05, augment=False, seed=seed)
         return UpdateExperiment(ExperimentSettings(embed_dim=32, training=training))
-    if dataset == "shapes":
-        options = {k: v for k, v in SHAPES_OPTIONS.items() if k != "image_size"}
-        settings = ExperimentSettings(embed_dim=32, training=training, image_size=SHAPES_OPTIONS["image_size"])
-        size = SHAPES_OPTIONS["image_size"]
+    if dataset in ("shapes", "shapes-60"):
+        options = dict(SHAPES_OPTIONS if dataset == "shapes" else SHAPES_60_OPTIONS)
+        size = options.pop("image_size")
+        batch_size, embed_dim = (64, 32) if dataset == "shapes" else (128, 64)
+        training = TrainConfig(epochs=epochs, batch_size=batch_size, lr=0.05, augment=False, seed=seed)
+        settings = ExperimentSettings(embed_dim=embed_dim, training=training, image_size=size)
         return UpdateExperiment(settings, load_shapes("train", image_size=size, **options),
                                 load_shapes("test", image_size=size, **options))
-    raise ValueError(f"dataset: expected 'digits' or 'shapes', got {dataset!r}")
+    raise ValueError(f"dataset: expected 'digits', 'shapes' or 'shapes-60', got {dataset!r}")
 
 
 def measure(dataset: str, epochs: int, methods: Sequence[Row] = METHODS,
@@ -131,6 +152,65 @@ def orderings(rows: Sequence[dict[str, Any]]) -> list[str]:
     return out
 
 
+#: Issue 14's targets, per seed, for an HBCT row against the same table's ``bct`` row.
+TARGETS = ("criterion", "p_up", "old", "p_com")
+#: How far below a target a value may fall and still meet it (issue 14: P_up ≥ −0.05, the old model
+#: within 0.05 mAP of the cosine one, P_com ≥ BCT's − 0.05).
+TARGET_SLACK = 0.05
+
+
+def _defined(value: Any) -> bool:
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
+def targets(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, bool]]:
+    """Issue 14's targets for every HBCT row of one table (one dataset, budget and seed):
+
+    criterion: the empirical criterion passes on CMC@1 and on mAP;
+    p_up:      P_up ≥ −0.05 on CMC@1 and on mAP;
+    old:       the HBCT old model's mAP ≥ the cosine old model's (``bct``'s old self) − 0.05;
+    p_com:     P_com (mAP) ≥ BCT's P_com (mAP) − 0.05; an undefined P_com, on either side (its
+               φ_* not ``MIN_NORMALISER`` above its old model), does not meet it.
+    Rows of a table without ``bct`` have no ``old`` / ``p_com`` verdict (both False)."""
+    by = {row["method"]: row for row in rows}
+    bct = by.get("bct")
+    out = {}
+    for label, row in by.items():
+        if not label.startswith("hbct"):
+            continue
+        p_com, bct_p_com = row["map"].get("p_com"), (bct["map"].get("p_com") if bct else None)
+        out[label] = {
+            "criterion": all(row[m]["compatible"] for m in KEY_METRICS),
+            "p_up": all(_defined(row[m].get("p_up")) and row[m]["p_up"] >= -TARGET_SLACK for m in KEY_METRICS),
+            "old": bct is not None and row["map"]["old_self"] >= bct["map"]["old_self"] - TARGET_SLACK,
+            "p_com": _defined(p_com) and _defined(bct_p_com) and p_com >= bct_p_com - TARGET_SLACK,
+        }
+    return out
+
+
+def format_summary(tables: Sequence[Sequence[dict[str, Any]]]) -> str:
+    """Markdown: per HBCT row of ``tables`` (one per seed, same dataset and budget), the seeds meeting
+    all of issue 14's targets and each one (P_com also counts its undefined seeds), then the seed
+    means of old self / self / cross mAP; ``bct``'s means in the last row."""
+    header = ("| variant | seeds | all targets | criterion | P_up ≥ −0.05 | old within 0.05 | "
+              "P_com ≥ BCT − 0.05 (undefined) | mean old mAP | mean self mAP | mean cross mAP |")
+    lines = [header, "|" + "---|" * 10]
+    labels = list(dict.fromkeys(row["method"] for table in tables for row in table))
+    for label in labels:
+        found = [(row, targets(table).get(label)) for table in tables for row in table if row["method"] == label]
+        means = " | ".join(f"{sum(row['map'][key] for row, _ in found) / len(found):.3f}"
+                           for key in ("old_self", "self", "cross"))
+        if found[0][1] is None:
+            lines.append(f"| {label} | {len(found)} | – | – | – | – | – | {means} |")
+            continue
+        met = {name: sum(verdicts[name] for _, verdicts in found) for name in TARGETS}
+        every = sum(all(verdicts.values()) for _, verdicts in found)
+        undefined = sum(not _defined(row["map"].get("p_com")) for row, _ in found)
+        lines.append(f"| {label} | {len(found)} | {every} | {met['criterion']} | {met['p_up']} | {met['old']} | "
+                     f"{met['p_com']} ({undefined}) | {means} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default="digits,shapes")
@@ -146,14 +226,23 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--methods: unknown {unknown}; known: {', '.join(known)}")
     methods = [known[m] for m in args.methods.split(",")]
+
+    def emit(text: str) -> None:
+        print(text, flush=True)
+        if args.out is not None:
+            with open(args.out, "a", encoding="utf-8") as handle:
+                handle.write(text + "\n")
+
+    seeds = [int(s) for s in args.seeds.split(",")]
     for dataset in args.datasets.split(","):
-        for epochs, seed in ((int(e), int(s)) for e in args.epochs.split(",") for s in args.seeds.split(",")):
-            started = time.perf_counter()
-            rows = measure(dataset, epochs, methods, args.workers, seed)
-            text = (f"### {dataset}, {epochs} epochs, seed {seed} ({time.perf_counter() - started:.0f} s)\n\n"
-                    + format_table(rows) + "\n\n" + "\n".join(f"- {line}" for line in orderings(rows)) + "\n")
-            print(text, flush=True)
-            if args.out is not None:
-                with open(args.out, "a", encoding="utf-8") as handle:
-                    handle.write(text + "\n")
+        for epochs in (int(e) for e in args.epochs.split(",")):
+            tables = []
+            for seed in seeds:
+                started = time.perf_counter()
+                rows = measure(dataset, epochs, methods, args.workers, seed)
+                tables.append(rows)
+                emit(f"### {dataset}, {epochs} epochs, seed {seed} ({time.perf_counter() - started:.0f} s)\n\n"
+                     + format_table(rows) + "\n\n" + "\n".join(f"- {line}" for line in orderings(rows)) + "\n")
+            emit(f"### {dataset}, {epochs} epochs: issue 14's targets over seeds {args.seeds}\n\n"
+                 + format_summary(tables) + "\n")
     return 0

@@ -2,10 +2,16 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
-from orchestrator.benchmarks.compatibility import experiment_for, format_table, main, orderings
+from orchestrator.benchmarks.compatibility import (METHODS, experiment_for, format_summary, format_table, main,
+                                                   orderings, targets)
+from orchestrator.config import load_pipeline
+from orchestrator.methods import create_method
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _summary(p_com: float, compatible: bool = True, **values: float) -> dict:
@@ -45,13 +51,86 @@ def test_table_cells_are_cmc_then_map():
 
 
 def test_bad_dataset_and_method_are_refused():
-    with pytest.raises(ValueError, match="dataset: expected 'digits' or 'shapes', got 'mnist'"):
+    with pytest.raises(ValueError, match="dataset: expected 'digits', 'shapes' or 'shapes-60', got 'mnist'"):
         experiment_for("mnist", 1)
     with pytest.raises(SystemExit):
         main(["--methods", "hbct,nope", "--datasets", "digits", "--epochs", "1"])
+
+
+def test_shapes_60_is_the_held_out_checks_regime(monkeypatch):
+    """60 classes of 600 training images at 32x32, batch 128, embed_dim 64 (the data is not rendered
+    here: load_shapes is replaced by a recorder of its arguments)."""
+    from orchestrator.benchmarks import compatibility
+    from orchestrator.data import load_shapes
+    calls = []
+
+    def tiny(split, image_size, **options):
+        calls.append((split, image_size, options))
+        return load_shapes(split, image_size=8, num_shapes=2, num_patterns=2, train_per_class=2, test_per_class=2)
+
+    monkeypatch.setattr(compatibility, "load_shapes", tiny)
+    experiment = experiment_for("shapes-60", 4, seed=1)
+    options = {"num_shapes": 10, "num_patterns": 6, "train_per_class": 600, "test_per_class": 20}
+    assert calls == [("train", 32, options), ("test", 32, options)]
+    settings = experiment.settings
+    assert (settings.embed_dim, settings.image_size) == (64, 32)
+    assert (settings.training.batch_size, settings.training.epochs, settings.training.seed) == (128, 4, 1)
 
 
 def test_the_seed_reaches_the_training_settings():
     experiment = experiment_for("digits", 3, seed=5)
     assert (experiment.settings.training.seed, experiment.settings.training.epochs) == (5, 3)
     assert experiment_for("digits", 3).settings.training.seed == 0
+
+
+def _measured(method: str, old_map: float, p_com_map: float, p_up: tuple[float, float] = (0.0, 0.0),
+              compatible: tuple[bool, bool] = (True, True)) -> dict:
+    """A row as ``measure`` returns it: CMC@1 and mAP summaries with the old model's self-test."""
+    return {"method": method,
+            "cmc@1": _summary(0.9, compatible[0], old_self=0.2, p_up=p_up[0]),
+            "map": _summary(p_com_map, compatible[1], old_self=old_map, p_up=p_up[1])}
+
+
+def test_targets_follow_issue_14_against_the_tables_bct_row():
+    rows = [_measured("bct", old_map=0.150, p_com_map=0.50),
+            _measured("hbct", old_map=0.099, p_com_map=0.46),                  # old 0.051 below bct's: misses
+            _measured("hbct old-t", old_map=0.101, p_com_map=math.nan),        # undefined P_com: misses
+            _measured("hbct s2", old_map=0.20, p_com_map=0.44, p_up=(-0.04, -0.06)),  # P_com 0.06 below; P_up mAP
+            _measured("hbct s3", old_map=0.20, p_com_map=0.9, compatible=(False, True))]
+    verdicts = targets(rows)
+    assert set(verdicts) == {"hbct", "hbct old-t", "hbct s2", "hbct s3"}
+    assert verdicts["hbct"] == {"criterion": True, "p_up": True, "old": False, "p_com": True}
+    assert verdicts["hbct old-t"] == {"criterion": True, "p_up": True, "old": True, "p_com": False}
+    assert verdicts["hbct s2"] == {"criterion": True, "p_up": False, "old": True, "p_com": False}
+    assert verdicts["hbct s3"] == {"criterion": False, "p_up": True, "old": True, "p_com": True}
+    without_bct = targets(rows[1:2])
+    assert without_bct["hbct"]["old"] is False and without_bct["hbct"]["p_com"] is False
+
+
+def test_the_summary_counts_seeds_and_averages_by_hand():
+    seed0 = [_measured("hbct", 0.20, 0.6), _measured("bct", 0.20, 0.5)]
+    seed1 = [_measured("hbct", 0.10, math.nan), _measured("bct", 0.30, 0.5)]
+    lines = format_summary([seed0, seed1]).splitlines()
+    assert lines[0].startswith("| variant | seeds | all targets | criterion |")
+    # seed 0 meets all; seed 1: old 0.10 < 0.30 − 0.05 and P_com undefined. Means: old (0.2 + 0.1) / 2,
+    # self and cross 0.7 and 0.6 in both (``_summary``'s values).
+    assert lines[2] == "| hbct | 2 | 1 | 2 | 2 | 1 | 1 (1) | 0.150 | 0.700 | 0.600 |"
+    assert lines[3] == "| bct | 2 | – | – | – | – | – | 0.250 | 0.700 | 0.600 |"
+
+
+@pytest.mark.parametrize("pipeline", ["lifelong", "shapes"])
+def test_the_pipelines_hbct_recipe_is_the_benchmarks_row(pipeline):
+    """What benchmarks/README.md measures as ``hbct t≤1.5 old-t≤3`` is what the pipelines train: the
+    old generation = the update's parent method with the row's old-model fields, g1 = the row's
+    method, phi-star = its unaligned reference (all HBCT parameters compared, defaults included)."""
+    _, name, params, old_params = next(row for row in METHODS if row[0] == "hbct t≤1.5 old-t≤3")
+    update = create_method(name, params)
+    config = load_pipeline(REPO / "pipelines" / f"{pipeline}.yaml", {"storage": "unused"})
+    trained = {g: create_method(config.generation(g).method.name, config.generation(g).method.params).params.model_dump()
+               for g in ("g0-old", "g1", "g2", "phi-star")}
+    assert trained["g0-old"] == {**update.parent_method().params.model_dump(), **old_params}
+    assert (trained["g0-old"]["mlr_learn_scale"], trained["g0-old"]["mlr_max_scale"]) == (True, 3.0)
+    assert trained["g1"] == update.params.model_dump()
+    assert (trained["g1"]["mlr_learn_scale"], trained["g1"]["mlr_max_scale"]) == (True, 1.5)
+    assert trained["g2"] == {**update.params.model_dump(), "clip": 1.4}  # ζ grows by 0.2 per generation
+    assert trained["phi-star"] == update.reference_method().params.model_dump()
