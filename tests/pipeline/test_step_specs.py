@@ -56,11 +56,12 @@ def test_a_method_parameter_added_since_at_its_default_is_not_a_change(tmp_path)
     assert run_train_step(first) is True
     spec = first.store.committed_outputs("train:g1")["spec"]
     params = spec["generation"]["method"]["params"]
-    assert params["mlr_learn_scale"] is False  # recorded today with every parameter, defaults included
+    # recorded today with every parameter, defaults included (g1 sets neither of these two)
+    assert (params["mlr_init_scale"], params["lam_warmup"]) == (1.0, 0.0)
     older = {**spec, "generation": {**spec["generation"], "method": {
-        "name": "hbct", "params": {k: v for k, v in params.items() if k not in ("mlr_learn_scale", "lam_warmup")}}}}
+        "name": "hbct", "params": {k: v for k, v in params.items() if k not in ("mlr_init_scale", "lam_warmup")}}}}
     assert changed_fields(older, spec) == ["generation.method.params.lam_warmup",
-                                           "generation.method.params.mlr_learn_scale"]
+                                           "generation.method.params.mlr_init_scale"]
     assert changed_fields(recorded_spec(older, spec), spec) == []  # as written before the parameters existed
     edited = {**older, "generation": {**older["generation"], "method": {
         "name": "hbct", "params": {**older["generation"]["method"]["params"], "lam": 0.5}}}}
