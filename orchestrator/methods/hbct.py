@@ -195,7 +195,7 @@ class HBCT(CompatibilityMethod):
       once a large scale saturates the CE nothing keeps a class compact and the aligned model loses
       own mAP (digits: 0.90 at t ≤ 3, 0.85 uncapped, against 0.97 with the paper's scale); the cap
       of 1.5 keeps the digits (0.956) and still trains far better models than the paper's scale on
-      the generated shapes (60 classes, 4 epochs: own mAP 0.42 against 0.11).
+      the generated shapes (60 classes, 4 epochs: own mAP 0.41 against 0.11).
     """
 
     name = "hbct"
