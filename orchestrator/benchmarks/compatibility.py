@@ -32,6 +32,9 @@ SHAPES_OPTIONS: dict[str, Any] = {"num_shapes": 6, "num_patterns": 4, "train_per
 #: images, 4 epochs): 60 classes (10 shapes x 6 patterns), 600 training images per class, 32x32.
 SHAPES_60_OPTIONS: dict[str, Any] = {"num_shapes": 10, "num_patterns": 6, "train_per_class": 600,
                                      "test_per_class": 20, "image_size": 32}
+#: Per shapes variant: (its ``load_shapes`` options, batch size, embed_dim).
+_SHAPES_RECIPES: dict[str, tuple[dict[str, Any], int, int]] = {"shapes": (SHAPES_OPTIONS, 64, 32),
+                                                               "shapes-60": (SHAPES_60_OPTIONS, 128, 64)}
 #: A row: (label, method, params) or (label, method, params, old_params), old_params set on the old
 #: model alone (``run_update_experiment``).
 Row = tuple[str, str, dict[str, Any]] | tuple[str, str, dict[str, Any], dict[str, Any]]
@@ -81,10 +84,10 @@ def experiment_for(dataset: str, epochs: int, seed: int = 0) -> UpdateExperiment
     if dataset == "digits":
         training = TrainConfig(epochs=epochs, batch_size=64, lr=0.05, augment=False, seed=seed)
         return UpdateExperiment(ExperimentSettings(embed_dim=32, training=training))
-    if dataset in ("shapes", "shapes-60"):
-        options = dict(SHAPES_OPTIONS if dataset == "shapes" else SHAPES_60_OPTIONS)
+    if dataset in _SHAPES_RECIPES:
+        shapes_options, batch_size, embed_dim = _SHAPES_RECIPES[dataset]
+        options = dict(shapes_options)
         size = options.pop("image_size")
-        batch_size, embed_dim = (64, 32) if dataset == "shapes" else (128, 64)
         training = TrainConfig(epochs=epochs, batch_size=batch_size, lr=0.05, augment=False, seed=seed)
         settings = ExperimentSettings(embed_dim=embed_dim, training=training, image_size=size)
         return UpdateExperiment(settings, load_shapes("train", image_size=size, **options),
@@ -110,8 +113,13 @@ def measure(dataset: str, epochs: int, methods: Sequence[Row] = METHODS,
     return rows
 
 
+def _defined(value: Any) -> bool:
+    """False for a missing or NaN value (an undefined P_com / P_up)."""
+    return value is not None and not (isinstance(value, float) and math.isnan(value))
+
+
 def _cell(value: Any, signed: bool = False) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
+    if not _defined(value):
         return "–"
     return f"{value:+.2f}" if signed else f"{value:.3f}"
 
@@ -141,7 +149,7 @@ def orderings(rows: Sequence[dict[str, Any]]) -> list[str]:
     for better, metric in [(h, m) for h in hbct for m in KEY_METRICS] + [("lce", "map")]:
         if better in by and "bct" in by:
             a, b = by[better][metric]["p_com"], by["bct"][metric]["p_com"]
-            if any(v is None or math.isnan(v) for v in (a, b)):
+            if not (_defined(a) and _defined(b)):
                 verdict = "not comparable (a P_com is undefined: its reference is not above the old model)"
             else:
                 verdict = "holds" if a >= b else "does not hold"
@@ -158,9 +166,6 @@ TARGETS = ("criterion", "p_up", "old", "p_com")
 #: within 0.05 mAP of the cosine one, P_com ≥ BCT's − 0.05).
 TARGET_SLACK = 0.05
 
-
-def _defined(value: Any) -> bool:
-    return value is not None and not (isinstance(value, float) and math.isnan(value))
 
 
 def targets(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, bool]]:
@@ -196,8 +201,10 @@ def format_summary(tables: Sequence[Sequence[dict[str, Any]]]) -> str:
               "P_com ≥ BCT − 0.05 (undefined) | mean old mAP | mean self mAP | mean cross mAP |")
     lines = [header, "|" + "---|" * 10]
     labels = list(dict.fromkeys(row["method"] for table in tables for row in table))
+    verdicts_per_table = [targets(table) for table in tables]
     for label in labels:
-        found = [(row, targets(table).get(label)) for table in tables for row in table if row["method"] == label]
+        found = [(row, verdicts.get(label)) for table, verdicts in zip(tables, verdicts_per_table)
+                 for row in table if row["method"] == label]
         means = " | ".join(f"{sum(row['map'][key] for row, _ in found) / len(found):.3f}"
                            for key in ("old_self", "self", "cross"))
         if found[0][1] is None:

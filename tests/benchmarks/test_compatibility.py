@@ -6,9 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.benchmarks import compatibility
 from orchestrator.benchmarks.compatibility import (METHODS, experiment_for, format_summary, format_table, main,
                                                    orderings, targets)
 from orchestrator.config import load_pipeline
+from orchestrator.data import load_shapes
 from orchestrator.methods import create_method
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,8 +62,6 @@ def test_bad_dataset_and_method_are_refused():
 def test_shapes_60_is_the_held_out_checks_regime(monkeypatch):
     """60 classes of 600 training images at 32x32, batch 128, embed_dim 64 (the data is not rendered
     here: load_shapes is replaced by a recorder of its arguments)."""
-    from orchestrator.benchmarks import compatibility
-    from orchestrator.data import load_shapes
     calls = []
 
     def tiny(split, image_size, **options):
