@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import ray
 
+from orchestrator.distributed import runtime
 
-def start_local_ray(**options) -> str:
-    """Shut down any Ray this process still holds, start a new local instance (2 CPUs, no
-    dashboard, never joining another Ray on the machine); returns its GCS address."""
+
+def start_local_ray(runtime_env: dict | None = None) -> str:
+    """Shut down any Ray this process still holds, start a new local instance the way the
+    orchestrator does (2 CPUs, no dashboard, never joining another Ray on the machine, its workers
+    asking only its own state API); returns its GCS address."""
     if ray.is_initialized():
         ray.shutdown()
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, **options)
+    runtime.start_local_ray(num_cpus=2, runtime_env=runtime_env)
     return ray.get_runtime_context().gcs_address

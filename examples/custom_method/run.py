@@ -43,7 +43,7 @@ import cosine_anchor  # noqa: E402  (registers the method `cosine_anchor` in thi
 
 from orchestrator import bounded_yaml  # noqa: E402
 from orchestrator.config import load_pipeline  # noqa: E402
-from orchestrator.distributed.runtime import WORKER_ENV_VARS  # noqa: E402
+from orchestrator.distributed.runtime import WORKER_ENV_VARS, start_local_ray  # noqa: E402
 from orchestrator.methods.registry import PLUGINS_ENV  # noqa: E402
 from orchestrator.pipeline.runner import run_pipeline  # noqa: E402
 
@@ -73,8 +73,7 @@ def start_ray(address: str | None, plugins: str) -> None:
     if address is None and not os.environ.get("RAY_ADDRESS"):
         # a local Ray gets the worker environment `connect` gives one (Ray Train polls every 0.2 s)
         runtime_env["env_vars"] = {**WORKER_ENV_VARS, **runtime_env["env_vars"]}
-        # "local": always a new Ray of this process, never another Ray running on this machine
-        ray.init(address="local", include_dashboard=False, log_to_driver=False, runtime_env=runtime_env)
+        start_local_ray(runtime_env=runtime_env)  # a new Ray of this process, never another on this machine
     else:
         ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
 

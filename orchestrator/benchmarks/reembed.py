@@ -49,6 +49,7 @@ import torch
 
 from orchestrator.data import LabeledImages, channel_statistics, load_digits
 from orchestrator.data.tensors import to_model_input
+from orchestrator.distributed.runtime import start_local_ray
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.methods import create_method
 from orchestrator.models.encoder import EncoderConfig
@@ -183,9 +184,8 @@ def start_ray(address: str | None = None, num_cpus: int = 2) -> float:
 
     started = time.perf_counter()
     runtime_env = {"env_vars": dict(WORKER_ENV)}
-    if address is None:  # "local": a new instance even when another Ray runs on this machine
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-                 runtime_env=runtime_env)
+    if address is None:  # a new instance even when another Ray runs on this machine
+        start_local_ray(num_cpus=num_cpus, runtime_env=runtime_env)
     else:
         ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
     ray.data.DataContext.get_current().enable_progress_bars = False

@@ -71,7 +71,7 @@ from torch.utils.data import DataLoader
 from orchestrator.data import ImageTensorDataset, LabeledImages, channel_statistics, load_digits
 from orchestrator.methods import CompatibilityMethod, TrainContext, create_method
 from orchestrator.models.bundle import CompatibleModel
-from orchestrator.distributed.runtime import WORKER_ENV_VARS
+from orchestrator.distributed.runtime import WORKER_ENV_VARS, start_local_ray
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
 
@@ -216,14 +216,12 @@ def start_ray(num_cpus: int = 2, health_check_interval_s: float | None = DEFAULT
     and a worker's ``ray.train.report`` waits while its previous report is untaken (a queue of
     one), so epochs shorter than this interval are paced by it.
     """
-    import ray
 
     env_vars = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if health_check_interval_s is not None:
         env_vars["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(health_check_interval_s)
     started = time.perf_counter()
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": env_vars})  # a new instance, never another Ray on this machine
+    start_local_ray(num_cpus=num_cpus, runtime_env={"env_vars": env_vars})  # never another Ray on this machine
     return time.perf_counter() - started
 
 

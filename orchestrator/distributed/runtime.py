@@ -2,13 +2,24 @@
 from __future__ import annotations
 
 import os
-
-from orchestrator.methods.registry import PLUGINS_ENV
+from typing import Any
 
 # Ray Train 2.60 hands a worker's ``ray.train.report`` to the controller only when the controller
 # polls its workers (every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by default), and a worker's next
 # report waits for that: epochs shorter than the interval were paced by it (benchmarks/README.md).
 WORKER_ENV_VARS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
+
+# Ray Train 2.60 starts, for every run, a detached placement-group cleaner that asks the Ray state
+# API whether the run's controller is alive, and removes the run's placement group (its workers die)
+# when the actor is not found. A worker finds the state API through RAY_ADDRESS, else through the
+# last `ray start` on the machine or the one Ray it sees there; and a local Ray without a dashboard
+# names 127.0.0.1:8265 as its API server. So the cleaner of a healthy run asked another Ray's
+# dashboard on the same machine, did not find its controller there, and killed the run (CI, 2026-11:
+# a test's training workers died while the other test lane ran a pipeline with its dashboard).
+# A local instance's workers therefore ask their own Ray: ``pin_worker_to_its_ray`` sets RAY_ADDRESS
+# in every worker process, and without a dashboard the state API is a port nothing can listen on
+# (the cleaner then keeps waiting and never removes anything, as on a machine with no other Ray).
+NO_STATE_API = "http://127.0.0.1:0"
 
 
 def connect(address: str | None = None, dashboard: bool = False) -> str | None:
@@ -22,19 +33,45 @@ def connect(address: str | None = None, dashboard: bool = False) -> str | None:
     else None. On a cluster, set the same variables in the cluster's environment (see README)."""
     import ray
 
+    from orchestrator.methods.registry import PLUGINS_ENV
+
     if ray.is_initialized():
         return None
     if address in (None, "local") and not os.environ.get("RAY_ADDRESS"):
         env_vars = dict(WORKER_ENV_VARS)
         if os.environ.get(PLUGINS_ENV):
             env_vars[PLUGINS_ENV] = os.environ[PLUGINS_ENV]
-        # address "local": a new instance even when a `ray start` cluster runs on this machine
-        # (plain ray.init() would join that one, which the file did not ask for)
-        context = ray.init(address="local", include_dashboard=dashboard, log_to_driver=False,
-                           runtime_env={"env_vars": env_vars})
+        context = start_local_ray(dashboard=dashboard, runtime_env={"env_vars": env_vars})
     else:
         context = ray.init(address=None if address in (None, "local") else address, log_to_driver=False)
     return dashboard_address(getattr(context, "dashboard_url", None))
+
+
+def start_local_ray(num_cpus: int | None = None, dashboard: bool = False,
+                    runtime_env: dict[str, Any] | None = None):
+    """Start a new local Ray in this process and return its context: always a new instance, even
+    when a `ray start` cluster runs on this machine (plain ``ray.init()`` would join that one).
+    Its workers get ``runtime_env`` and ask only this Ray's state API (``NO_STATE_API`` without a
+    dashboard); their own logs stay in Ray's log files."""
+    import ray
+
+    runtime_env = dict(runtime_env or {})
+    if "worker_process_setup_hook" in runtime_env:
+        raise ValueError("start_local_ray: runtime_env.worker_process_setup_hook is this function's own")
+    env_vars = dict(runtime_env.get("env_vars") or {})
+    if not dashboard:
+        env_vars["RAY_API_SERVER_ADDRESS"] = NO_STATE_API
+    runtime_env.update(env_vars=env_vars, worker_process_setup_hook=f"{__name__}.pin_worker_to_its_ray")
+    return ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, log_to_driver=False,
+                    runtime_env=runtime_env)
+
+
+def pin_worker_to_its_ray() -> None:
+    """Setup hook of every worker process of ``start_local_ray``'s Ray: RAY_ADDRESS is that Ray's
+    GCS, so whatever the worker asks of "the" Ray (the state API, above all) is asked of its own."""
+    import ray
+
+    os.environ["RAY_ADDRESS"] = ray.get_runtime_context().gcs_address
 
 
 def dashboard_address(url: str | None) -> str | None:

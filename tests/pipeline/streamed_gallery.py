@@ -20,6 +20,7 @@ import yaml
 from PIL import Image
 
 from orchestrator.data import load_digits
+from orchestrator.distributed.runtime import start_local_ray
 from orchestrator.integrity import trained_outputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -103,7 +104,7 @@ def serve_untrained(config_file: str) -> None:
             store.start_step(key)
             action()
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False)  # never join another Ray
+    start_local_ray(num_cpus=2)  # never another Ray on this machine
     updater = GalleryUpdater(config, store, config.storage, channel_statistics(load_digits("train")),
                              lambda: load_digits("test"), lambda line: print(line, flush=True))
     for generation in config.generations:
