@@ -59,7 +59,10 @@ class GateSpec(StrictModel):
                       be measured when the gate runs; otherwise the gate says it did not check.
     action:           when a check fails: ``hold`` (do not deploy; the serving generation keeps
                       serving, the run stops with a non-zero exit), ``full_backfill`` (re-plan as a
-                      full re-embed, then deploy) or ``force`` (deploy anyway, recorded).
+                      full re-embed, then deploy; held instead when the fully re-embedded gallery,
+                      predicted on the same sample, would serve below the floor, or when
+                      ``min_p_up`` fails: a re-embed mends neither) or ``force`` (deploy anyway,
+                      recorded).
     """
 
     criterion: bool = True

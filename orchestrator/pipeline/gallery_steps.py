@@ -244,8 +244,8 @@ class GalleryUpdater:
     def measure_gate(self, plan: GalleryPlan, serving: str, parents: dict[str, str | None]) -> GateMeasurement:
         """What the gate of ``plan.generation`` checks (``pipeline.gate``), before any shard changes:
         the criterion against every older generation the plan leaves in the gallery, and the served
-        gallery's mAP after the plan, predicted on the ``gallery-eval`` sample, next to the one the
-        serving generation's report measured."""
+        gallery's mAP after the plan and after a full re-embed, predicted on the ``gallery-eval``
+        sample, next to the one the serving generation's report measured."""
         generation, split = plan.generation, self.config.data.eval_split
         metric = self.config.search.criterion_metric
         criterion = CompatibilityCriterion.from_records(self.store.compatibility_values(split), metric, split)
@@ -260,14 +260,15 @@ class GalleryUpdater:
             return dataclasses.replace(measured, unmeasured=why)
         sample = self.labelled_sample(self.config.evaluation.gallery_sample)
         admitted = {generation} | {old for old, ok, _reason in verdicts if ok}
-        predicted = self._predicted_quality(plan, sample, admitted, parents)
-        return dataclasses.replace(measured, predicted=predicted, serving_quality=float(report["mixed"]["map"]))
+        predicted, full_backfill = self._predicted_quality(plan, sample, admitted, parents)
+        return dataclasses.replace(measured, predicted=predicted, serving_quality=float(report["mixed"]["map"]),
+                                   full_backfill=full_backfill)
 
     def _predicted_quality(self, plan: GalleryPlan, sample: LabeledImages, admitted: set[str],
-                           parents: dict[str, str | None]) -> float:
-        """mAP on ``sample`` of the gallery as ``plan`` leaves it: the planned items embedded by the
+                           parents: dict[str, str | None]) -> tuple[float, float]:
+        """mAP on ``sample`` of the gallery as ``plan`` leaves it (the planned items embedded by the
         new generation, the others as stored; shards of generations the router would not admit
-        are left out, as the router leaves them out."""
+        are left out, as the router leaves them out), and of the gallery fully re-embedded."""
         generation = plan.generation
         full = self._embed_locally(generation, sample)
         shards, moved = [], []
@@ -287,10 +288,14 @@ class GalleryUpdater:
             self._model(name)
         queries, query_labels, query_ids = self._queries(generation, full)
         models = self._models_for(parents)
-        if not shards:
-            return 0.0
-        return float(evaluate_mixed_gallery(generation, queries, query_labels, query_ids, shards, models,
-                                            parents).mean_ap)
+
+        def served(gallery: list[ShardEmbeddings]) -> float:
+            if not gallery:
+                return 0.0
+            return float(evaluate_mixed_gallery(generation, queries, query_labels, query_ids, gallery, models,
+                                                parents).mean_ap)
+
+        return served(shards), served([full])
 
     @staticmethod
     def _planned_ids(plan: GalleryPlan, shard: int, stored: ShardEmbeddings) -> np.ndarray:

@@ -11,6 +11,12 @@ The gate runs after a generation's gallery plan and before any shard changes
 - own quality (``min_p_up``, off by default): the generation's P_up on mAP against the unaligned
   reference (``pipeline.quality_warning``), at least ``min_p_up``.
 
+Action ``full_backfill`` re-plans a failed generation as a full re-embed, which removes the older
+generations (so the criterion) and the mixed gallery from the question, but not the generation's
+own quality: it deploys only when the fully re-embedded gallery, predicted on the same sample,
+serves within ``max_quality_drop`` of what serves now and the own-quality check passes; otherwise
+the generation is held, with the reason.
+
 The decision is taken from the committed measurement and the *current* ``GateSpec`` on every run,
 so a held generation can be re-run with another action without measuring again; it is recorded
 with the deployment step (``deploy:<generation>``: its outputs, or the failed step's error).
@@ -38,6 +44,8 @@ class GateMeasurement:
     unmeasured:       why the quality was not measured ("" when it was).
     p_up:             the generation's P_up on mAP against the reference (None: no reference, or
                       not measured when the gate ran).
+    full_backfill:    mAP of the served gallery were every item re-embedded by the generation, on the
+                      same sample (None: unmeasured, or a gate measured before it was recorded).
     """
 
     generation: str
@@ -48,6 +56,7 @@ class GateMeasurement:
     serving_quality: float | None = None
     unmeasured: str = ""
     p_up: float | None = None
+    full_backfill: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,13 +93,21 @@ def decide(measurement: GateMeasurement, spec: GateSpec) -> GateDecision:
     if spec.criterion:
         failures += [f"{measurement.generation} → {old}: {reason}"
                      for old, admitted, reason in measurement.verdicts if not admitted]
-    if measurement.predicted is not None and measurement.serving_quality is not None:
-        floor = measurement.serving_quality - spec.max_quality_drop
-        if measurement.predicted < floor:
-            failures.append(f"served mAP after the plan {measurement.predicted:.4f} < {floor:.4f} "
-                            f"({measurement.serving} serves {measurement.serving_quality:.4f}, "
-                            f"max_quality_drop {spec.max_quality_drop:g})")
+    floor = None if measurement.serving_quality is None else measurement.serving_quality - spec.max_quality_drop
+    if measurement.predicted is not None and floor is not None and measurement.predicted < floor:
+        failures.append(f"served mAP after the plan {measurement.predicted:.4f} < {floor:.4f} "
+                        f"({measurement.serving} serves {measurement.serving_quality:.4f}, "
+                        f"max_quality_drop {spec.max_quality_drop:g})")
+    own = []
     if spec.min_p_up is not None and measurement.p_up is not None and measurement.p_up < spec.min_p_up:
-        failures.append(f"own mAP against the unaligned reference: P_up {measurement.p_up:+.3f} < min_p_up "
-                        f"{spec.min_p_up:g}")
-    return GateDecision(measurement.generation, tuple(failures), spec.action if failures else "deploy")
+        own.append(f"own mAP against the unaligned reference: P_up {measurement.p_up:+.3f} < min_p_up "
+                   f"{spec.min_p_up:g}")
+    failures += own
+    if not failures:
+        return GateDecision(measurement.generation, (), "deploy")
+    if spec.action == "full_backfill":
+        if measurement.full_backfill is not None and floor is not None and measurement.full_backfill < floor:
+            own.append(f"a full backfill would serve mAP {measurement.full_backfill:.4f} < {floor:.4f} as well")
+        if own:  # what a full re-embed does not mend
+            return GateDecision(measurement.generation, tuple(dict.fromkeys(failures + own)), "hold")
+    return GateDecision(measurement.generation, tuple(failures), spec.action)

@@ -231,14 +231,19 @@ class PipelineRunner:
         self._say(decision.describe())
         if measurement.unmeasured:
             self._say(f"gate of {generation.name}: served quality not checked: {measurement.unmeasured}")
+        if decision.action == "full_backfill" and measurement.full_backfill is None and not measurement.unmeasured:
+            self._say(f"gate of {generation.name}: the full backfill's quality not checked (its gate was measured "
+                      "before this version recorded it)")
         if generation.gate.min_p_up is not None and measurement.p_up is None:
             self._say(f"gate of {generation.name}: min_p_up not checked: no measured reference (evaluation.reference)")
         if decision.action == "hold":
             position = [g.name for g in self.config.generations].index(generation.name)
+            other_actions = ("force" if generation.gate.action == "full_backfill"
+                             else "full_backfill (re-embed the whole gallery) or force")
             held = DeploymentHeld(
                 f"{decision.describe()}. {serving.generation} keeps serving; to go on, set "
-                f"generations.{position}.gate.action to full_backfill (re-embed the whole gallery) or force, "
-                "or train a better generation, and run again")
+                f"generations.{position}.gate.action to {other_actions}, or train a better generation, "
+                "and run again")
             self._step(f"deploy:{generation.name}", lambda key: _raise(held))
         if decision.action == "full_backfill":
             policy = BackfillPolicy(policy="full", order="random" if generation.backfill.policy == "none"

@@ -93,6 +93,12 @@ def test_hold_force_full_backfill_rollback_and_gc(tmp_path, copy_g0_run):
     assert store.current_deployment().generation == "g1"
     assert shard_generations(store) == {"g1": 539}
     assert store.committed_outputs("deploy:g1")["gate"]["action"] == "full_backfill"
+    # the gate predicted the fully re-embedded gallery (embedded in the driver, on the sample) as the
+    # served gallery's evaluation then measured it (embedded by Ray Data): the figure the escalation
+    # is held to (at least what g0-old served)
+    gate = store.committed_outputs("gate:digits-test:g1")
+    served = store.committed_outputs("gallery-eval:digits-test:g1")["mixed"]["map"]
+    assert gate["full_backfill"] == pytest.approx(served, abs=1e-4) and gate["full_backfill"] >= gate["serving_quality"]
     store.close()
 
     # rollback: g0-old serves again with its own shards (still in storage), and search follows it

@@ -9,8 +9,13 @@ from orchestrator.config import GateSpec
 from orchestrator.pipeline.gate import GateMeasurement, decide
 
 
-def measurement(verdicts=(), predicted=None, serving_quality=None, unmeasured="") -> GateMeasurement:
-    return GateMeasurement("g2", "g1", "map", [list(v) for v in verdicts], predicted, serving_quality, unmeasured)
+def measurement(verdicts=(), predicted=None, serving_quality=None, unmeasured="", p_up=None,
+                full_backfill=None) -> GateMeasurement:
+    return GateMeasurement("g2", "g1", "map", [list(v) for v in verdicts], predicted, serving_quality, unmeasured,
+                           p_up, full_backfill)
+
+
+INCOMPATIBLE = ("g1", False, "below the compatibility criterion: M(g2 → g1) = 0.94 vs 0.96")
 
 
 def test_passing_checks_deploy():
@@ -58,3 +63,39 @@ def test_the_own_quality_check_holds_p_up_to_min_p_up_when_asked(gain, floor, pa
     if not passes:
         assert decision.failures == (f"own mAP against the unaligned reference: P_up {gain:+.3f} < min_p_up {floor:g}",)
     assert GateMeasurement.from_json({k: v for k, v in m.to_json().items() if k != "p_up"}).p_up is None  # older gates
+
+
+@pytest.mark.parametrize("full, tolerance, escalates", [(0.905, 0.0, False), (0.912, 0.0, True), (0.905, 0.01, True),
+                                                        (0.069, 0.0, False), (None, 0.0, True)])
+def test_a_full_backfill_deploys_only_when_the_fully_reembedded_gallery_holds_the_floor(full, tolerance, escalates):
+    """The default pipeline's g2 (a full re-embed serves 0.905 where g1 serves 0.912) and the shapes'
+    (0.069 against 0.314) were deployed by the escalation before; None: a gate measured before the
+    figure was recorded (the runner says it was not checked)."""
+    m = measurement([INCOMPATIBLE], predicted=0.80, serving_quality=0.912, full_backfill=full)
+    decision = decide(m, GateSpec(action="full_backfill", max_quality_drop=tolerance))
+    criterion = f"g2 → g1: {INCOMPATIBLE[2]}"
+    mixed = f"served mAP after the plan 0.8000 < {0.912 - tolerance:.4f} (g1 serves 0.9120, max_quality_drop {tolerance:g})"
+    if escalates:
+        assert decision.action == "full_backfill" and decision.failures == (criterion, mixed)
+    else:
+        assert decision.action == "hold"
+        assert decision.failures == (criterion, mixed, f"a full backfill would serve mAP {full:.4f} < "
+                                                       f"{0.912 - tolerance:.4f} as well")
+    for action in ("hold", "force"):  # the figure only bounds the escalation
+        assert decide(m, GateSpec(action=action, max_quality_drop=tolerance)).action == action
+
+
+def test_a_full_backfill_does_not_mend_the_generations_own_quality():
+    m = measurement([INCOMPATIBLE], predicted=0.95, serving_quality=0.90, p_up=-0.4, full_backfill=0.95)
+    decision = decide(m, GateSpec(action="full_backfill", min_p_up=-0.2))
+    assert decision.action == "hold"
+    assert decision.failures[-1] == "own mAP against the unaligned reference: P_up -0.400 < min_p_up -0.2"
+    assert len(decision.failures) == 2  # the criterion's, then the own quality's, named once
+    assert decide(m, GateSpec(action="full_backfill")).action == "full_backfill"  # min_p_up off
+
+
+def test_a_gate_measured_before_the_full_backfill_figure_reads_as_unmeasured():
+    m = measurement([INCOMPATIBLE], predicted=0.5, serving_quality=0.6, full_backfill=0.7)
+    older = {k: v for k, v in m.to_json().items() if k != "full_backfill"}
+    assert GateMeasurement.from_json(older).full_backfill is None
+    assert GateMeasurement.from_json(json.loads(json.dumps(m.to_json()))) == m
