@@ -103,6 +103,12 @@ class MethodSpec(StrictModel):
     def requires_parent(self) -> bool:
         return method_class(self.name).requires_parent
 
+    @property
+    def requires_parent_embed_dim(self) -> bool:
+        """Whether, given a parent, the method compares the new embeddings with the parent's
+        directly, so that a child's ``model.embed_dim`` must equal its parent's."""
+        return method_class(self.name).requires_parent_embed_dim
+
 
 class GenerationSpec(StrictModel):
     """One model generation: what it trains on, how, and what it must stay compatible with.

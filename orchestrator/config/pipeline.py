@@ -122,13 +122,20 @@ class PipelineConfig(StrictModel):
                 where_parent = "itself" if position[gen.parent] == i else f"generations[{position[gen.parent]}]"
                 problems.append(problem((*where, "parent"), f"a parent must be defined before its child (it is "
                                         f"{where_parent}); list generations in training order", gen.parent))
-            elif gen.init_from_parent:
+            else:
                 parent = self.generations[position[gen.parent]].model
                 same = ("arch", "embed_dim", "in_chans", "small_input")
-                if any(getattr(parent, k) != getattr(gen.model, k) for k in same):
+                if gen.init_from_parent and any(getattr(parent, k) != getattr(gen.model, k) for k in same):
                     problems.append(problem((*where, "init_from_parent"), f"needs the parent's architecture (parent "
                                             f"{gen.parent!r}: " + ", ".join(f"{k} {getattr(parent, k)!r}" for k in same)
                                             + ")", True))
+                # A replacement aligns to the checkpoint it starts from (its own size), not to the parent.
+                if (gen.method.requires_parent_embed_dim and not gen.replaces
+                        and gen.model.embed_dim != parent.embed_dim):
+                    problems.append(problem((*where, "model", "embed_dim"), f"method {gen.method.name!r} compares this "
+                                            "generation's embeddings with its parent's, so it needs the parent's "
+                                            f"embed_dim (parent {gen.parent!r}: {parent.embed_dim})",
+                                            gen.model.embed_dim))
             if gen.classes is not None and gen.classes.task is not None and self.data.task_splits is None:
                 problems.append(problem((*where, "classes", "task"), "a task selection needs data.task_splits "
                                         "({first: ..., step: ...})", gen.classes.task))

@@ -236,6 +236,7 @@ class AdvBCT(SupervisedMethod):
     name = "advbct"
     summary = "CE + elastic boundary around old class centres + adversarial (gradient-reversal discriminator) alignment"
     Params = AdvBCTParams
+    requires_parent_embed_dim = True  # the old class centres bound new embeddings; one discriminator for both
 
     def build_auxiliary(self, embed_dim: int, num_classes: int) -> dict[str, nn.Module]:
         return {DISCRIMINATOR: Discriminator(embed_dim, self.params.discriminator_hidden),

@@ -114,16 +114,27 @@ def embed_dataset_with_ids(
 class CompatibilityMethod(ABC):
     """A backward-compatible training method behind the shared protocol (see module docstring).
 
-    Subclasses set ``name``, ``Params``, ``summary`` and ``requires_parent`` and implement
-    ``space``, ``build_head`` and ``loss``. ``requires_parent`` is True for methods whose whole
-    objective is alignment to a parent (l2, bct, ...); methods with a parent-free base objective
-    (hbct, dsimplex, binary_hyperbolic, independent) train a first generation with it alone.
+    Subclasses set ``name``, ``Params``, ``summary``, ``requires_parent`` and
+    ``requires_parent_embed_dim`` and implement ``space``, ``build_head`` and ``loss``.
+    ``requires_parent`` is True for methods whose whole objective is alignment to a parent (l2,
+    bct, ...); methods with a parent-free base objective (hbct, dsimplex, binary_hyperbolic,
+    independent) train a first generation with it alone.
+    ``requires_parent_embed_dim`` is True for methods that, given a parent, compare the new
+    model's embeddings with the parent's directly (a distance or similarity between new and old
+    vectors, the parent's classifier, class centres or prototypes applied to new embeddings, a
+    head shared with the parent): the new generation's ``model.embed_dim`` must then equal its
+    parent's, which the pipeline file's validation checks before any training. False for methods
+    that ignore the parent while training (independent) or bridge the two spaces with learned
+    adapters from the parent's dimension to the new one (fct, lambda_orth). The default, True,
+    is the safe one for a plug-in that does not say: a mismatch is refused when the pipeline
+    file loads instead of failing when the generation's training starts.
     """
 
     name: ClassVar[str]
     Params: ClassVar[type[MethodParams]] = MethodParams
     summary: ClassVar[str] = ""
     requires_parent: ClassVar[bool] = True
+    requires_parent_embed_dim: ClassVar[bool] = True
 
     def __init__(self, params: MethodParams | Mapping[str, Any] | None = None):
         if isinstance(params, MethodParams):

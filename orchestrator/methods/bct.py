@@ -31,6 +31,7 @@ class BCT(SupervisedMethod):
     name = "bct"
     summary = "CE + λ·CE through the frozen old classifier (new classes synthesised from old class means)"
     Params = BCTParams
+    requires_parent_embed_dim = True  # the old classifier (C, d_old) is applied to new embeddings
 
     def on_train_start(self, ctx: TrainContext) -> None:
         if ctx.old_model is None:

@@ -84,6 +84,7 @@ class BinaryHyperbolic(CompatibilityMethod):
     summary = "softmax over −Poincaré distance to fixed pre-allocated simplex prototypes"
     Params = BinaryHyperbolicParams
     requires_parent = False
+    requires_parent_embed_dim = True  # the parent shares the prototypes (check_parent); d_c(h_n, h_o)
 
     @property
     def space(self) -> Space:

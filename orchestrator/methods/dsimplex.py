@@ -108,6 +108,7 @@ class DSimplex(CompatibilityMethod):
     summary = "fixed d-Simplex classifier (stationary CE over all K prototypes) + HOC InfoNCE to the parent"
     Params = DSimplexParams
     requires_parent = False
+    requires_parent_embed_dim = True  # the same K (embed_dim = K - 1); InfoNCE between old and new embeddings
 
     @property
     def space(self) -> Space:

@@ -160,6 +160,7 @@ class FCT(SupervisedMethod):
     summary = "independent CE model + forward transformation F (MLP) fitted old → new by MSE"
     Params = FCTParams
     requires_parent = True
+    requires_parent_embed_dim = False  # F maps the parent's d dimensions to this generation's n
 
     def loss(
         self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx: TrainContext

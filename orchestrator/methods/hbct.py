@@ -202,6 +202,7 @@ class HBCT(CompatibilityMethod):
     summary = "Lorentz MLR + λ(entailment cone at the old embedding + uncertainty-weighted RINCE)"
     Params = HBCTParams
     requires_parent = False
+    requires_parent_embed_dim = True  # entailment cone and RINCE between new and old Lorentz points
 
     @property
     def space(self) -> Space:

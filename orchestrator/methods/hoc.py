@@ -40,6 +40,7 @@ class HOC(SupervisedMethod):
     name = "hoc"
     summary = "λ·CE + (1−λ)·InfoNCE, old embedding as anchor against the new batch"
     Params = HOCParams
+    requires_parent_embed_dim = True  # InfoNCE between old and new embeddings
 
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
         old = require_parent(old, self.name)

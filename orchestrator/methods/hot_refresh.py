@@ -43,6 +43,7 @@ class HotRefresh(SupervisedMethod):
     name = "hot_refresh"
     summary = "CE + λ·contrastive alignment to old embeddings, different-label negatives from both models"
     Params = HotRefreshParams
+    requires_parent_embed_dim = True  # contrastive term between new and old embeddings
 
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
         old = require_parent(old, self.name)

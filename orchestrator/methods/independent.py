@@ -18,6 +18,7 @@ class Independent(SupervisedMethod):
     summary = "base cross-entropy only (old models, and the unaligned reference φ*)"
     Params = SupervisedParams
     requires_parent = False
+    requires_parent_embed_dim = False  # a parent, if given, takes no part in the loss
 
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
         return {"base": self.base_loss(new, labels)}

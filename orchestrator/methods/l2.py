@@ -29,6 +29,7 @@ class L2Regression(SupervisedMethod):
     name = "l2"
     summary = "CE + λ·‖new − old‖² feature regression"
     Params = L2Params
+    requires_parent_embed_dim = True  # ‖new − old‖² regression
 
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
         old = require_parent(old, self.name)

@@ -377,6 +377,7 @@ class LambdaOrthogonality(SupervisedMethod):
     summary = "independent CE model + backward B (orthogonal or λ-orthogonal) and forward F adapters"
     Params = LambdaOrthParams
     requires_parent = True
+    requires_parent_embed_dim = False  # B and F bridge d and n (common prefix m = min(d, n))
 
     def loss(
         self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx: TrainContext

@@ -117,6 +117,7 @@ class LCE(SupervisedMethod):
     name = "lce"
     summary = "CE + λ·ArcFace through the old class centres + μ·angular boundary of the old classes"
     Params = LCEParams
+    requires_parent_embed_dim = True  # ArcFace through, and boundary around, the old class centres
 
     def on_train_start(self, ctx: TrainContext) -> None:
         old_out, labels = parent_train_embeddings(ctx, self.name)

@@ -253,6 +253,7 @@ class PerturbedPrototypeMethod(SupervisedMethod):
 
     Params = PrototypePerturbationParams
     requires_parent = True
+    requires_parent_embed_dim = True  # new embeddings against old prototypes (Eq. 6); D_n must equal D_o
 
     def on_train_start(self, ctx: TrainContext) -> None:
         if ctx.old_model is None:

@@ -146,6 +146,7 @@ class UniBCT(SupervisedMethod):
     name = "unibct"
     summary = "CE + λ·ArcFace through structurally refined old prototypes (intra-class kNN propagation)"
     Params = UniBCTParams
+    requires_parent_embed_dim = True  # ArcFace through the old prototypes
 
     def on_train_start(self, ctx: TrainContext) -> None:
         old_out, labels = parent_train_embeddings(ctx, self.name)

@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from orchestrator.config import GenerationSpec, PipelineConfig, PipelineConfigError, load_pipeline
 from valid_pipeline import VALID
 
+PIPELINES = Path(__file__).resolve().parents[2] / "pipelines"
 
 
 def write(tmp_path, text: str, name: str = "bad.yaml"):
@@ -198,6 +200,40 @@ def test_replacement_and_init_from_parent(tmp_path):
     assert "generations[1].model.pretrained: a replacement (replaces: true) starts from a third-party checkpoint" in message
     message = errors_of(write(tmp_path, VALID + "    init_from_parent: true\n    model: {arch: test_convnext}\n"))
     assert "generations[1].init_from_parent: needs the parent's architecture" in message
+
+
+def test_a_method_comparing_with_its_parent_needs_the_parents_embed_dim(tmp_path):
+    """hbct aligns g2's embeddings to g1's: a different embed_dim is refused when the file loads,
+    in one line naming the field and the value, instead of failing when g2's training starts."""
+    path = PIPELINES / "lifelong.yaml"
+    message = errors_of(path, {"generations.2.model.embed_dim": 64})
+    assert message == (f"{path}: generations[2].model.embed_dim: method 'hbct' compares this generation's embeddings "
+                       "with its parent's, so it needs the parent's embed_dim (parent 'g1': 32) (got 64) [set by override]")
+    # written in the file: the line of the value
+    path = write(tmp_path, VALID + "    model: {embed_dim: 64}\n")
+    assert errors_of(path) == (f"{path}: generations[1].model.embed_dim: method 'hbct' compares this generation's "
+                               "embeddings with its parent's, so it needs the parent's embed_dim (parent 'g0': 128) "
+                               "(got 64) [line 10]")
+    # independent leaves its parent out of the loss: any size
+    independent = VALID.replace("{name: hbct, params: {lam: 0.3}}", "{name: independent}")
+    assert load_pipeline(write(tmp_path, independent + "    model: {embed_dim: 64}\n")).generations[1].model.embed_dim == 64
+
+
+@pytest.mark.parametrize("method", ["fct", "lambda_orth"])
+@pytest.mark.parametrize("embed_dim", [64, 256])
+def test_methods_with_adapters_between_the_two_sizes_accept_a_different_embed_dim(tmp_path, method, embed_dim):
+    """fct's forward map and lambda_orth's B / F adapters map the parent's embed_dim to the child's."""
+    text = VALID.replace("{name: hbct, params: {clip: 1.0}}", "{name: independent}").replace(
+        "{name: hbct, params: {lam: 0.3}}", f"{{name: {method}}}") + f"    model: {{embed_dim: {embed_dim}}}\n"
+    config = load_pipeline(write(tmp_path, text))
+    assert [g.model.embed_dim for g in config.generations] == [128, embed_dim]
+    assert not config.generations[1].method.requires_parent_embed_dim
+
+
+def test_a_replacement_aligns_to_its_own_start_not_to_the_parents_size(tmp_path):
+    """A replacement's frozen model is the checkpoint it starts from, so its size is not the parent's rule."""
+    text = VALID + "    replaces: true\n    model: {embed_dim: 64, pretrained: ./weights/third_party.safetensors}\n"
+    assert load_pipeline(write(tmp_path, text)).generations[1].model.embed_dim == 64
 
 
 def test_direct_model_validation_summarises_nested_problems():

@@ -61,13 +61,13 @@ def _images(seed: int = 0, n: int = 32) -> LabelShiftedImages:
     return LabelShiftedImages(n=n, num_classes=NUM_CLASSES, seed=seed)
 
 
-def _encoder() -> EncoderConfig:
-    return EncoderConfig(arch="test_resnet", embed_dim=EMBED_DIM, small_input=False)
+def _encoder(embed_dim: int = EMBED_DIM) -> EncoderConfig:
+    return EncoderConfig(arch="test_resnet", embed_dim=embed_dim, small_input=False)
 
 
-def _build(method: CompatibilityMethod, seed: int):
+def _build(method: CompatibilityMethod, seed: int, embed_dim: int = EMBED_DIM):
     torch.manual_seed(seed)
-    return method.build_model(_encoder(), NUM_CLASSES, seen_classes=torch.arange(NUM_CLASSES))
+    return method.build_model(_encoder(embed_dim), NUM_CLASSES, seen_classes=torch.arange(NUM_CLASSES))
 
 
 # --- registry ---------------------------------------------------------------------------------
@@ -227,6 +227,33 @@ def test_parent_required_methods_refuse_to_train_without_one(name):
 def test_parent_free_methods_are_exactly_the_expected_ones():
     parent_free = {n for n, c in available_methods().items() if not c.requires_parent}
     assert parent_free == ALIGNS_OPTIONALLY | {"independent"}
+
+
+# --- the parent's embedding size ----------------------------------------------------------------
+@pytest.mark.parametrize(("parent_dim", "child_dim"), [(16, 24), (24, 16)])
+@pytest.mark.parametrize("name", sorted(available_methods()))
+def test_requires_parent_embed_dim_is_what_training_against_a_parent_of_another_size_does(name, parent_dim, child_dim):
+    """The declaration the pipeline file's validation reads (``requires_parent_embed_dim``,
+    config/pipeline.py) against the code: trained against a parent of another embed_dim (one
+    loss step, hooks included), a method that declares False trains and one that declares True
+    raises, while it trains against a parent of its own size. Default parameters (e.g.
+    binary_hyperbolic without its alignment term: the shared prototypes need the size too)."""
+    data = _images(n=8)
+    config = TrainConfig(epochs=1, batch_size=8, lr=0.05, augment=False)
+
+    def train(parent_embed_dim: int) -> list[dict[str, float]]:
+        method = create_method(name)
+        parent = _build(method.parent_method(), seed=1, embed_dim=parent_embed_dim)
+        model = _build(method, seed=2, embed_dim=child_dim)
+        return train_generation(method, model, data, data, config, old_model=parent)
+
+    if not method_class(name).requires_parent_embed_dim:
+        history = train(parent_dim)
+        assert len(history) == 1 and math.isfinite(history[0]["loss"])
+        return
+    assert math.isfinite(train(child_dim)[0]["loss"])  # the size is the only difference
+    with pytest.raises((ValueError, RuntimeError)):
+        train(parent_dim)
 
 
 # --- reference and parent methods -------------------------------------------------------------
