@@ -51,6 +51,7 @@ class CosineAnchor(SupervisedMethod):
     summary = "CE + λ·mean(1 − cos(new, old)): new embeddings anchored to the parent's (example plug-in)"
     Params = CosineAnchorParams
     requires_parent = True  # the anchor term needs the parent's output; a first generation cannot use it
+    requires_parent_embed_dim = True  # compares new and old vectors: a child of another embed_dim is refused at load
 
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
         old = require_parent(old, self.name)
