@@ -50,7 +50,7 @@ def test_lifelong_is_the_embedded_default():
     assert config.generation("phi-star").parent is None
     assert [g.name for g in config.served_generations] == ["g0-old", "g1", "g2"]
     for gen in config.generations:
-        assert gen.model.arch in ("test_resnet", "test_convnext") and gen.model.embed_dim == 32
+        assert gen.model.arch in ("test_resnet", "resnet10t") and gen.model.embed_dim == 32
         assert gen.training.epochs == 20 and gen.training.batch_size == 64 and gen.training.lr == 0.05
         assert not gen.training.augment
 
