@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator.lineage import LineageStore
 
@@ -27,9 +28,15 @@ NUMBER = r"(?:[01]\.\d{4}|·)"
 @pytest.mark.e2e
 def test_custom_method_example_trains_the_plug_in_through_ray_train(tmp_path):
     storage = tmp_path / "run"
+    # the example's file with its update's gate forced: one epoch leaves the plug-in's model below
+    # the old one, which the gate would rightly hold; the plug-in's training is what this test checks
+    config = yaml.safe_load((REPO / "examples" / "custom_method" / "pipeline.yaml").read_text())
+    next(g for g in config["generations"] if g["name"] == "anchored")["gate"] = {"action": "force"}
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(yaml.safe_dump(config, sort_keys=False))
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "ORCHESTRATOR_PLUGINS")}
     result = subprocess.run([sys.executable, str(REPO / "examples" / "custom_method" / "run.py"),
-                             "--epochs", "1", "--storage", str(storage)],
+                             "--file", str(pipeline), "--epochs", "1", "--storage", str(storage)],
                             capture_output=True, text=True, timeout=900, cwd=tmp_path, env=env)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     out = result.stdout
