@@ -275,37 +275,46 @@ def _add_inspection_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)  # `-h`, `--version` and bad arguments import no torch
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s: %(message)s")
+    try:
+        return args.handler(args)
+    except Exception as error:
+        code = _reported(error, args.verbose)
+        if code is None:
+            raise
+        return code
+
+
+def _reported(error: Exception, verbose: bool) -> ExitCode | None:
+    """Print ``error`` as the one line its kind calls for and return the exit code; None: an error
+    of no kind below (or a storage or database error under ``-v``), whose traceback is shown."""
     from sqlalchemy.exc import SQLAlchemyError
 
     from orchestrator.lineage.errors import LineageBusy, LineageNotFound
     from orchestrator.pipeline.gate import DeploymentHeld
 
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s: %(message)s")
-    try:
-        return args.handler(args)
-    except LineageNotFound as error:  # a reader never creates a store
+    if isinstance(error, LineageNotFound):  # a reader never creates a store
         print(f"orchestrator: error: LineageNotFound: {error}", file=sys.stderr)
         return ExitCode.USAGE
-    except LineageBusy as error:  # another run of the pipeline holds its lock; nothing was done
+    if isinstance(error, LineageBusy):  # another run of the pipeline holds its lock; nothing was done
         print(f"orchestrator: busy: {error}", file=sys.stderr)
         return ExitCode.BUSY
-    except (ValueError, ImportError) as error:  # bad input: the message names the file, field and value
+    if isinstance(error, (ValueError, ImportError)):  # bad input: the message names the file, field and value
         print(f"orchestrator: error: {error}", file=sys.stderr)
         return ExitCode.USAGE
-    except DeploymentHeld as error:  # the gate held a generation back: nothing broke, nothing was deployed
+    if isinstance(error, DeploymentHeld):  # the gate held a generation back: nothing broke, nothing was deployed
         print(f"orchestrator: held: {error}", file=sys.stderr)
         return ExitCode.HELD
-    except RuntimeError as error:  # a failed step; the lineage records it and a re-run resumes
+    if isinstance(error, RuntimeError):  # a failed step; the lineage records it and a re-run resumes
         print(f"orchestrator: failed: {error}", file=sys.stderr)
         return ExitCode.FAILED
-    except (OSError, SQLAlchemyError) as error:  # a missing file, a storage or database problem: one line
-        if args.verbose:
-            raise
+    if isinstance(error, (OSError, SQLAlchemyError)) and not verbose:  # a missing file, a storage or database problem
         text = " ".join(str(error).split()) or type(error).__name__
         print(f"orchestrator: error: {type(error).__name__}: {text[:500]} (-v shows the traceback)", file=sys.stderr)
         return ExitCode.FAILED
+    return None
 
 
 if __name__ == "__main__":  # pragma: no cover

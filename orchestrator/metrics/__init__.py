@@ -1,59 +1,17 @@
 """Retrieval accuracy (CMC@k, mAP) and the compatibility metrics built on it."""
+from orchestrator.lazy_exports import lazy_exports
 
-from orchestrator.metrics.compatibility import (
-    MIN_NORMALISER,
-    NORMALISED_SCORES,
-    UPDATE_SCORES,
-    GenerationEmbeddings,
-    PerturbationScores,
-    average_compatibility,
-    average_multi_model_accuracy,
-    backfill_curve_area,
-    compatibility_matrices,
-    compatibility_matrix,
-    empirically_compatible,
-    format_value,
-    p_com,
-    p_up,
-    perturbation_scores,
-    update_summary,
-)
-from orchestrator.metrics.retrieval import (
-    KEY_METRICS,
-    METRICS,
-    RetrievalResult,
-    cmc_at_k,
-    default_chunk_size,
-    mean_average_precision,
-    ranked_list_metrics,
-    retrieval_metrics,
-    retrieval_metrics_from_distances,
-)
-
-__all__ = [
-    "KEY_METRICS",
-    "METRICS",
-    "MIN_NORMALISER",
-    "NORMALISED_SCORES",
-    "UPDATE_SCORES",
-    "GenerationEmbeddings",
-    "PerturbationScores",
-    "RetrievalResult",
-    "average_compatibility",
-    "average_multi_model_accuracy",
-    "backfill_curve_area",
-    "cmc_at_k",
-    "compatibility_matrices",
-    "compatibility_matrix",
-    "default_chunk_size",
-    "empirically_compatible",
-    "format_value",
-    "mean_average_precision",
-    "p_com",
-    "p_up",
-    "perturbation_scores",
-    "ranked_list_metrics",
-    "retrieval_metrics",
-    "retrieval_metrics_from_distances",
-    "update_summary",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "names": ["KEY_METRICS", "METRICS"],
+    "compatibility": [
+        "MIN_NORMALISER", "NORMALISED_SCORES", "UPDATE_SCORES", "GenerationEmbeddings",
+        "PerturbationScores", "average_compatibility", "average_multi_model_accuracy",
+        "backfill_curve_area", "compatibility_matrices", "compatibility_matrix",
+        "empirically_compatible", "format_value", "p_com", "p_up", "perturbation_scores",
+        "update_summary",
+    ],
+    "retrieval": [
+        "RetrievalResult", "cmc_at_k", "default_chunk_size", "mean_average_precision",
+        "ranked_list_metrics", "retrieval_metrics", "retrieval_metrics_from_distances",
+    ],
+})

@@ -41,8 +41,6 @@ from orchestrator.geometry.geometry import Geometry
 from orchestrator.geometry.spaces import Space
 
 __all__ = [
-    "KEY_METRICS",
-    "METRICS",
     "RetrievalResult",
     "cmc_at_k",
     "default_chunk_size",
@@ -52,10 +50,6 @@ __all__ = [
     "retrieval_metrics_from_distances",
 ]
 
-# The retrieval metrics every report, table and sweep uses (CMC@1, CMC@5, full-ranking mAP), and
-# the two that the summaries and the lineage print.
-METRICS: tuple[str, ...] = ("cmc@1", "cmc@5", "map")
-KEY_METRICS: tuple[str, ...] = ("cmc@1", "map")
 
 # Memory budget of one chunk of queries: the distances, the sort values and indices, the gathered
 # masks and their cumulative sums take about _BYTES_PER_PAIR bytes per (query, gallery) pair.

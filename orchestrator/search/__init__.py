@@ -2,27 +2,14 @@
 along its compatibility path, refuse shards it is not compatible with, merge the top-k.
 
 No Ray here: a router is plain Python over FAISS indexes and PyTorch models; ``orchestrator
-search`` and the pipeline's evaluation build one from the lineage.
+search`` and the pipeline's evaluation build one from the lineage. Names are imported on first
+use (``orchestrator.lazy_exports``), so the command line's parser (``search.cli``) does not
+import torch.
 """
-from orchestrator.search.admission import CompatibilityCriterion, Verdict
-from orchestrator.search.router import (
-    IncompatibleShards,
-    SearchResult,
-    SearchRouter,
-    SkippedShard,
-    merge_top_k,
-)
-from orchestrator.search.service import SearchService, open_router, service_for_pipeline
+from orchestrator.lazy_exports import lazy_exports
 
-__all__ = [
-    "CompatibilityCriterion",
-    "IncompatibleShards",
-    "SearchResult",
-    "SearchRouter",
-    "SearchService",
-    "SkippedShard",
-    "Verdict",
-    "merge_top_k",
-    "open_router",
-    "service_for_pipeline",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "admission": ["CompatibilityCriterion", "Verdict"],
+    "router": ["IncompatibleShards", "SearchResult", "SearchRouter", "SkippedShard", "merge_top_k"],
+    "service": ["SearchService", "open_router", "service_for_pipeline"],
+})

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.cli_options import add_pipeline_options, int_at_least, pipeline_overrides
-from orchestrator.metrics import METRICS
+from orchestrator.metrics.names import METRICS
 
 
 def add_search_command(commands: argparse._SubParsersAction) -> None:

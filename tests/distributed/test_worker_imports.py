@@ -16,7 +16,7 @@ from orchestrator.lazy_exports import lazy_exports
 
 HEAVY = ("torch", "timm", "torchvision", "safetensors")
 LAZY_PACKAGES = ["orchestrator.data", "orchestrator.gallery", "orchestrator.storage", "orchestrator.models",
-                 "orchestrator.backfill"]
+                 "orchestrator.backfill", "orchestrator.metrics", "orchestrator.search"]
 
 
 @pytest.mark.parametrize("module", ["orchestrator.distributed.gallery_read", "orchestrator.distributed.backfill_scores"])

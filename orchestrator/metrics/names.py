@@ -1,0 +1,7 @@
+"""The names of the retrieval metrics every report, table and sweep uses (no torch: the command
+line's parsers offer them as choices)."""
+from __future__ import annotations
+
+# CMC@1, CMC@5 and full-ranking mAP, and the two that the summaries and the lineage print.
+METRICS: tuple[str, ...] = ("cmc@1", "cmc@5", "map")
+KEY_METRICS: tuple[str, ...] = ("cmc@1", "map")
