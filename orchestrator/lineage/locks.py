@@ -23,12 +23,13 @@ import os
 import socket
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Optional
 
 from sqlalchemy import delete, func, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from orchestrator.lineage.errors import LineageBusy
 from orchestrator.lineage.schema import RunLock, utcnow
@@ -134,8 +135,9 @@ def _utc(value: datetime) -> datetime:
 
 def _advisory_lock(store: "LineageStore", pipeline: str) -> Optional[Release]:
     connection = store.engine.connect()
+    key = advisory_key(pipeline)
     try:
-        taken = connection.execute(select(func.pg_try_advisory_lock(advisory_key(pipeline)))).scalar()
+        taken = connection.execute(select(func.pg_try_advisory_lock(key))).scalar()
         connection.commit()  # a session lock outlives the transaction; don't sit idle in one
     except BaseException:
         connection.close()
@@ -145,8 +147,16 @@ def _advisory_lock(store: "LineageStore", pipeline: str) -> Optional[Release]:
         return None
 
     def release() -> None:
-        connection.invalidate()  # ends the database session, and with it the lock, whatever state it is in
-        connection.close()
+        # Unlock first: the server has released the lock when the call returns. Ending the session
+        # alone releases it only once the server has seen the disconnect, which a next taker could
+        # race (CI: a second store refused right after the first one's release, on 2 busy cores).
+        try:
+            with suppress(SQLAlchemyError):
+                connection.execute(select(func.pg_advisory_unlock(key)))
+                connection.commit()
+        finally:
+            connection.invalidate()  # ends the database session, and any lock with it, whatever state it is in
+            connection.close()
     return release
 
 
