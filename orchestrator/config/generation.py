@@ -104,6 +104,11 @@ class MethodSpec(StrictModel):
         return method_class(self.name).requires_parent
 
     @property
+    def space(self) -> str:
+        """The embedding space the method trains in with these parameters ("lorentz", "cosine", ...)."""
+        return self.create().space.value
+
+    @property
     def requires_parent_embed_dim(self) -> bool:
         """Whether, given a parent, the method compares the new embeddings with the parent's
         directly, so that a child's ``model.embed_dim`` must equal its parent's."""

@@ -92,6 +92,7 @@ class PipelineConfig(StrictModel):
         problems += self._check_reference()
         problems += self._check_gallery()
         problems += self._check_scenario()
+        problems += self._check_backfill_orders()
         problems += self._tracking_defaults()
         raise_problems(problems)
         return self
@@ -139,6 +140,26 @@ class PipelineConfig(StrictModel):
             if gen.classes is not None and gen.classes.task is not None and self.data.task_splits is None:
                 problems.append(problem((*where, "classes", "task"), "a task selection needs data.task_splits "
                                         "({first: ..., step: ...})", gen.classes.task))
+        return problems
+
+    def _check_backfill_orders(self) -> list[dict[str, Any]]:
+        """``order: uncertainty`` scores the gallery's items by their hyperbolic uncertainty, so every
+        generation served before it must embed in the Lorentz model (otherwise the plan failed
+        after the earlier generations had trained and deployed)."""
+        problems, served = [], self.served_generations
+        for i, gen in enumerate(served):
+            if gen.backfill.policy == "none" or gen.backfill.order != "uncertainty":
+                continue
+            try:
+                flat = [(g.name, g.method.name, space) for g in served[:i] if (space := g.method.space) != "lorentz"]
+            except ValueError:  # a method's parameters are wrong: reported where they are checked
+                continue
+            if flat:
+                name, method, space = flat[0]
+                problems.append(problem(("generations", self.generations.index(gen), "backfill", "order"),
+                                        f"needs hyperbolic (Lorentz) embeddings in the gallery, but {name!r} "
+                                        f"({method}, space {space}) serves before it; use class_mean_distance "
+                                        "or random", "uncertainty"))
         return problems
 
     def _check_reference(self) -> list[dict[str, Any]]:

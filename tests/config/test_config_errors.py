@@ -269,3 +269,16 @@ def test_gallery_index_kind_and_option_names(tmp_path):
     assert "bits" not in message.split("nprobe")[0]  # the valid option is not reported
     config = load_pipeline(write(tmp_path, VALID + "gallery: {index: binary_weighted, index_options: {bits: 3}}\n", "ok.yaml"))
     assert config.gallery.index == "binary_weighted" and config.gallery.index_options == {"bits": 3}
+
+
+def test_an_uncertainty_order_needs_hyperbolic_generations_before_it():
+    """The Euclidean pipeline shipped g1 with `order: uncertainty` over g0-old's cosine shards: the
+    plan failed after g0-old and g1 had trained and g0-old was deployed. Now the file is refused
+    in one line; in the hyperbolic default the same order loads."""
+    path = PIPELINES / "lifelong_euclidean.yaml"
+    assert errors_of(path, {"generations.1.backfill.order": "uncertainty"}) == (
+        f"{path}: generations[1].backfill.order: needs hyperbolic (Lorentz) embeddings in the gallery, but "
+        "'g0-old' (independent, space cosine) serves before it; use class_mean_distance or random "
+        "(got \"uncertainty\") [set by override]")
+    assert load_pipeline(path).generation("g1").backfill.order == "class_mean_distance"
+    assert load_pipeline(PIPELINES / "lifelong.yaml").generation("g1").backfill.order == "uncertainty"

@@ -61,7 +61,7 @@ def test_lifelong_euclidean_has_the_same_shape():
     assert methods == [
         ("g0-old", None, "independent"), ("g1", "g0-old", "bct"), ("g2", "g1", "bct"), ("phi-star", None, "independent")
     ]
-    assert config.generation("g2").model.arch == "test_convnext"
+    assert config.generation("g2").model.arch == "resnet10t"
 
 
 def test_cifar100_hbct_matches_the_paper_settings():
