@@ -167,7 +167,6 @@ TARGETS = ("criterion", "p_up", "old", "p_com")
 TARGET_SLACK = 0.05
 
 
-
 def targets(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, bool]]:
     """Issue 14's targets for every HBCT row of one table (one dataset, budget and seed):
 

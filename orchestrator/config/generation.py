@@ -9,6 +9,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from orchestrator import limits
 from orchestrator.config.deployment import BackfillPolicy, GateSpec
+from orchestrator.geometry.spaces import Space
 from orchestrator.config.problems import StrictModel, problem, problems_from, raise_problems, suggest
 from orchestrator.methods.registry import available_methods, create_method, method_class
 from orchestrator.models.encoder import HUB, EncoderConfig
@@ -104,9 +105,9 @@ class MethodSpec(StrictModel):
         return method_class(self.name).requires_parent
 
     @property
-    def space(self) -> str:
-        """The embedding space the method trains in with these parameters ("lorentz", "cosine", ...)."""
-        return self.create().space.value
+    def space(self) -> Space:
+        """The embedding space the method trains in with these parameters."""
+        return self.create().space
 
     @property
     def requires_parent_embed_dim(self) -> bool:

@@ -19,6 +19,7 @@ from orchestrator.config.problems import StrictModel, problem, raise_problems, s
 from orchestrator.config.runtime import RaySettings, TrackingSettings, local_path, url_scheme
 from orchestrator.config.sources import check_options, check_split, missing_options
 from orchestrator.data.registry import STREAMED_SOURCES, loader_kwargs
+from orchestrator.geometry.spaces import Space
 from orchestrator.names import Name
 
 
@@ -151,7 +152,8 @@ class PipelineConfig(StrictModel):
             if gen.backfill.policy == "none" or gen.backfill.order != "uncertainty":
                 continue
             try:
-                flat = [(g.name, g.method.name, space) for g in served[:i] if (space := g.method.space) != "lorentz"]
+                flat = [(g.name, g.method.name, space.value) for g in served[:i]
+                        if (space := g.method.space) is not Space.LORENTZ]
             except ValueError:  # a method's parameters are wrong: reported where they are checked
                 continue
             if flat:

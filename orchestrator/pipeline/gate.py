@@ -98,16 +98,16 @@ def decide(measurement: GateMeasurement, spec: GateSpec) -> GateDecision:
         failures.append(f"served mAP after the plan {measurement.predicted:.4f} < {floor:.4f} "
                         f"({measurement.serving} serves {measurement.serving_quality:.4f}, "
                         f"max_quality_drop {spec.max_quality_drop:g})")
-    own = []
-    if spec.min_p_up is not None and measurement.p_up is not None and measurement.p_up < spec.min_p_up:
-        own.append(f"own mAP against the unaligned reference: P_up {measurement.p_up:+.3f} < min_p_up "
-                   f"{spec.min_p_up:g}")
-    failures += own
+    own_quality_fails = spec.min_p_up is not None and measurement.p_up is not None and measurement.p_up < spec.min_p_up
+    if own_quality_fails:
+        failures.append(f"own mAP against the unaligned reference: P_up {measurement.p_up:+.3f} < min_p_up "
+                        f"{spec.min_p_up:g}")
     if not failures:
         return GateDecision(measurement.generation, (), "deploy")
-    if spec.action == "full_backfill":
-        if measurement.full_backfill is not None and floor is not None and measurement.full_backfill < floor:
-            own.append(f"a full backfill would serve mAP {measurement.full_backfill:.4f} < {floor:.4f} as well")
-        if own:  # what a full re-embed does not mend
-            return GateDecision(measurement.generation, tuple(dict.fromkeys(failures + own)), "hold")
+    if spec.action == "full_backfill":  # a full re-embed mends neither the own quality nor a worse full gallery
+        full_fails = measurement.full_backfill is not None and floor is not None and measurement.full_backfill < floor
+        if full_fails:
+            failures.append(f"a full backfill would serve mAP {measurement.full_backfill:.4f} < {floor:.4f} as well")
+        if own_quality_fails or full_fails:
+            return GateDecision(measurement.generation, tuple(failures), "hold")
     return GateDecision(measurement.generation, tuple(failures), spec.action)
