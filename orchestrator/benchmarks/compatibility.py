@@ -38,32 +38,41 @@ _SHAPES_RECIPES: dict[str, tuple[dict[str, Any], int, int]] = {"shapes": (SHAPES
 #: A row: (label, method, params) or (label, method, params, old_params), old_params set on the old
 #: model alone (``run_update_experiment``).
 Row = tuple[str, str, dict[str, Any]] | tuple[str, str, dict[str, Any], dict[str, Any]]
-#: The paper's HBCT, the candidate recipes of issue 14 (s: MLR init scale, t: learned logit scale,
-#: t≤m: capped at m, w: λ warm-up fraction, old-t: the learned scale on the old model only, old-t≤m:
-#: capped at m), the cosine methods.
+#: The paper's HBCT: its fixed logit scale (``HBCTParams`` learn it by default since round 5; the
+#: ceiling 100 keeps these rows' derived training seeds, and so their models, those of rounds 1-4).
+PAPER_HBCT: dict[str, Any] = {"mlr_learn_scale": False, "mlr_max_scale": 100.0}
+
+
+def _paper(**fields: Any) -> dict[str, Any]:
+    """The paper's HBCT parameters with ``fields`` over them (a candidate recipe of rounds 1-4)."""
+    return {**PAPER_HBCT, **fields}
+
+
+#: HBCT (its defaults: round 4's ``hbct t≤1.5 old-t≤3``, trained to the digit alike), the paper's
+#: HBCT, the candidate recipes of issue 14 (s: MLR init scale, t: learned logit scale, t≤m: capped
+#: at m, w: λ warm-up fraction, old-t: the learned scale on the old model only, old-t≤m: capped at
+#: m), the cosine methods.
 METHODS: tuple[Row, ...] = (
     ("hbct", "hbct", {}),
-    ("hbct s10 λ1", "hbct", {"mlr_init_scale": 10.0, "lam": 1.0}),
-    ("hbct t", "hbct", {"mlr_learn_scale": True}),
-    ("hbct old-t", "hbct", {}, {"mlr_learn_scale": True}),
-    ("hbct old-t≤3", "hbct", {}, {"mlr_learn_scale": True, "mlr_max_scale": 3.0}),
-    ("hbct old-t≤5", "hbct", {}, {"mlr_learn_scale": True, "mlr_max_scale": 5.0}),
-    ("hbct s2 old-t≤3", "hbct", {"mlr_init_scale": 2.0},
+    ("hbct paper", "hbct", _paper()),
+    ("hbct s10 λ1", "hbct", _paper(mlr_init_scale=10.0, lam=1.0)),
+    ("hbct t", "hbct", _paper(mlr_learn_scale=True)),
+    ("hbct old-t", "hbct", _paper(), {"mlr_learn_scale": True}),
+    ("hbct old-t≤3", "hbct", _paper(), {"mlr_learn_scale": True, "mlr_max_scale": 3.0}),
+    ("hbct old-t≤5", "hbct", _paper(), {"mlr_learn_scale": True, "mlr_max_scale": 5.0}),
+    ("hbct s2 old-t≤3", "hbct", _paper(mlr_init_scale=2.0),
      {"mlr_init_scale": 1.0, "mlr_learn_scale": True, "mlr_max_scale": 3.0}),
-    ("hbct s3 old-t≤3", "hbct", {"mlr_init_scale": 3.0},
+    ("hbct s3 old-t≤3", "hbct", _paper(mlr_init_scale=3.0),
      {"mlr_init_scale": 1.0, "mlr_learn_scale": True, "mlr_max_scale": 3.0}),
-    ("hbct t≤2 old-t≤3", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 2.0},
-     {"mlr_learn_scale": True, "mlr_max_scale": 3.0}),
-    ("hbct t≤1.5 old-t≤3", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 1.5},
-     {"mlr_learn_scale": True, "mlr_max_scale": 3.0}),
-    ("hbct t λ0.6", "hbct", {"mlr_learn_scale": True, "lam": 0.6}),
-    ("hbct t≤3", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 3.0}),
-    ("hbct t≤3 λ0.6", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 3.0, "lam": 0.6}),
-    ("hbct t≤3 λ1", "hbct", {"mlr_learn_scale": True, "mlr_max_scale": 3.0, "lam": 1.0}),
-    ("hbct t λ1", "hbct", {"mlr_learn_scale": True, "lam": 1.0}),
-    ("hbct t λ1 w0.5", "hbct", {"mlr_learn_scale": True, "lam": 1.0, "lam_warmup": 0.5}),
-    ("hbct s10 λ1 w0.5", "hbct", {"mlr_init_scale": 10.0, "lam": 1.0, "lam_warmup": 0.5}),
-    ("hbct s10 t λ1", "hbct", {"mlr_init_scale": 10.0, "mlr_learn_scale": True, "lam": 1.0}),
+    ("hbct t≤2 old-t≤3", "hbct", {"mlr_max_scale": 2.0}),
+    ("hbct t λ0.6", "hbct", _paper(mlr_learn_scale=True, lam=0.6)),
+    ("hbct t≤3", "hbct", _paper(mlr_learn_scale=True, mlr_max_scale=3.0)),
+    ("hbct t≤3 λ0.6", "hbct", _paper(mlr_learn_scale=True, mlr_max_scale=3.0, lam=0.6)),
+    ("hbct t≤3 λ1", "hbct", _paper(mlr_learn_scale=True, mlr_max_scale=3.0, lam=1.0)),
+    ("hbct t λ1", "hbct", _paper(mlr_learn_scale=True, lam=1.0)),
+    ("hbct t λ1 w0.5", "hbct", _paper(mlr_learn_scale=True, lam=1.0, lam_warmup=0.5)),
+    ("hbct s10 λ1 w0.5", "hbct", _paper(mlr_init_scale=10.0, lam=1.0, lam_warmup=0.5)),
+    ("hbct s10 t λ1", "hbct", _paper(mlr_init_scale=10.0, mlr_learn_scale=True, lam=1.0)),
     ("bct", "bct", {}),
     ("lce", "lce", {}),
     ("hot_refresh", "hot_refresh", {}),

@@ -12,7 +12,7 @@ A first generation (no parent) trains with L_base alone, i.e. it is HBCT's old m
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,8 @@ Distance = Literal["geodesic", "lorentz_inner", "squared"]
 
 
 class HBCTParams(MethodParams):
-    """HBCT hyperparameters with the paper's defaults (hbct.md §9).
+    """HBCT hyperparameters: the paper's (hbct.md §9), and a learned logit scale where the paper
+    leaves the MLR's scale open (issue 14; ``mlr_learn_scale: false`` is the paper's fixed scale).
 
     curv:          curvature magnitude K of the Lorentz space (the space has curvature −K).
     clip:          norm clip ζ of the lift after the √d rescale. Default 1.2 = the new-model ζ_n =
@@ -55,8 +56,13 @@ class HBCTParams(MethodParams):
     mlr_learn_scale: learn one logit scale t shared by all classes (``LorentzMLR(learn_scale=True)``:
                    logits × exp(log t), log t from 0, clamped at ln mlr_max_scale), as MERU learns its
                    scales. Fills in a choice the paper leaves open (it names no learned scale,
-                   hbct.md §15 item 2); eq. 9 is unchanged (t rescales every ‖z_c‖ alike).
-    mlr_max_scale: the ceiling of that learned scale t (MERU / CLIP: 100).
+                   hbct.md §15 item 2); eq. 9 is unchanged (t rescales every ‖z_c‖ alike). Default
+                   True: the paper's fixed scale collapses at short budgets on many classes
+                   (benchmarks/README.md, issue 14, round 4).
+    mlr_max_scale: the ceiling of that learned scale t (MERU / CLIP: 100). Default 1.5, the ceiling of
+                   an aligned generation (and of φ_*, its recipe without alignment); a parent-free
+                   first generation should set ``HBCT.PARENT_FREE_MAX_SCALE`` (3.0), as it sets clip
+                   1.0, and ``parent_method()`` does.
     lam_warmup:    fraction f of the training's epochs over which λ ramps linearly from 0: at
                    0-based epoch e of E, λ_e = λ · min(1, e / (f·E)); 0 (the paper) keeps λ
                    constant. Fills in a choice the paper leaves open (it gives no schedule of λ).
@@ -77,8 +83,8 @@ class HBCTParams(MethodParams):
     q_min: float = Field(1e-3, ge=0, le=1)
     distance: Distance = "geodesic"
     mlr_init_scale: float = Field(1.0, gt=0)
-    mlr_learn_scale: bool = False
-    mlr_max_scale: float = Field(100.0, ge=1)
+    mlr_learn_scale: bool = True
+    mlr_max_scale: float = Field(1.5, ge=1)
     lam_warmup: float = Field(0.0, ge=0, le=1)
 
 
@@ -188,9 +194,10 @@ class HBCT(CompatibilityMethod):
       shapes, but on the digits the aligned new model loses own mAP (a small fixed scale keeps the
       CE pulling classes together after the classes separate; a learned one lets it saturate and
       the alignment terms take over); ``lam_warmup`` (a λ ramp) did not help on either dataset.
-      The parameters keep the paper's defaults. The recipe the pipelines use (benchmarks/README.md,
-      issue 14, round 4) learns the scale on every generation, capped at 3 on the parent-free old
-      generation and at 1.5 on the aligned ones (and on φ_*, their recipe without alignment). Both
+      The defaults are the recipe measured best (benchmarks/README.md, issue 14, round 4): the
+      scale is learned on every generation, capped at 3 on the parent-free old generation
+      (``PARENT_FREE_MAX_SCALE``, set by ``parent_method``) and at 1.5 on the aligned ones (and on
+      φ_*, their recipe without alignment); ``mlr_learn_scale: false`` is the paper's. Both
       HBCT alignment terms are instance-level (each new embedding is pulled to its own old one), so
       once a large scale saturates the CE nothing keeps a class compact and the aligned model loses
       own mAP (digits: 0.90 at t ≤ 3, 0.85 uncapped, against 0.97 with the paper's scale); the cap
@@ -218,21 +225,30 @@ class HBCT(CompatibilityMethod):
     #: The fields that shape a model trained with the base loss alone (no parent); the others
     #: (λ, its schedule, the alignment terms' settings) act only with a parent.
     BASE_FIELDS = ("curv", "clip", "mlr_init_scale", "mlr_learn_scale", "mlr_max_scale")
+    #: The learned scale's ceiling for a parent-free first generation. Nothing spreads its classes
+    #: (no alignment term), so it may learn faster than an aligned one; 3 keeps the digits' old
+    #: model where 5 or none costs it (benchmarks/README.md, round 4, question 3).
+    PARENT_FREE_MAX_SCALE = 3.0
 
-    def _base_only(self, clip: float) -> HBCT:
-        """HBCT with this method's base-loss fields, clip ``clip`` and the alignment fields at their
-        defaults, so that updates differing only in their alignment share one old model / one φ_*."""
+    def _base_only(self, **overrides: Any) -> HBCT:
+        """HBCT with this method's base-loss fields, ``overrides`` over them and the alignment fields
+        at their defaults, so that updates differing only in their alignment share one old model /
+        one φ_*."""
         fields = {name: getattr(self.params, name) for name in self.BASE_FIELDS}
-        return HBCT({**fields, "clip": clip})
+        return HBCT({**fields, **overrides})
 
     def reference_method(self) -> HBCT:
-        """φ_*: the same Lorentz model and head trained with the base loss alone (same clip)."""
-        return self._base_only(self.params.clip)
+        """φ_*: the same Lorentz model and head trained with the base loss alone (same clip, same
+        ceiling of the learned scale)."""
+        return self._base_only()
 
     def parent_method(self) -> HBCT:
         """The old generation of an HBCT update: the same Lorentz model trained with the base loss
-        alone and clip ζ_o = ζ_n − 0.2 (hbct.md §3: ζ_o = 1.0, ζ_n = 1.2), floored at 0.2."""
-        return self._base_only(max(0.2, self.params.clip - 0.2))
+        alone, clip ζ_o = ζ_n − 0.2 (hbct.md §3: ζ_o = 1.0, ζ_n = 1.2), floored at 0.2, and the
+        parent-free ceiling of the learned scale (``PARENT_FREE_MAX_SCALE``, never below this
+        generation's)."""
+        return self._base_only(clip=max(0.2, self.params.clip - 0.2),
+                               mlr_max_scale=max(self.PARENT_FREE_MAX_SCALE, self.params.mlr_max_scale))
 
     def check_parent(self, old_model: CompatibleModel) -> None:
         """Raise ValueError unless the parent is a Lorentz model with this method's curvature K."""

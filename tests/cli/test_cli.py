@@ -98,7 +98,7 @@ def test_lineage_command_prints_the_tree_and_json(tmp_path, capsys):
 def test_run_rejects_a_bad_file_with_one_line_naming_file_field_and_value(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     original = (REPO / "pipelines" / "lifelong.yaml").read_text()
-    text = original.replace("params: {clip: 1.2,", "params: {clip: -1,", 1)  # g1's clip
+    text = original.replace("params: {clip: 1.2}", "params: {clip: -1}", 1)  # g1's clip
     assert text != original
     bad.write_text(text)
     assert main(["run", str(bad), "--storage", str(tmp_path / "run")]) == 2

@@ -76,6 +76,8 @@ def test_cifar100_hbct_matches_the_paper_settings():
         assert {k: gen.method.params[k] for k in ("clip", "lam", "tau", "beta", "curv")} == {
             "clip": 1.2, "lam": 0.3, "tau": 0.5, "beta": 0.01, "curv": 1.0
         }
+    # the paper's fixed MLR logit scale on every generation (the project's default learns it)
+    assert all(gen.method.params["mlr_learn_scale"] is False for gen in config.generations)
     for gen in config.generations:
         assert (gen.model.arch, gen.model.embed_dim, gen.model.small_input) == ("resnet18", 128, True)
         t = gen.training

@@ -45,7 +45,9 @@ def test_workers_must_be_positive():
 
 def test_old_params_reach_the_old_model_only():
     # the paper's HBCT; the same with the learned logit scale on its old model only; HBCT t throughout
-    methods = [("hbct", {}), ("hbct", {}, {"mlr_learn_scale": True}), ("hbct", {"mlr_learn_scale": True})]
+    # (uncapped, so that its old model is the second row's: the ceiling is the paper row's 100)
+    paper = {"mlr_learn_scale": False, "mlr_max_scale": 100.0}
+    methods = [("hbct", paper), ("hbct", paper, {"mlr_learn_scale": True}), ("hbct", {"mlr_max_scale": 100.0})]
     result = run_update_experiment(methods, experiment=small_experiment(), workers=1)
     labels = ("hbct", "hbct#1", "hbct#2")
     (paper_old, paper_ref), (old, ref), (t_old, t_ref) = (result.generations[label] for label in labels)

@@ -316,11 +316,12 @@ def test_lam_warmup_weights_the_alignment_terms_of_that_epoch():
 
 
 def test_learned_logit_scale_is_in_the_head_and_is_trained():
-    """mlr_learn_scale builds the MLR with a log-scale parameter; training moves it (it receives
-    the base loss's gradient), and the default head has none."""
-    assert HBCT().build_head(6, 3).log_scale is None
-    assert HBCT({"mlr_learn_scale": True, "mlr_max_scale": 4.0}).build_head(6, 3).max_log_scale == pytest.approx(math.log(4.0))
-    method = HBCT({"mlr_learn_scale": True, "clip": 1.0})
+    """mlr_learn_scale (the default, capped at 1.5) builds the MLR with a log-scale parameter;
+    training moves it (it receives the base loss's gradient); the paper's head (false) has none."""
+    assert HBCT({"mlr_learn_scale": False}).build_head(6, 3).log_scale is None
+    assert HBCT().build_head(6, 3).max_log_scale == pytest.approx(math.log(1.5))
+    assert HBCT({"mlr_max_scale": 4.0}).build_head(6, 3).max_log_scale == pytest.approx(math.log(4.0))
+    method = HBCT({"clip": 1.0, "mlr_max_scale": 3.0})
     model = make_model(method, seed=1)
     assert isinstance(model.head, LorentzMLR) and model.head.log_scale.item() == 0.0
     torch.manual_seed(0)
@@ -338,6 +339,17 @@ def test_parent_and_reference_keep_the_base_fields_and_drop_the_alignment_ones()
     base = {"curv": 0.5, "mlr_init_scale": 10.0, "mlr_learn_scale": True, "mlr_max_scale": 4.0}
     assert method.reference_method().params == HBCT({**base, "clip": 1.4}).params
     assert method.parent_method().params == HBCT({**base, "clip": 1.2}).params
+
+
+@pytest.mark.parametrize(("own", "parents"), [(1.5, 3.0), (2.0, 3.0), (3.0, 3.0), (4.0, 4.0)])
+def test_the_parent_learns_its_scale_under_the_parent_free_ceiling_never_below_its_child(own, parents):
+    """The default update (ceiling 1.5) trains its old generation with ceiling 3 (issue 14's recipe:
+    ζ_o = 1.0, t ≤ 3 for the old model; ζ_n = 1.2, t ≤ 1.5 for φ_* and the new model)."""
+    assert HBCT({"mlr_max_scale": own}).parent_method().params.mlr_max_scale == parents
+    assert HBCT({"mlr_max_scale": own}).reference_method().params.mlr_max_scale == own
+    default = HBCT()
+    assert (default.params.mlr_learn_scale, default.params.mlr_max_scale, default.params.clip) == (True, 1.5, 1.2)
+    assert (default.parent_method().params.mlr_max_scale, default.parent_method().params.clip) == (3.0, 1.0)
 
 
 # --- parent checks --------------------------------------------------------------------------
