@@ -12,6 +12,7 @@ from orchestrator.benchmarks.compatibility import (METHODS, experiment_for, form
 from orchestrator.config import load_pipeline
 from orchestrator.data import load_shapes
 from orchestrator.methods import create_method
+from orchestrator.metrics import update_summary
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,15 +108,39 @@ def test_targets_follow_issue_14_against_the_tables_bct_row():
     assert without_bct["hbct"]["old"] is False and without_bct["hbct"]["p_com"] is False
 
 
+def _update(method: str, old: float, reference: float, new: float, cross: float) -> dict:
+    """A row as ``measure`` returns it, its mAP summary computed from the four tests (CMC@1: an
+    update that meets every target)."""
+    def summary(old_self, reference_self, self_, cross_):
+        return {**update_summary(self_, cross_, old_self, reference_self), "reference_self": reference_self}
+    return {"method": method, "cmc@1": summary(0.2, 0.6, 0.6, 0.4), "map": summary(old, reference, new, cross)}
+
+
+#: Two seeds. Seed 0: HBCT meets every target (P_com 0.5 against BCT's 0.4). Seed 1: HBCT's φ_*
+#: beats its old model by 0.005 < MIN_NORMALISER (P_com undefined) and its old model is 0.20 below
+#: BCT's (0.10 against 0.30).
+_TWO_SEEDS = [[_update("hbct", 0.20, 0.60, 0.60, 0.40), _update("bct", 0.20, 0.60, 0.60, 0.36)],
+              [_update("hbct", 0.10, 0.105, 0.60, 0.40), _update("bct", 0.30, 0.60, 0.60, 0.45)]]
+
+
+def test_the_mean_update_is_computed_from_the_seed_means_of_the_tests():
+    hbct, bct = compatibility.seed_means(_TWO_SEEDS)
+    # hbct mAP: old (0.2 + 0.1)/2 = 0.15, φ_* (0.6 + 0.105)/2 = 0.3525, new 0.6, cross 0.4
+    assert hbct["map"]["old_self"] == pytest.approx(0.15) and hbct["map"]["reference_self"] == pytest.approx(0.3525)
+    assert hbct["map"]["p_com"] == pytest.approx((0.4 - 0.15) / (0.3525 - 0.15))  # defined for the mean
+    assert hbct["map"]["p_up"] == pytest.approx((0.6 - 0.3525) / 0.3525)
+    assert hbct["map"]["compatible"] and hbct["cmc@1"]["p_com"] == pytest.approx(0.5)
+    # bct: old 0.25, cross 0.405, φ_* 0.6
+    assert bct["map"]["p_com"] == pytest.approx((0.405 - 0.25) / (0.6 - 0.25))
+
+
 def test_the_summary_counts_seeds_and_averages_by_hand():
-    seed0 = [_measured("hbct", 0.20, 0.6), _measured("bct", 0.20, 0.5)]
-    seed1 = [_measured("hbct", 0.10, math.nan), _measured("bct", 0.30, 0.5)]
-    lines = format_summary([seed0, seed1]).splitlines()
+    lines = format_summary(_TWO_SEEDS).splitlines()
     assert lines[0].startswith("| variant | seeds | all targets | criterion |")
-    # seed 0 meets all; seed 1: old 0.10 < 0.30 − 0.05 and P_com undefined. Means: old (0.2 + 0.1) / 2,
-    # self and cross 0.7 and 0.6 in both (``_summary``'s values).
-    assert lines[2] == "| hbct | 2 | 1 | 2 | 2 | 1 | 1 (1) | 0.150 | 0.700 | 0.600 |"
-    assert lines[3] == "| bct | 2 | – | – | – | – | – | 0.250 | 0.700 | 0.600 |"
+    # per seed: seed 0 meets all, seed 1 misses old and P_com (undefined). The mean update meets
+    # P_com (1.23 ≥ 0.44 − 0.05) but not old (0.15 < 0.25 − 0.05). Means: old, self, cross mAP.
+    assert lines[2] == "| hbct | 2 | 1 | 2 | 2 | 1 | 1 (1) | old | 0.150 | 0.600 | 0.400 |"
+    assert lines[3] == "| bct | 2 | – | – | – | – | – | – | 0.250 | 0.600 | 0.405 |"
 
 
 @pytest.mark.parametrize("pipeline", ["lifelong", "shapes"])
