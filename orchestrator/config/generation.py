@@ -115,6 +115,12 @@ class MethodSpec(StrictModel):
         directly, so that a child's ``model.embed_dim`` must equal its parent's."""
         return method_class(self.name).requires_parent_embed_dim
 
+    @property
+    def requires_embed_dim_at_least_parents(self) -> bool:
+        """Whether the child's queries search the parent's index through an adapter that keeps at
+        most the child's coordinates, so that a child narrower than its parent cannot be served."""
+        return method_class(self.name).requires_embed_dim_at_least_parents
+
 
 class GenerationSpec(StrictModel):
     """One model generation: what it trains on, how, and what it must stay compatible with.

@@ -138,6 +138,12 @@ class PipelineConfig(StrictModel):
                                             "generation's embeddings with its parent's, so it needs the parent's "
                                             f"embed_dim (parent {gen.parent!r}: {parent.embed_dim})",
                                             gen.model.embed_dim))
+                elif (gen.method.requires_embed_dim_at_least_parents and not gen.replaces
+                        and gen.model.embed_dim < parent.embed_dim):
+                    problems.append(problem((*where, "model", "embed_dim"), f"method {gen.method.name!r} maps this "
+                                            "generation's queries into its parent's index with at most this "
+                                            "generation's coordinates, so it needs at least the parent's embed_dim "
+                                            f"(parent {gen.parent!r}: {parent.embed_dim})", gen.model.embed_dim))
             if gen.classes is not None and gen.classes.task is not None and self.data.task_splits is None:
                 problems.append(problem((*where, "classes", "task"), "a task selection needs data.task_splits "
                                         "({first: ..., step: ...})", gen.classes.task))

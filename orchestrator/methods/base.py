@@ -128,6 +128,10 @@ class CompatibilityMethod(ABC):
     adapters from the parent's dimension to the new one (fct, lambda_orth). The default, True,
     is the safe one for a plug-in that does not say: a mismatch is refused when the pipeline
     file loads instead of failing when the generation's training starts.
+    ``requires_embed_dim_at_least_parents`` is True for a method whose served queries reach the
+    parent's index through a backward adapter that keeps at most the new generation's
+    coordinates (lambda_orth's B: the common prefix min(d, n)); the full-width index of a wider
+    parent cannot be searched with them, so validation refuses a narrower child.
     """
 
     name: ClassVar[str]
@@ -135,6 +139,7 @@ class CompatibilityMethod(ABC):
     summary: ClassVar[str] = ""
     requires_parent: ClassVar[bool] = True
     requires_parent_embed_dim: ClassVar[bool] = True
+    requires_embed_dim_at_least_parents: ClassVar[bool] = False
 
     def __init__(self, params: MethodParams | Mapping[str, Any] | None = None):
         if isinstance(params, MethodParams):

@@ -378,6 +378,7 @@ class LambdaOrthogonality(SupervisedMethod):
     Params = LambdaOrthParams
     requires_parent = True
     requires_parent_embed_dim = False  # B and F bridge d and n (common prefix m = min(d, n))
+    requires_embed_dim_at_least_parents = True  # B(h_n) has min(d, n) coordinates; the parent's index d
 
     def loss(
         self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx: TrainContext

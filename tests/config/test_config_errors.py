@@ -219,15 +219,26 @@ def test_a_method_comparing_with_its_parent_needs_the_parents_embed_dim(tmp_path
     assert load_pipeline(write(tmp_path, independent + "    model: {embed_dim: 64}\n")).generations[1].model.embed_dim == 64
 
 
-@pytest.mark.parametrize("method", ["fct", "lambda_orth"])
-@pytest.mark.parametrize("embed_dim", [64, 256])
+def _adapter_child(method: str, embed_dim: int) -> str:
+    """VALID with an independent g0 (embed_dim 128) and a ``method`` g1 of ``embed_dim``."""
+    return VALID.replace("{name: hbct, params: {clip: 1.0}}", "{name: independent}").replace(
+        "{name: hbct, params: {lam: 0.3}}", f"{{name: {method}}}") + f"    model: {{embed_dim: {embed_dim}}}\n"
+
+
+@pytest.mark.parametrize(("method", "embed_dim"), [("fct", 64), ("fct", 256), ("lambda_orth", 256)])
 def test_methods_with_adapters_between_the_two_sizes_accept_a_different_embed_dim(tmp_path, method, embed_dim):
     """fct's forward map and lambda_orth's B / F adapters map the parent's embed_dim to the child's."""
-    text = VALID.replace("{name: hbct, params: {clip: 1.0}}", "{name: independent}").replace(
-        "{name: hbct, params: {lam: 0.3}}", f"{{name: {method}}}") + f"    model: {{embed_dim: {embed_dim}}}\n"
-    config = load_pipeline(write(tmp_path, text))
+    config = load_pipeline(write(tmp_path, _adapter_child(method, embed_dim)))
     assert [g.model.embed_dim for g in config.generations] == [128, embed_dim]
     assert not config.generations[1].method.requires_parent_embed_dim
+
+
+def test_a_lambda_orth_child_narrower_than_its_parent_is_refused(tmp_path):
+    """Its served queries B(h) keep at most its 64 coordinates; the parent's index holds 128."""
+    path = write(tmp_path, _adapter_child("lambda_orth", 64))
+    assert errors_of(path) == (f"{path}: generations[1].model.embed_dim: method 'lambda_orth' maps this generation's "
+                               "queries into its parent's index with at most this generation's coordinates, so it "
+                               "needs at least the parent's embed_dim (parent 'g0': 128) (got 64) [line 10]")
 
 
 def test_a_replacement_aligns_to_its_own_start_not_to_the_parents_size(tmp_path):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from orchestrator.comparison import IncomparableGenerations, comparison_path
 from orchestrator.geometry.spaces import Space
 from orchestrator.methods import registry
 from orchestrator.methods.base import CompatibilityMethod
@@ -254,6 +255,29 @@ def test_requires_parent_embed_dim_is_what_training_against_a_parent_of_another_
     assert math.isfinite(train(child_dim)[0]["loss"])  # the size is the only difference
     with pytest.raises((ValueError, RuntimeError)):
         train(parent_dim)
+
+
+@pytest.mark.parametrize("name", sorted(n for n, c in available_methods().items()
+                                        if not c.requires_parent_embed_dim and n != "independent"))
+def test_requires_embed_dim_at_least_parents_is_whether_a_narrower_child_can_search_its_parent(name):
+    """The second declaration validation reads, against serving: a child of 16 coordinates,
+    trained against a parent of 24 (hooks included, so the adapters are fitted), maps its queries
+    for the parent's full-width index, or is refused there exactly when the method declares it.
+    (independent is never searched across generations, whatever the sizes.)"""
+    data = _images(n=8)
+    method = create_method(name)
+    parent = _build(method.parent_method(), seed=1, embed_dim=24)
+    child = _build(method, seed=2, embed_dim=16)
+    train_generation(method, child, data, data, TrainConfig(epochs=1, batch_size=8, lr=0.05, augment=False),
+                     old_model=parent)
+    path = comparison_path("child", "parent", {"child": child, "parent": parent}, {"child": "parent", "parent": None})
+    queries = torch.randn(3, 16)
+    if method_class(name).requires_embed_dim_at_least_parents:
+        with pytest.raises(IncomparableGenerations, match="the gallery's index holds 24"):
+            path.map_queries(queries, 24)
+    else:  # fct: the parent's gallery is mapped by F into the child's 16 coordinates
+        gallery = path.map_gallery(torch.randn(5, 24))
+        assert gallery.shape == (5, 16) and path.map_queries(queries, gallery.shape[-1]).shape == (3, 16)
 
 
 # --- reference and parent methods -------------------------------------------------------------
