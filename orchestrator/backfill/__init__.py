@@ -8,6 +8,7 @@ from orchestrator.lazy_exports import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "curve": ["DEFAULT_FRACTIONS", "backfill_curve", "mixed_gallery", "write_backfill_curve"],
     "random_order": ["random_priority"],
+    "compatibility_order": ["compatibility_ranks", "least_compatible_priority"],
     "planner": [
         "BackfillPlan", "ShardBackfill", "ShardInfo", "budget_count",
         "class_mean_distance_priority", "plan_backfill", "priority_order", "uncertainty_priority",

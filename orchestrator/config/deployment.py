@@ -16,14 +16,16 @@ class BackfillPolicy(StrictModel):
     budget:      the fraction in (0, 1] of the gallery to re-embed (partial only).
     budget_unit: the budget counts items or whole shards.
     order:       which items / shards first: highest uncertainty of the old embedding, largest
-                 distance to the class means, or random (seeded). Applies to partial and full
-                 (full: the order shards are refreshed in).
+                 distance to the class means, random (seeded), or least_compatible: the items of
+                 the stored generation the new one searches worst (lowest recorded cross-model
+                 ``search.criterion_metric``) first, random within a generation. Applies to
+                 partial and full (full: the order shards are refreshed in).
     """
 
     policy: Literal["none", "full", "partial"] = "none"
     budget: float | None = Field(None, gt=0, le=1)
     budget_unit: Literal["items", "shards"] = "items"
-    order: Literal["uncertainty", "class_mean_distance", "random"] = "random"
+    order: Literal["uncertainty", "class_mean_distance", "random", "least_compatible"] = "random"
 
     @model_validator(mode="after")
     def _check_budget(self) -> BackfillPolicy:

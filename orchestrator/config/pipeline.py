@@ -166,8 +166,8 @@ class PipelineConfig(StrictModel):
                 name, method, space = flat[0]
                 problems.append(problem(("generations", self.generations.index(gen), "backfill", "order"),
                                         f"needs hyperbolic (Lorentz) embeddings in the gallery, but {name!r} "
-                                        f"({method}, space {space}) serves before it; use class_mean_distance "
-                                        "or random", "uncertainty"))
+                                        f"({method}, space {space}) serves before it; use class_mean_distance, "
+                                        "least_compatible or random", "uncertainty"))
         return problems
 
     def _check_reference(self) -> list[dict[str, Any]]:

@@ -9,11 +9,13 @@ distances to the gallery-wide means. No science here: the priority functions are
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from orchestrator.backfill.compatibility_order import least_compatible_priority
 from orchestrator.backfill.random_order import random_priority
 from orchestrator.backfill.selection import Ask, ScoredShard
 from orchestrator.backfill.class_means import class_sums, distances_to_class_means
@@ -31,15 +33,18 @@ class ShardToScore:
 
 @dataclass(frozen=True)
 class PriorityRule:
-    """How priorities are computed: ``order`` (uncertainty | class_mean_distance | random), the seed
-    of ``random``, and for class means the model whose forward map applies to ``mapped_generation``'s
-    shards (checkpoint URI and sha256) — None when there is none."""
+    """How priorities are computed: ``order`` (uncertainty | class_mean_distance | random |
+    least_compatible), the seed of ``random`` and ``least_compatible``, for class means the model
+    whose forward map applies to ``mapped_generation``'s shards (checkpoint URI and sha256) — None
+    when there is none — and for least_compatible each stored generation's rank
+    (``compatibility_ranks``)."""
 
     order: str
     seed: int
     where: str
     forward_model: tuple[str, str] | None = None
     mapped_generation: str | None = None
+    generation_ranks: Mapping[str, int] | None = None
 
 
 def _features(rule: PriorityRule, shard) -> np.ndarray:
@@ -79,6 +84,12 @@ def _score(rule: PriorityRule, target: ShardToScore, means: dict[int, np.ndarray
         scores = shard.uncertainty.astype(np.float64)
     elif rule.order == "random":
         scores = random_priority(shard.ids, rule.seed)
+    elif rule.order == "least_compatible":
+        rank = (rule.generation_ranks or {}).get(shard.generation)
+        if rank is None:
+            raise ValueError(f"{rule.where}: no compatibility of the new generation with {shard.generation!r} is "
+                             f"recorded (shard {target.index})")
+        scores = least_compatible_priority(shard.ids, rank, rule.seed)
     else:
         if (shard.labels < 0).any():
             raise ValueError(f"{rule.where}: needs gallery labels; shard {target.index} has items without a label")

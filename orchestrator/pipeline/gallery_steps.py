@@ -36,7 +36,7 @@ import torch
 
 import pyarrow as pa
 
-from orchestrator.backfill import DEFAULT_FRACTIONS, budget_count, write_backfill_curve
+from orchestrator.backfill import DEFAULT_FRACTIONS, budget_count, compatibility_ranks, write_backfill_curve
 from orchestrator.backfill.selection import select_top
 from orchestrator.comparison import IncomparableGenerations, comparison_path
 from orchestrator.config import BackfillPolicy, PipelineConfig
@@ -218,12 +218,21 @@ class GalleryUpdater:
     def _priority_rule(self, generation, policy: BackfillPolicy) -> PriorityRule:
         order = "random" if policy.policy == "none" else policy.order
         where = f"generation {generation.name!r} backfill.order {order!r}"
-        forward = None
+        forward, ranks = None, None
         if order == "class_mean_distance":
             record = self.store.get_generation(generation.name)
             if FORWARD_ADAPTER in self._model(generation.name).adapters:
                 forward = (record.checkpoint_uri, record.sha256)
-        return PriorityRule(order, generation.training.seed, where, forward, generation.parent)
+        if order == "least_compatible":
+            ranks = compatibility_ranks(self._cross_values(generation.name))
+        return PriorityRule(order, generation.training.seed, where, forward, generation.parent, ranks)
+
+    def _cross_values(self, generation: str) -> dict[str, float | None]:
+        """Older generation → the recorded M(generation^Q, older^G) on the evaluation split
+        (``search.criterion_metric``; None where they have no common distance)."""
+        metric, split = self.config.search.criterion_metric, self.config.data.eval_split
+        return {r.gallery: r.value for r in self.store.compatibility_values(split)
+                if r.query == generation and r.gallery != generation and r.metric == metric}
 
     @staticmethod
     def _curve_order(scored: ScoredGallery, ranked: list[dict[str, Any]], policy: BackfillPolicy) -> np.ndarray:

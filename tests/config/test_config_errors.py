@@ -289,7 +289,7 @@ def test_an_uncertainty_order_needs_hyperbolic_generations_before_it():
     path = PIPELINES / "lifelong_euclidean.yaml"
     assert errors_of(path, {"generations.1.backfill.order": "uncertainty"}) == (
         f"{path}: generations[1].backfill.order: needs hyperbolic (Lorentz) embeddings in the gallery, but "
-        "'g0-old' (independent, space cosine) serves before it; use class_mean_distance or random "
+        "'g0-old' (independent, space cosine) serves before it; use class_mean_distance, least_compatible or random "
         "(got \"uncertainty\") [set by override]")
     assert load_pipeline(path).generation("g1").backfill.order == "class_mean_distance"
     assert load_pipeline(PIPELINES / "lifelong.yaml").generation("g1").backfill.order == "uncertainty"

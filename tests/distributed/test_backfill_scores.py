@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.backfill import ShardInfo, budget_count, class_mean_distance_priority, plan_backfill, random_priority
+from orchestrator.backfill import (ShardInfo, budget_count, class_mean_distance_priority, compatibility_ranks,
+                                   least_compatible_priority, plan_backfill, random_priority)
 from orchestrator.backfill.selection import select_top
 from orchestrator.config import BackfillPolicy
 from orchestrator.distributed.backfill_scores import PriorityRule, ScoredGallery, ShardToScore
@@ -74,3 +75,53 @@ def test_an_uncertainty_order_over_flat_embeddings_is_refused_with_the_shard(loc
     with pytest.raises(Exception, match="needs hyperbolic .* shard 0 holds generation 'g0' in space 'cosine'"):
         ScoredGallery(PriorityRule("uncertainty", 0, "backfill.order 'uncertainty'"),
                       [ShardToScore(0, uri, write_shard(uri, shard))])
+
+
+@pytest.fixture
+def two_generation_shards(tmp_path):
+    """Six cosine shards of 1,200 items: 0-1 hold g0, 2-5 hold g1."""
+    rng = np.random.default_rng(2)
+    ids = rng.permutation(10**6)[:1200].astype(np.int64)
+    targets = []
+    for index, part in enumerate(np.array_split(np.arange(1200), 6)):
+        uri = str(tmp_path / f"shard-{index}.parquet")
+        shard = ShardEmbeddings(ids[part], np.zeros(part.size, dtype=np.int64),
+                                rng.standard_normal((part.size, 4)).astype(np.float32),
+                                np.full(part.size, np.nan, dtype=np.float32), "g0" if index < 2 else "g1", "cosine", 1.0)
+        targets.append(ShardToScore(index, uri, write_shard(uri, shard)))
+    return targets
+
+
+@pytest.mark.parametrize("budget_unit", ["items", "shards"])
+def test_least_compatible_scored_on_ray_equals_the_in_memory_plan(local_ray, two_generation_shards, tmp_path,
+                                                                  budget_unit):
+    """g0 searched worse (cross 0.6 against 0.9): its items / shards first, as plan_backfill orders them."""
+    seed, budget, ranks = 5, 0.4, compatibility_ranks({"g0": 0.6, "g1": 0.9})
+    scored = ScoredGallery(PriorityRule("least_compatible", seed, "order least_compatible", generation_ranks=ranks),
+                           two_generation_shards)
+    shards = [read_shard(t.uri) for t in two_generation_shards]
+    infos = [ShardInfo(t.index, s.ids, least_compatible_priority(s.ids, ranks[s.generation], seed))
+             for t, s in zip(two_generation_shards, shards)]
+    policy = BackfillPolicy(policy="partial", budget=budget, budget_unit=budget_unit, order="least_compatible")
+    expected = plan_backfill(policy, infos, seed=seed)
+    means = {x["index"]: x["mean"] for x in scored.summaries}
+    assert means == {info.index: pytest.approx(info.scores.mean(), rel=1e-12) for info in infos}
+    if budget_unit == "shards":  # the step ranks whole shards by these means, as _rank_shards does
+        ranked = sorted(scored.summaries, key=lambda x: (-x["mean"], x["index"]))[:2]
+        assert [x["index"] for x in ranked] == list(expected.shard_indices) and set(expected.shard_indices) == {0, 1}
+        return
+    threshold, _best = select_top(scored.ask(), budget_count(budget, 1200), 1200, fetch_limit=50)
+    uris = [str(tmp_path / f"chosen-{t.index}.parquet") for t in two_generation_shards]
+    chosen = {}
+    for target, uri, (count, sha) in zip(two_generation_shards, uris, scored.write_chosen(threshold, uris)):
+        if count:
+            chosen[target.index] = (read_selection(uri, sha) if sha else np.sort(read_shard(target.uri).ids)).tolist()
+    assert chosen == {s.index: np.sort(s.item_ids).tolist() for s in expected.shards}
+    assert set(chosen) >= {0, 1} and sum(map(len, chosen.values())) == 480  # all 400 of g0, then 80 of g1
+
+
+def test_least_compatible_without_a_recorded_value_names_the_generation_and_shard(local_ray, two_generation_shards):
+    with pytest.raises(Exception, match="order least_compatible: no compatibility of the new generation with 'g0' "
+                                        r"is recorded \(shard 0\)"):
+        ScoredGallery(PriorityRule("least_compatible", 0, "order least_compatible", generation_ranks={"g1": 0}),
+                      two_generation_shards)
