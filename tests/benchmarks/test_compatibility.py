@@ -76,6 +76,8 @@ def test_shapes_60_is_the_held_out_checks_regime(monkeypatch):
     settings = experiment.settings
     assert (settings.embed_dim, settings.image_size) == (64, 32)
     assert (settings.training.batch_size, settings.training.epochs, settings.training.seed) == (128, 4, 1)
+    experiment_for("shapes-60", 4, seed=1, test_per_class=100)
+    assert calls[-2:] == [("train", 32, {**options, "test_per_class": 100}), ("test", 32, {**options, "test_per_class": 100})]
 
 
 def test_the_seed_reaches_the_training_settings():
