@@ -121,6 +121,12 @@ class MethodSpec(StrictModel):
         most the child's coordinates, so that a child narrower than its parent cannot be served."""
         return method_class(self.name).requires_embed_dim_at_least_parents
 
+    @property
+    def replacement_keeps_parent_embed_dim(self) -> bool:
+        """Whether a replacement of this method must keep its parent's embed_dim too (one structure
+        of that size shared by the whole chain, e.g. dsimplex's fixed classifier)."""
+        return method_class(self.name).replacement_keeps_parent_embed_dim
+
 
 class GenerationSpec(StrictModel):
     """One model generation: what it trains on, how, and what it must stay compatible with.

@@ -109,6 +109,7 @@ class PipelineConfig(StrictModel):
                 position[gen.name] = i
         for i, gen in enumerate(self.generations):
             where = ("generations", i)
+            problems += _embed_dim_problems(gen, where)
             if gen.parent is None:
                 if gen.method.requires_parent:
                     problems.append(problem((*where, "parent"), f"method {gen.method.name!r} aligns a model to its "
@@ -131,8 +132,15 @@ class PipelineConfig(StrictModel):
                     problems.append(problem((*where, "init_from_parent"), f"needs the parent's architecture (parent "
                                             f"{gen.parent!r}: " + ", ".join(f"{k} {getattr(parent, k)!r}" for k in same)
                                             + ")", True))
-                # A replacement aligns to the checkpoint it starts from (its own size), not to the parent.
-                if (gen.method.requires_parent_embed_dim and not gen.replaces
+                # A replacement aligns to the checkpoint it starts from (its own size), not to the
+                # parent, unless the method shares a structure of that size along the whole chain.
+                if gen.replaces and gen.method.replacement_keeps_parent_embed_dim:
+                    if gen.model.embed_dim != parent.embed_dim:
+                        problems.append(problem((*where, "model", "embed_dim"), f"method {gen.method.name!r} "
+                                                "fixes the embedding's size for the whole chain, a replacement "
+                                                f"included, so it needs the parent's embed_dim (parent {gen.parent!r}: "
+                                                f"{parent.embed_dim})", gen.model.embed_dim))
+                elif (gen.method.requires_parent_embed_dim and not gen.replaces
                         and gen.model.embed_dim != parent.embed_dim):
                     problems.append(problem((*where, "model", "embed_dim"), f"method {gen.method.name!r} compares this "
                                             "generation's embeddings with its parent's, so it needs the parent's "
@@ -291,3 +299,17 @@ def config_sha256(config: PipelineConfig, exclude: Iterable[str] = ()) -> str:
     data = config.model_dump(mode="json", exclude=set(exclude) or None)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _embed_dim_problems(gen, where: tuple) -> list[dict[str, Any]]:
+    """The generation's method refuses its ``model.embed_dim`` (``check_embed_dim``); none when its
+    parameters are wrong, which is reported where they are checked."""
+    try:
+        method = gen.method.create()
+    except ValueError:
+        return []
+    try:
+        method.check_embed_dim(gen.model.embed_dim)
+    except ValueError as error:
+        return [problem((*where, "model", "embed_dim"), str(error), gen.model.embed_dim)]
+    return []

@@ -132,6 +132,10 @@ class CompatibilityMethod(ABC):
     parent's index through a backward adapter that keeps at most the new generation's
     coordinates (lambda_orth's B: the common prefix min(d, n)); the full-width index of a wider
     parent cannot be searched with them, so validation refuses a narrower child.
+    ``replacement_keeps_parent_embed_dim`` is True for a method whose generations share one fixed
+    structure of the embedding's size across the whole chain (dsimplex: K prototypes in R^(K−1)),
+    so that a replacement, which otherwise aligns to the checkpoint it starts from, must keep its
+    parent's embed_dim too. ``check_embed_dim`` refuses a size the parameters cannot build.
     """
 
     name: ClassVar[str]
@@ -140,6 +144,7 @@ class CompatibilityMethod(ABC):
     requires_parent: ClassVar[bool] = True
     requires_parent_embed_dim: ClassVar[bool] = True
     requires_embed_dim_at_least_parents: ClassVar[bool] = False
+    replacement_keeps_parent_embed_dim: ClassVar[bool] = False
 
     def __init__(self, params: MethodParams | Mapping[str, Any] | None = None):
         if isinstance(params, MethodParams):
@@ -152,6 +157,11 @@ class CompatibilityMethod(ABC):
             self.params = self.Params.model_validate(dict(params or {}))
 
     # --- geometry ---------------------------------------------------------------------------
+
+    def check_embed_dim(self, embed_dim: int) -> None:
+        """Raise ValueError (one line) when these parameters cannot build a model whose embedding has
+        ``embed_dim`` coordinates; the pipeline file's validation calls it for every generation, so
+        the mismatch is refused before any training. Every size by default."""
     @property
     @abstractmethod
     def space(self) -> Space:

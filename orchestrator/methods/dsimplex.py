@@ -109,6 +109,7 @@ class DSimplex(CompatibilityMethod):
     Params = DSimplexParams
     requires_parent = False
     requires_parent_embed_dim = True  # the same K (embed_dim = K - 1); InfoNCE between old and new embeddings
+    replacement_keeps_parent_embed_dim = True  # one fixed classifier (K prototypes) for the whole chain
 
     @property
     def space(self) -> Space:
@@ -121,14 +122,19 @@ class DSimplex(CompatibilityMethod):
         """K for an encoder of ``embed_dim``: the configured value, or embed_dim + 1."""
         return self.params.num_prototypes if self.params.num_prototypes is not None else embed_dim + 1
 
-    def build_head(self, embed_dim: int, num_classes: int) -> nn.Module:
-        """The fixed d-Simplex head (K prototypes of dimension K − 1), with no trainable parameter."""
+    def check_embed_dim(self, embed_dim: int) -> None:
+        """The d-Simplex of K prototypes lives in R^(K−1): embed_dim must be num_prototypes − 1."""
         k = self.num_prototypes(embed_dim)
         if embed_dim != k - 1:
-            raise ValueError(
-                f"dsimplex needs embed_dim == num_prototypes - 1, got embed_dim={embed_dim} "
-                f"and num_prototypes={k}"
-            )
+            raise ValueError(f"dsimplex needs embed_dim == num_prototypes - 1 = {k - 1} (num_prototypes {k})")
+
+    def build_head(self, embed_dim: int, num_classes: int) -> nn.Module:
+        """The fixed d-Simplex head (K prototypes of dimension K − 1), with no trainable parameter."""
+        try:
+            self.check_embed_dim(embed_dim)
+        except ValueError as error:
+            raise ValueError(f"{error}, got embed_dim={embed_dim}") from None
+        k = self.num_prototypes(embed_dim)
         if num_classes > k:
             raise ValueError(
                 f"dsimplex: num_classes={num_classes} exceeds num_prototypes={k}; pre-allocate more prototypes"

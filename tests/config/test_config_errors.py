@@ -241,6 +241,20 @@ def test_a_lambda_orth_child_narrower_than_its_parent_is_refused(tmp_path):
                                "needs at least the parent's embed_dim (parent 'g0': 128) (got 64) [line 10]")
 
 
+def test_dsimplex_sizes_are_refused_at_load_where_the_fixed_classifier_cannot_hold_them():
+    """The d-Simplex of K prototypes lives in R^(K−1), and every generation of the chain, a
+    replacement included (task3), shares it: a replacement of another size is refused, named."""
+    path = PIPELINES / "dsimplex_7task.yaml"
+    message = errors_of(path, {"generations.2.method.params.num_prototypes": 512, "generations.2.model.embed_dim": 511})
+    assert message.splitlines()[0] == (  # then its children, which start from it with 1023, are refused as well
+        f"{path}: generations[2].model.embed_dim: method 'dsimplex' fixes the embedding's size for the whole "
+        "chain, a replacement included, so it needs the parent's embed_dim (parent 'task2': 1023) (got 511) "
+        "[set by override]")
+    message = errors_of(path, {"generations.0.model.embed_dim": 511})
+    assert message.splitlines()[0] == (f"{path}: generations[0].model.embed_dim: dsimplex needs embed_dim == "
+                                       "num_prototypes - 1 = 1023 (num_prototypes 1024) (got 511) [set by override]")
+
+
 def test_a_replacement_aligns_to_its_own_start_not_to_the_parents_size(tmp_path):
     """A replacement's frozen model is the checkpoint it starts from, so its size is not the parent's rule."""
     text = VALID + "    replaces: true\n    model: {embed_dim: 64, pretrained: ./weights/third_party.safetensors}\n"

@@ -58,7 +58,7 @@ def test_frobenius_normalization_gives_rows_of_norm_one_over_sqrt_k():
 
 
 def test_dimension_and_capacity_are_validated():
-    with pytest.raises(ValueError, match=r"embed_dim=8.*num_prototypes=16"):
+    with pytest.raises(ValueError, match=r"num_prototypes - 1 = 15 \(num_prototypes 16\), got embed_dim=8"):
         DSimplex({"num_prototypes": 16}).build_head(embed_dim=8, num_classes=3)
     with pytest.raises(ValueError, match=r"num_classes=11.*num_prototypes=10"):
         DSimplex().build_head(embed_dim=9, num_classes=11)
