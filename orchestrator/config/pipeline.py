@@ -132,26 +132,7 @@ class PipelineConfig(StrictModel):
                     problems.append(problem((*where, "init_from_parent"), f"needs the parent's architecture (parent "
                                             f"{gen.parent!r}: " + ", ".join(f"{k} {getattr(parent, k)!r}" for k in same)
                                             + ")", True))
-                # A replacement aligns to the checkpoint it starts from (its own size), not to the
-                # parent, unless the method shares a structure of that size along the whole chain.
-                if gen.replaces and gen.method.replacement_keeps_parent_embed_dim:
-                    if gen.model.embed_dim != parent.embed_dim:
-                        problems.append(problem((*where, "model", "embed_dim"), f"method {gen.method.name!r} "
-                                                "fixes the embedding's size for the whole chain, a replacement "
-                                                f"included, so it needs the parent's embed_dim (parent {gen.parent!r}: "
-                                                f"{parent.embed_dim})", gen.model.embed_dim))
-                elif (gen.method.requires_parent_embed_dim and not gen.replaces
-                        and gen.model.embed_dim != parent.embed_dim):
-                    problems.append(problem((*where, "model", "embed_dim"), f"method {gen.method.name!r} compares this "
-                                            "generation's embeddings with its parent's, so it needs the parent's "
-                                            f"embed_dim (parent {gen.parent!r}: {parent.embed_dim})",
-                                            gen.model.embed_dim))
-                elif (gen.method.requires_embed_dim_at_least_parents and not gen.replaces
-                        and gen.model.embed_dim < parent.embed_dim):
-                    problems.append(problem((*where, "model", "embed_dim"), f"method {gen.method.name!r} maps this "
-                                            "generation's queries into its parent's index with at most this "
-                                            "generation's coordinates, so it needs at least the parent's embed_dim "
-                                            f"(parent {gen.parent!r}: {parent.embed_dim})", gen.model.embed_dim))
+                problems += _parent_embed_dim_problems(gen, parent, where)
             if gen.classes is not None and gen.classes.task is not None and self.data.task_splits is None:
                 problems.append(problem((*where, "classes", "task"), "a task selection needs data.task_splits "
                                         "({first: ..., step: ...})", gen.classes.task))
@@ -312,4 +293,26 @@ def _embed_dim_problems(gen, where: tuple) -> list[dict[str, Any]]:
         method.check_embed_dim(gen.model.embed_dim)
     except ValueError as error:
         return [problem((*where, "model", "embed_dim"), str(error), gen.model.embed_dim)]
+    return []
+
+
+def _parent_embed_dim_problems(gen, parent, where: tuple) -> list[dict[str, Any]]:
+    """The generation's ``model.embed_dim`` against its parent's model ``parent``, as its method
+    declares (``CompatibilityMethod``): equal, at least the parent's, or free. A replacement aligns
+    to the checkpoint it starts from (its own size), not to the parent, unless the method fixes
+    the size for the whole chain."""
+    method, size, parent_size = gen.method, gen.model.embed_dim, parent.embed_dim
+    field, named = (*where, "model", "embed_dim"), f"(parent {gen.parent!r}: {parent_size})"
+    if gen.replaces:
+        if method.replacement_keeps_parent_embed_dim and size != parent_size:
+            return [problem(field, f"method {method.name!r} fixes the embedding's size for the whole chain, a "
+                                   f"replacement included, so it needs the parent's embed_dim {named}", size)]
+        return []
+    if method.requires_parent_embed_dim and size != parent_size:
+        return [problem(field, f"method {method.name!r} compares this generation's embeddings with its parent's, "
+                               f"so it needs the parent's embed_dim {named}", size)]
+    if method.requires_embed_dim_at_least_parents and size < parent_size:
+        return [problem(field, f"method {method.name!r} maps this generation's queries into its parent's index "
+                               "with at most this generation's coordinates, so it needs at least the parent's "
+                               f"embed_dim {named}", size)]
     return []
