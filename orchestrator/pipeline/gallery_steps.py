@@ -268,23 +268,27 @@ class GalleryUpdater:
             why = (report or {}).get("skipped") or f"{serving}'s served gallery was never scored"
             return dataclasses.replace(measured, unmeasured=why)
         sample = self.labelled_sample(self.config.evaluation.gallery_sample)
-        admitted = {generation} | {old for old, ok, _reason in verdicts if ok}
-        predicted, full_backfill = self._predicted_quality(plan, sample, admitted, parents)
+        stored = {b.generation for b in plan.before if b.generation not in (None, generation) and b.n_items}
+        admitted = {generation} | {old for old in stored if criterion.verdict(generation, old).admitted}
+        predicted, full_backfill, no_backfill = self._predicted_quality(plan, sample, admitted, parents)
         return dataclasses.replace(measured, predicted=predicted, serving_quality=float(report["mixed"]["map"]),
-                                   full_backfill=full_backfill)
+                                   full_backfill=full_backfill, no_backfill=no_backfill)
 
     def _predicted_quality(self, plan: GalleryPlan, sample: LabeledImages, admitted: set[str],
-                           parents: dict[str, str | None]) -> tuple[float, float]:
+                           parents: dict[str, str | None]) -> tuple[float, float, float]:
         """mAP on ``sample`` of the gallery as ``plan`` leaves it (the planned items embedded by the
         new generation, the others as stored; shards of generations the router would not admit
-        are left out, as the router leaves them out), and of the gallery fully re-embedded."""
+        are left out, as the router leaves them out), of the gallery fully re-embedded, and of the
+        gallery as it is (nothing re-embedded, searched by the new generation's queries)."""
         generation = plan.generation
         full = self._embed_locally(generation, sample)
-        shards, moved = [], []
+        shards, moved, unchanged = [], [], []
         for entry_before in plan.before:
             if not entry_before.n_items:
                 continue
             stored = read_shard(entry_before.embeddings_uri, expected_sha256=entry_before.sha256).restricted_to(sample.ids)
+            if len(stored) and stored.generation in admitted:
+                unchanged.append(stored)
             chosen = self._planned_ids(plan, entry_before.shard, stored)
             moved.append(chosen)
             kept = stored.without(chosen)
@@ -304,7 +308,7 @@ class GalleryUpdater:
             return float(evaluate_mixed_gallery(generation, queries, query_labels, query_ids, gallery, models,
                                                 parents).mean_ap)
 
-        return served(shards), served([full])
+        return served(shards), served([full]), served(unchanged)
 
     @staticmethod
     def _planned_ids(plan: GalleryPlan, shard: int, stored: ShardEmbeddings) -> np.ndarray:

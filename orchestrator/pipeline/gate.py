@@ -46,6 +46,8 @@ class GateMeasurement:
                       not measured when the gate ran).
     full_backfill:    mAP of the served gallery were every item re-embedded by the generation, on the
                       same sample (None: unmeasured, or a gate measured before it was recorded).
+    no_backfill:      mAP of the gallery as it is, nothing re-embedded, searched by the generation's
+                      queries, on the same sample (None: as ``full_backfill``).
     """
 
     generation: str
@@ -57,6 +59,7 @@ class GateMeasurement:
     unmeasured: str = ""
     p_up: float | None = None
     full_backfill: float | None = None
+    no_backfill: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,6 +88,17 @@ class GateDecision:
 
     def to_json(self) -> dict[str, Any]:
         return {"failures": list(self.failures), "action": self.action}
+
+
+def wasted_backfill(measurement: GateMeasurement) -> str | None:
+    """A note (not a failure) when the planned backfill is predicted to serve below what the same
+    generation would serve with nothing re-embedded: re-embedding work that makes retrieval worse
+    than no work at all (another ``backfill.order`` or budget would do better). None otherwise."""
+    plan, nothing = measurement.predicted, measurement.no_backfill
+    if plan is None or nothing is None or plan >= nothing:
+        return None
+    return (f"gate of {measurement.generation}: the planned backfill serves mAP {plan:.4f}, below the {nothing:.4f} "
+            "of re-embedding nothing; another backfill.order or budget would serve better")
 
 
 def decide(measurement: GateMeasurement, spec: GateSpec) -> GateDecision:

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from orchestrator.config import GateSpec
-from orchestrator.pipeline.gate import GateMeasurement, decide
+from orchestrator.pipeline.gate import GateMeasurement, decide, wasted_backfill
 
 
 def measurement(verdicts=(), predicted=None, serving_quality=None, unmeasured="", p_up=None,
@@ -99,3 +99,18 @@ def test_a_gate_measured_before_the_full_backfill_figure_reads_as_unmeasured():
     older = {k: v for k, v in m.to_json().items() if k != "full_backfill"}
     assert GateMeasurement.from_json(older).full_backfill is None
     assert GateMeasurement.from_json(json.loads(json.dumps(m.to_json()))) == m
+
+
+def test_a_backfill_that_serves_below_no_backfill_is_noted_not_failed():
+    """The default run's g2 before the least_compatible order: 0.9281 planned, 0.9312 with nothing
+    re-embedded, both above what g1 serves (0.9118): deployed, with the note."""
+    wasted = GateMeasurement("g2", "g1", "map", [], predicted=0.9281, serving_quality=0.9118, no_backfill=0.9312)
+    assert decide(wasted, GateSpec()).passed
+    assert wasted_backfill(wasted) == ("gate of g2: the planned backfill serves mAP 0.9281, below the 0.9312 of "
+                                       "re-embedding nothing; another backfill.order or budget would serve better")
+    for predicted, nothing in ((0.9667, 0.9312), (0.9312, 0.9312), (0.9281, None), (None, 0.9312)):
+        m = GateMeasurement("g2", "g1", "map", [], predicted=predicted, serving_quality=0.9118, no_backfill=nothing)
+        assert wasted_backfill(m) is None
+    older = {**wasted.to_json()}
+    del older["no_backfill"]  # a gate measured before the field was recorded
+    assert wasted_backfill(GateMeasurement.from_json(older)) is None

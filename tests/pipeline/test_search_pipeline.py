@@ -40,7 +40,8 @@ PIPELINE = REPO / "pipelines" / "binary_hyperbolic.yaml"
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
-    run = cli("run", str(PIPELINE), "--storage", str(root / "run"), "--set", "ray.num_workers=0", cwd=root)
+    run = cli("run", str(PIPELINE), "--storage", str(root / "run"), "--set", "ray.num_workers=0",
+              "--set", "evaluation.backfill_curves=true", cwd=root)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     config = load_pipeline(str(PIPELINE), {"storage": str(root / "run")})
     return root, config, run.stdout
@@ -94,6 +95,22 @@ def test_three_generations_are_served_and_the_search_matches_a_brute_force_ranki
     for shard in shards:  # every stored index is a bit-plane index of its shard's items
         index = load_index(shard.index_uri)
         assert index.kind == config.gallery.index and index.ntotal == shard.n_items
+    store.close()
+
+
+def test_the_gate_predicts_no_backfill_as_the_backfilling_curve_measures_it_and_notes_a_wasted_plan(served):
+    """The gate's no-backfill figure (the gallery as it stood, searched by the new generation's
+    queries) equals the backfilling curve's first point, computed by the curve code from the
+    evaluation's embeddings; this file's random shard orders serve below it, and the run says so."""
+    _root, config, stdout = served
+    store = LineageStore(config.lineage)
+    for generation in ("g1", "g2"):
+        gate = store.committed_outputs(f"gate:digits-test:{generation}")
+        curve = store.committed_outputs(f"gallery-eval:digits-test:{generation}")["curve"]["points"]
+        assert curve[0][0] == 0.0 and gate["no_backfill"] == pytest.approx(curve[0][1], abs=1e-6)
+        assert gate["predicted"] < gate["no_backfill"]
+        assert (f"gate of {generation}: the planned backfill serves mAP {gate['predicted']:.4f}, below the "
+                f"{gate['no_backfill']:.4f} of re-embedding nothing") in stdout
     store.close()
 
 
