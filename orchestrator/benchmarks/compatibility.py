@@ -234,14 +234,14 @@ def format_summary(tables: Sequence[Sequence[dict[str, Any]]]) -> str:
     header = ("| variant | seeds | all targets | criterion | P_up ≥ −0.05 | old within 0.05 | "
               "P_com ≥ BCT − 0.05 (undefined) | seed means miss | mean old mAP | mean self mAP | mean cross mAP |")
     lines = [header, "|" + "---|" * 11]
-    labels = list(dict.fromkeys(row["method"] for table in tables for row in table))
+    mean_rows = seed_means(tables)
     verdicts_per_table = [targets(table) for table in tables]
-    of_the_means = targets(seed_means(tables))
-    for label in labels:
+    of_the_means = targets(mean_rows)
+    for mean_row in mean_rows:
+        label = mean_row["method"]
         found = [(row, verdicts.get(label)) for table, verdicts in zip(tables, verdicts_per_table)
                  for row in table if row["method"] == label]
-        means = " | ".join(f"{sum(row['map'][key] for row, _ in found) / len(found):.3f}"
-                           for key in ("old_self", "self", "cross"))
+        means = " | ".join(f"{mean_row['map'][key]:.3f}" for key in ("old_self", "self", "cross"))
         if found[0][1] is None:
             lines.append(f"| {label} | {len(found)} | – | – | – | – | – | – | {means} |")
             continue

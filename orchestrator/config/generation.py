@@ -9,8 +9,8 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 
 from orchestrator import limits
 from orchestrator.config.deployment import BackfillPolicy, GateSpec
-from orchestrator.geometry.spaces import Space
 from orchestrator.config.problems import StrictModel, problem, problems_from, raise_problems, suggest
+from orchestrator.geometry.spaces import Space
 from orchestrator.methods.registry import available_methods, create_method, method_class
 from orchestrator.models.encoder import HUB, EncoderConfig
 from orchestrator.names import Name

@@ -162,6 +162,7 @@ class CompatibilityMethod(ABC):
         """Raise ValueError (one line) when these parameters cannot build a model whose embedding has
         ``embed_dim`` coordinates; the pipeline file's validation calls it for every generation, so
         the mismatch is refused before any training. Every size by default."""
+
     @property
     @abstractmethod
     def space(self) -> Space:

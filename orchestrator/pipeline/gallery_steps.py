@@ -225,7 +225,8 @@ class GalleryUpdater:
                 forward = (record.checkpoint_uri, record.sha256)
         if order == "least_compatible":
             ranks = compatibility_ranks(self._cross_values(generation.name))
-        return PriorityRule(order, generation.training.seed, where, forward, generation.parent, ranks)
+        return PriorityRule(order, generation.training.seed, where, forward_model=forward,
+                            mapped_generation=generation.parent, generation_ranks=ranks)
 
     def _cross_values(self, generation: str) -> dict[str, float | None]:
         """Older generation → the recorded M(generation^Q, older^G) on the evaluation split
@@ -253,23 +254,23 @@ class GalleryUpdater:
     def measure_gate(self, plan: GalleryPlan, serving: str, parents: dict[str, str | None]) -> GateMeasurement:
         """What the gate of ``plan.generation`` checks (``pipeline.gate``), before any shard changes:
         the criterion against every older generation the plan leaves in the gallery, and the served
-        gallery's mAP after the plan and after a full re-embed, predicted on the ``gallery-eval``
-        sample, next to the one the serving generation's report measured."""
+        gallery's mAP after the plan, after a full re-embed and with nothing re-embedded, predicted
+        on the ``gallery-eval`` sample, next to the one the serving generation's report measured."""
         generation, split = plan.generation, self.config.data.eval_split
         metric = self.config.search.criterion_metric
         criterion = CompatibilityCriterion.from_records(self.store.compatibility_values(split), metric, split)
+        stored = [b for b in plan.before if b.generation not in (None, generation) and b.n_items]
+        verdict = {old: criterion.verdict(generation, old) for old in sorted({b.generation for b in stored})}
         replaced = {e.shard for e in plan.entries if e.kind == "embed"}
-        remaining = sorted({b.generation for b in plan.before
-                            if b.generation not in (None, generation) and b.n_items and b.shard not in replaced})
-        verdicts = [[old, v.admitted, v.reason] for old in remaining for v in [criterion.verdict(generation, old)]]
+        remaining = sorted({b.generation for b in stored if b.shard not in replaced})
+        verdicts = [[old, verdict[old].admitted, verdict[old].reason] for old in remaining]
         measured = GateMeasurement(generation, serving, metric, verdicts)
         report = self.store.committed_outputs(f"gallery-eval:{self.name}:{serving}")
         if report is None or "mixed" not in report:
             why = (report or {}).get("skipped") or f"{serving}'s served gallery was never scored"
             return dataclasses.replace(measured, unmeasured=why)
         sample = self.labelled_sample(self.config.evaluation.gallery_sample)
-        stored = {b.generation for b in plan.before if b.generation not in (None, generation) and b.n_items}
-        admitted = {generation} | {old for old in stored if criterion.verdict(generation, old).admitted}
+        admitted = {generation} | {old for old, v in verdict.items() if v.admitted}
         predicted, full_backfill, no_backfill = self._predicted_quality(plan, sample, admitted, parents)
         return dataclasses.replace(measured, predicted=predicted, serving_quality=float(report["mixed"]["map"]),
                                    full_backfill=full_backfill, no_backfill=no_backfill)
