@@ -61,11 +61,11 @@ def index_record(data: bytes, ids: Any) -> dict[str, Any]:
     return {"kind": "index", "sha256": sha256_bytes(data), "ids_sha256": ids_sha256(ids), "n_items": int(len(ids))}
 
 
-def record_index(store, uri: str, ids: Any, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Hash the index file just written at ``uri`` (built over ``ids``) into the lineage."""
-    record = index_record(read_bytes(uri, storage_options), ids)
-    store.commit_step(integrity_key(uri), record)
-    return record
+def record_index(store, uri: str, record: Mapping[str, Any]) -> None:
+    """Put the ``index_record`` of the index file just written at ``uri`` into the lineage (the
+    record is computed where the file was written, from its bytes: the lineage's side reads
+    nothing)."""
+    store.commit_step(integrity_key(uri), dict(record))
 
 
 def recorded_index(store, uri: str) -> dict[str, Any] | None:

@@ -325,7 +325,7 @@ def run_streamed(job: Job) -> dict[str, Any]:
         updater = GalleryUpdater(config, store, config.storage, (MEAN, STD), lambda: None, clock.progress_line)
         key = updater.plan_key(GENERATION)
         step(key, lambda: updater.plan(config.generations[0], key))
-        updater.execute(updater.committed_plan(GENERATION), GENERATION, step)
+        updater.execute(updater.committed_plan(GENERATION), GENERATION)
         wall = time.perf_counter() - clock.started
         shards = store.shards(GALLERY)
         steady = clock.summary(sum(s.n_items for s in shards))

@@ -1,4 +1,6 @@
-"""Ray Data adapter: embed gallery items with one generation through an actor pool.
+"""Ray Data adapter: embed gallery items with one generation through an actor pool, the rows
+consumed by the caller (the re-embedding benchmarks; the pipeline's gallery step writes shards on
+workers instead: ``distributed.shard_workers``).
 
 The items stream from the gallery source (``orchestrator.distributed.gallery_read``: read tasks
 over files or row ranges, a bounded block at a time) into an actor pool; each actor loads the
@@ -19,9 +21,8 @@ import torch
 
 from orchestrator.data.gallery_sources import GallerySource, ImageFormat, MemorySource, decode_images
 from orchestrator.data.images import LabeledImages
-from orchestrator.data.tensors import to_model_input
 from orchestrator.distributed.gallery_read import EntryRead, RowRange, gallery_dataset
-from orchestrator.geometry.geometry import Geometry
+from orchestrator.shard_update.embedder import PixelEmbedder
 from orchestrator.storage import load_generation
 
 
@@ -43,19 +44,16 @@ class GenerationEmbedder:
     def __init__(self, checkpoint_uri: str, sha256: str, name: str, image_size: int, image_format: ImageFormat,
                  mean: tuple[float, ...], std: tuple[float, ...], storage_options: dict | None = None):
         torch.set_num_threads(1)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model, self.card = load_generation(checkpoint_uri, expected_sha256=sha256, map_location=self.device,
-                                                storage_options=storage_options)
-        self.name, self.image_size, self.image_format, self.mean, self.std = name, image_size, image_format, mean, std
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model, self.card = load_generation(checkpoint_uri, expected_sha256=sha256, map_location=device,
+                                           storage_options=storage_options)
+        self.embedder = PixelEmbedder(model, image_size, mean, std, device)
+        self.name, self.image_size, self.image_format = name, image_size, image_format
 
-    @torch.no_grad()
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        pixels = decode_images(batch["image"], self.image_format, self.image_size)
-        out = self.model.encoder(to_model_input(pixels, self.image_size, self.mean, self.std).to(self.device))
-        embedding = out.embedding.float()
-        uncertainty = Geometry(self.model.space, self.model.curv).uncertainty(embedding).cpu().numpy()
+        embedding, uncertainty = self.embedder(decode_images(batch["image"], self.image_format, self.image_size))
         rows = {name: values for name, values in batch.items() if name != "image"}
-        return {**rows, "embedding": embedding.cpu().numpy(), "uncertainty": uncertainty.astype(np.float32),
+        return {**rows, "embedding": embedding, "uncertainty": uncertainty,
                 "generation": np.full(len(embedding), self.name)}
 
 

@@ -17,7 +17,7 @@ object store once and every task reads it from there.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -71,8 +71,8 @@ def gallery_dataset(source: GallerySource, reads: Sequence[EntryRead], block_row
     import ray.data
 
     pieces = [piece for read in reads for piece in _split(read, rows_per_task)]
-    needs_source = isinstance(source, MemorySource) or any(isinstance(p, StoredItems) for p in pieces)
-    datasource = _GalleryDatasource(source, ray.put(source) if needs_source else None, tuple(pieces), block_rows)
+    datasource = _GalleryDatasource(source, ray.put(source) if needs_source_ref(source, pieces) else None,
+                                    tuple(pieces), block_rows)
     concurrency = None if read_concurrency is None else max(1, min(read_concurrency, len(pieces)))
     # one task per piece, its blocks already bounded by block_rows: no further splitting
     return ray.data.read_datasource(datasource, num_cpus=0, concurrency=concurrency,
@@ -98,18 +98,26 @@ class _GalleryDatasource(Datasource):
         return None
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None, data_context=None):
-        tasks = []
-        for piece in self.pieces:
-            if isinstance(piece, StoredItems):
-                read = functools.partial(_read_stored, self.source_ref, piece, self.block_rows)
-            elif isinstance(self.source, MemorySource):
-                read = functools.partial(_read_range_of, self.source_ref, piece, self.block_rows)
-            else:
-                readers = [(self.source.reader(f), lo, hi) for f, lo, hi in self.source.pieces(piece.start, piece.stop)]
-                read = functools.partial(_read_fragments, readers, piece.entry, self.block_rows)
-            metadata = BlockMetadata(num_rows=piece.num_rows, size_bytes=None, exec_stats=None, input_files=None)
-            tasks.append(ReadTask(read, metadata))
-        return tasks
+        return [ReadTask(entry_reader(self.source, self.source_ref, piece, self.block_rows),
+                         BlockMetadata(num_rows=piece.num_rows, size_bytes=None, exec_stats=None, input_files=None))
+                for piece in self.pieces]
+
+
+def entry_reader(source: GallerySource, source_ref, read: EntryRead, block_rows: int) -> Callable[[], Iterator[pa.Table]]:
+    """A picklable callable yielding the blocks of ``read`` (tagged with its entry) wherever it
+    runs: a row range of a file source carries only its fragments' readers; stored items and
+    in-memory sources read the source from the object store (``source_ref``, Ray initialised)."""
+    if isinstance(read, StoredItems):
+        return functools.partial(_read_stored, source_ref, read, block_rows)
+    if isinstance(source, MemorySource):
+        return functools.partial(_read_range_of, source_ref, read, block_rows)
+    readers = [(source.reader(f), lo, hi) for f, lo, hi in source.pieces(read.start, read.stop)]
+    return functools.partial(_read_fragments, readers, read.entry, block_rows)
+
+
+def needs_source_ref(source: GallerySource, reads: Sequence[EntryRead]) -> bool:
+    """Whether ``entry_reader`` of these reads needs the source in the object store."""
+    return isinstance(source, MemorySource) or any(isinstance(r, StoredItems) for r in reads)
 
 
 def _tagged(blocks: Iterator[pa.Table], entry: int) -> Iterator[pa.Table]:

@@ -204,7 +204,7 @@ class PipelineRunner:
                    plan_spec(self.config, generation), generation.name)
         decision = self._gate(generation)
         plan = gallery.committed_plan(generation.name)
-        gallery.execute(plan, generation.name, lambda key, action: self._step(key, lambda _key: action()))
+        gallery.execute(plan, generation.name)
         self._step(f"deploy:{generation.name}", lambda key: self._deploy(generation, key, decision))
         eval_key = f"gallery-eval:{gallery.name}:{generation.name}"
         self._step(eval_key, lambda key: self.store.commit_step(key, gallery.evaluate(generation.name, self._parents)))

@@ -32,14 +32,11 @@ from orchestrator.integrity import (
     sha256_bytes,
     trained_outputs,
 )
-from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, exists, join_uri, read_bytes, read_json
+from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, join_uri, read_bytes, read_json
+from orchestrator.storage.overwrite import UnknownArtefact, refuse_file_on_first_attempt
 
 #: Folders of the storage root that hold artefacts the lineage must know.
 ARTEFACT_FOLDERS = ("generations", "galleries")
-
-
-class UnknownArtefact(RuntimeError):
-    """A run would replace a file the lineage does not know."""
 
 
 @dataclass
@@ -194,6 +191,4 @@ def refuse_unknown_file(store, key: str, uri: str) -> None:
     """UnknownArtefact when ``uri`` exists although step ``key`` is on its first attempt (so no
     earlier attempt of it wrote the file, and the lineage does not know it)."""
     step = store.get_step(key)
-    if step is not None and step.attempts <= 1 and exists(uri):
-        raise UnknownArtefact(f"{key}: {uri} exists but the lineage does not know it; refusing to overwrite it "
-                              "(move it away, or restore the lineage it belongs to)")
+    refuse_file_on_first_attempt(key, uri, step is not None and step.attempts <= 1)

@@ -110,7 +110,7 @@ def serve_untrained(config_file: str) -> None:
     for generation in config.generations:
         key = updater.plan_key(generation.name)
         step(key, lambda: updater.plan(generation, key))
-        updater.execute(updater.committed_plan(generation.name), generation.name, step)
+        updater.execute(updater.committed_plan(generation.name), generation.name)
     ray.shutdown()
 
 

@@ -89,7 +89,7 @@ def test_a_labelled_streamed_gallery_is_scored_on_its_sample(tmp_path):
     try:
         key = updater.plan_key(generation.name)
         step(key, lambda: updater.plan(generation, key))
-        updater.execute(updater.committed_plan(generation.name), generation.name, step)
+        updater.execute(updater.committed_plan(generation.name), generation.name)
     finally:
         ray.shutdown()
 

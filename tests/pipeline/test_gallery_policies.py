@@ -67,8 +67,7 @@ def serve(updater: GalleryUpdater, store: LineageStore, generation) -> None:
     key = updater.plan_key(generation.name)
     store.start_step(key)
     updater.plan(generation, key)
-    updater.execute(updater.committed_plan(generation.name), generation.name,
-                    lambda step, action: (store.start_step(step), action()))
+    updater.execute(updater.committed_plan(generation.name), generation.name)
 
 
 def items_by_shard(store: LineageStore) -> dict[int, tuple[str, np.ndarray]]:

@@ -1,0 +1,162 @@
+"""Executing a generation's gallery plan: ``embed:<gallery>/<shard>:<gen>`` and
+``split:<gallery>/<shard>:<gen>`` steps, one per plan entry not yet committed.
+
+Every pending entry becomes a ``ShardUpdate`` run on a Ray worker
+(``distributed.shard_workers``): the worker reads the entry's items, embeds them, and writes the
+shard's Parquet file and FAISS index (for a split: the source shard without the moved items too)
+under content-addressed names. The driver receives per entry only what the lineage records (URIs,
+sha256s, counts) and commits it: the index records, then the shard rows moved to the new
+generation in one lineage transaction together with the step. The commit alone makes files
+served; files of an update that never committed are reported by ``verify`` and removed by ``gc``.
+
+Exactly once: a crash (of the driver or a worker) leaves each shard wholly old or wholly new; the
+re-run runs only the entries whose step has not committed, as a new attempt, which may rewrite
+what the crashed attempt left. On its first attempt a step never overwrites an existing file. A
+worker lost mid-update is replaced and its update run again, as a new attempt of its step.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from orchestrator.distributed.embed import quiet_ray_data
+from orchestrator.distributed.gallery_read import EntryRead, RowRange, StoredItems, entry_reader, needs_source_ref
+from orchestrator.distributed.shard_workers import GenerationModel, WorkerResources, run_shard_updates
+from orchestrator.geometry.geometry import Geometry
+from orchestrator.integrity import record_index
+from orchestrator.lineage.records import ShardAssignment
+from orchestrator.pipeline.gallery_context import GalleryContext
+from orchestrator.pipeline.gallery_plan import GalleryPlan, PlanEntry
+from orchestrator.progress import Meter
+from orchestrator.shard_update import ShardTarget, ShardUpdate, ShardUpdateResult
+
+MAX_ATTEMPTS_PER_RUN = 3  # runs of one update in one execution when its workers are lost
+
+
+class GalleryExecutor:
+    """Runs the pending entries of a committed plan on Ray workers and commits each result."""
+
+    def __init__(self, ctx: GalleryContext):
+        self.ctx = ctx
+        self._runs: dict[str, int] = {}
+
+    def execute(self, plan: GalleryPlan, generation: str) -> list[ShardUpdateResult]:
+        """Run every entry of ``plan`` whose step has not committed, commit each as it completes;
+        returns what the workers reported (metadata only: URIs, hashes, counts, nodes, times)."""
+        ctx, store = self.ctx, self.ctx.store
+        pending = [e for e in plan.entries if store.step_status(e.step_key(ctx.name, generation)) != "committed"]
+        skipped = len(plan.entries) - len(pending)
+        if skipped:
+            ctx.say(f"{ctx.name}: {skipped} shard update(s) of {generation} already committed, skipped")
+        if not pending:
+            return []
+        for entry in pending:
+            if entry.kind == "embed" and plan.before[entry.shard].generation is not None:
+                store.start_backfill(ctx.name, entry.shard, generation, items=entry.num_items)
+        shards = {s.index: s for s in store.shards(ctx.name)}
+        updates = [self._update(entry, generation, shards) for entry in pending]
+        ctx.ensure_ray()
+        quiet_ray_data()
+        import ray
+
+        resources = WorkerResources(**ctx.spec.embedding.model_dump())
+        reads = [self._entry_read(k, entry, plan) for k, entry in enumerate(pending)]
+        source_ref = ray.put(ctx.source) if needs_source_ref(ctx.source, reads) else None
+        block_rows = 4 * resources.batch_size
+        work = [(update, entry_reader(ctx.source, source_ref, read, block_rows)) for update, read in zip(updates, reads)]
+        entries = {update.key: entry for update, entry in zip(updates, pending)}
+        total = sum(e.num_items for e in pending)
+        ctx.say(f"{ctx.name}: embedding {total} items of {len(pending)} shard update(s) with {generation} on "
+                f"{resources.workers} worker(s) (batch {resources.batch_size}"
+                f"{f', {resources.concurrency} GPU embedder(s)' if resources.num_gpus else ''})")
+        results = []
+        try:
+            with Meter(ctx.say, f"{ctx.name}: embedded", total, "items") as meter:
+                for result in run_shard_updates(work, self._generation_model(generation), self._target(),
+                                                ctx.source.metadata_columns, resources, self._run_again):
+                    self._commit(entries[result.key], result, generation)
+                    results.append(result)
+                    meter.advance(result.n_items)
+        except BaseException as error:
+            for update in updates:
+                if store.step_status(update.key) == "started":
+                    store.fail_step(update.key, error)
+            raise
+        return results
+
+    def _update(self, entry: PlanEntry, generation: str, shards: dict) -> ShardUpdate:
+        """Start ``entry``'s step (an attempt more) and describe it for a worker."""
+        key = entry.step_key(self.ctx.name, generation)
+        step = self.ctx.store.start_step(key)
+        self._runs[key] = 1
+        source = None
+        if entry.kind == "split":
+            stored = shards[entry.shard]
+            source = (stored.embeddings_uri, stored.sha256)
+        return ShardUpdate(key, entry.kind, entry.shard, entry.num_items, step.attempts <= 1, entry.rows,
+                           entry.target, source)
+
+    def _run_again(self, update: ShardUpdate, error: BaseException) -> ShardUpdate | None:
+        """A worker was lost during ``update``: run it again as a new attempt of its step, unless it
+        already ran ``MAX_ATTEMPTS_PER_RUN`` times in this execution."""
+        if self._runs[update.key] >= MAX_ATTEMPTS_PER_RUN:
+            return None
+        self._runs[update.key] += 1
+        store = self.ctx.store
+        store.fail_step(update.key, error)
+        store.start_step(update.key)
+        self.ctx.say(f"{update.key}: its worker was lost ({type(error).__name__}); running it again")
+        return dataclasses.replace(update, first_attempt=False)
+
+    def _generation_model(self, generation: str) -> GenerationModel:
+        record = self.ctx.store.get_generation(generation)
+        model = self.ctx.model(generation)
+        geometry = Geometry(model.space, model.curv)
+        return GenerationModel(generation, record.checkpoint_uri, record.sha256, geometry.space.value,
+                               float(geometry.curv), self.ctx.image_size, self.ctx.source.image_format, tuple(self.ctx.mean),
+                               tuple(self.ctx.std))
+
+    def _target(self) -> ShardTarget:
+        return ShardTarget(self.ctx.root, self.ctx.spec.index, dict(self.ctx.spec.index_options))
+
+    @staticmethod
+    def _entry_read(position: int, entry: PlanEntry, plan: GalleryPlan) -> EntryRead:
+        if entry.rows is not None:
+            return RowRange(position, *entry.rows)
+        before = plan.before[entry.shard]
+        return StoredItems(position, before.embeddings_uri, before.sha256, entry.selection, entry.num_items)
+
+    def _commit(self, entry: PlanEntry, result: ShardUpdateResult, generation: str) -> None:
+        """The worker's files become the shards' content: index records first, then the shard rows
+        and the step in one lineage transaction."""
+        ctx, store, key = self.ctx, self.ctx.store, result.key
+        for written in result.written:
+            record_index(store, written.index_uri, written.index_record)
+        if entry.kind == "embed":
+            new, = result.written
+            ctx.say(f"{key}: shard {entry.shard} holds {new.n_items} items of {generation}")
+            store.assign_shard(ctx.name, entry.shard, generation, new.embeddings_uri, new.index_uri, new.sha256,
+                               new.n_items, step=key,
+                               step_outputs={"shard": entry.shard, "items": new.n_items,
+                                             "embeddings_uri": new.embeddings_uri, "index_uri": new.index_uri,
+                                             "sha256": new.sha256, "node": result.timing.get("node"),
+                                             "seconds": _seconds(result)})
+            return
+        kept, new = result.written
+        ctx.say(f"{key}: {new.n_items} items of shard {entry.shard} re-embedded into new shard {entry.target}, "
+                f"{kept.n_items} stay with {kept.generation}")
+        store.assign_shards(
+            ctx.name,
+            [ShardAssignment(entry.shard, kept.generation, kept.embeddings_uri, kept.index_uri, kept.sha256,
+                             n_items=kept.n_items),
+             ShardAssignment(entry.target, generation, new.embeddings_uri, new.index_uri, new.sha256,
+                             n_items=new.n_items, backfilled_from=kept.generation)],
+            grow=True, step=key,
+            step_outputs={"source": entry.shard, "target": entry.target, "items": new.n_items, "kept": kept.n_items,
+                          "embeddings_uri": new.embeddings_uri, "sha256": new.sha256,
+                          "node": result.timing.get("node"), "seconds": _seconds(result)})
+
+
+def _seconds(result: ShardUpdateResult) -> float | None:
+    started, finished = result.timing.get("started"), result.timing.get("finished")
+    return None if started is None or finished is None else round(finished - started, 3)
+

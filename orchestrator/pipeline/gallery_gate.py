@@ -1,0 +1,98 @@
+"""Measuring what a generation's deployment gate checks (``gate:<gallery>:<gen>``), before any
+shard changes: the criterion against every older generation the plan leaves in the gallery, and
+the served gallery's mAP after the plan, after a full re-embed and with nothing re-embedded,
+predicted on the ``gallery-eval`` sample (``pipeline.gate`` decides on it)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from orchestrator.data import LabeledImages
+from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery, read_shard
+from orchestrator.gallery.shard_files import read_selection
+from orchestrator.pipeline.gallery_context import GalleryContext
+from orchestrator.pipeline.gallery_plan import GalleryPlan
+from orchestrator.pipeline.gate import GateMeasurement
+from orchestrator.search import CompatibilityCriterion
+
+
+class GateMeter:
+    """Measures the gate of a planned gallery update (module docstring)."""
+
+    def __init__(self, ctx: GalleryContext):
+        self.ctx = ctx
+
+    def gate_key(self, generation: str) -> str:
+        return f"gate:{self.ctx.name}:{generation}"
+
+    def measure_gate(self, plan: GalleryPlan, serving: str, parents: dict[str, str | None]) -> GateMeasurement:
+        """What the gate of ``plan.generation`` checks (``pipeline.gate``), before any shard changes:
+        the criterion against every older generation the plan leaves in the gallery, and the served
+        gallery's mAP after the plan, after a full re-embed and with nothing re-embedded, predicted
+        on the ``gallery-eval`` sample, next to the one the serving generation's report measured."""
+        generation, split = plan.generation, self.ctx.config.data.eval_split
+        metric = self.ctx.config.search.criterion_metric
+        criterion = CompatibilityCriterion.from_records(self.ctx.store.compatibility_values(split), metric, split)
+        stored = [b for b in plan.before if b.generation not in (None, generation) and b.n_items]
+        verdict = {old: criterion.verdict(generation, old) for old in sorted({b.generation for b in stored})}
+        replaced = {e.shard for e in plan.entries if e.kind == "embed"}
+        remaining = sorted({b.generation for b in stored if b.shard not in replaced})
+        verdicts = [[old, verdict[old].admitted, verdict[old].reason] for old in remaining]
+        measured = GateMeasurement(generation, serving, metric, verdicts)
+        report = self.ctx.store.committed_outputs(f"gallery-eval:{self.ctx.name}:{serving}")
+        if report is None or "mixed" not in report:
+            why = (report or {}).get("skipped") or f"{serving}'s served gallery was never scored"
+            return dataclasses.replace(measured, unmeasured=why)
+        sample = self.ctx.labelled_sample(self.ctx.config.evaluation.gallery_sample)
+        admitted = {generation} | {old for old, v in verdict.items() if v.admitted}
+        predicted, full_backfill, no_backfill = self._predicted_quality(plan, sample, admitted, parents)
+        return dataclasses.replace(measured, predicted=predicted, serving_quality=float(report["mixed"]["map"]),
+                                   full_backfill=full_backfill, no_backfill=no_backfill)
+
+    def _predicted_quality(self, plan: GalleryPlan, sample: LabeledImages, admitted: set[str],
+                           parents: dict[str, str | None]) -> tuple[float, float, float]:
+        """mAP on ``sample`` of the gallery as ``plan`` leaves it (the planned items embedded by the
+        new generation, the others as stored; shards of generations the router would not admit
+        are left out, as the router leaves them out), of the gallery fully re-embedded, and of the
+        gallery as it is (nothing re-embedded, searched by the new generation's queries)."""
+        generation = plan.generation
+        full = self.ctx.embed_locally(generation, sample)
+        shards, moved, unchanged = [], [], []
+        for entry_before in plan.before:
+            if not entry_before.n_items:
+                continue
+            stored = read_shard(entry_before.embeddings_uri, expected_sha256=entry_before.sha256).restricted_to(sample.ids)
+            if len(stored) and stored.generation in admitted:
+                unchanged.append(stored)
+            chosen = self._planned_ids(plan, entry_before.shard, stored)
+            moved.append(chosen)
+            kept = stored.without(chosen)
+            if len(kept) and kept.generation in admitted:
+                shards.append(kept)
+        moved_ids = np.concatenate(moved) if moved else np.zeros(0, dtype=np.int64)
+        if moved_ids.size:
+            shards.append(full.restricted_to(moved_ids))
+        for name in {s.generation for s in shards}:
+            self.ctx.model(name)
+        queries, query_labels, query_ids = self.ctx.queries(generation, full)
+        models = self.ctx.models_for(parents)
+
+        def served(gallery: list[ShardEmbeddings]) -> float:
+            if not gallery:
+                return 0.0
+            return float(evaluate_mixed_gallery(generation, queries, query_labels, query_ids, gallery, models,
+                                                parents).mean_ap)
+
+        return served(shards), served([full]), served(unchanged)
+
+    @staticmethod
+    def _planned_ids(plan: GalleryPlan, shard: int, stored: ShardEmbeddings) -> np.ndarray:
+        """The ids of ``stored`` (shard ``shard`` as the plan found it) that the plan re-embeds."""
+        for entry in plan.entries:
+            if entry.shard != shard:
+                continue
+            if entry.kind == "embed":
+                return stored.ids
+            return np.intersect1d(stored.ids, read_selection(*entry.selection))
+        return np.zeros(0, dtype=np.int64)
