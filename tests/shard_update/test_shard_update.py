@@ -1,0 +1,118 @@
+"""One shard update without Ray (``orchestrator.shard_update``): the files it writes hold exactly the
+planned items embedded as the local evaluation path embeds them, its index record is the record of
+the bytes on disk, a split keeps every item in exactly one of its two shards, and a first attempt
+never overwrites a file the lineage does not know."""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
+from orchestrator.data.gallery_sources import MemorySource, decode_images
+from orchestrator.gallery import read_shard
+from orchestrator.index import load_index
+from orchestrator.integrity import index_record
+from orchestrator.methods import create_method, embed_dataset
+from orchestrator.models.encoder import EncoderConfig
+from orchestrator.shard_update import PixelEmbedder, ShardTarget, ShardUpdate, run_shard_update
+from orchestrator.storage import read_bytes
+from orchestrator.storage.overwrite import UnknownArtefact
+
+IMAGE_SIZE = 32
+
+
+@pytest.fixture(scope="module")
+def digits():
+    torch.manual_seed(0)
+    method = create_method("hbct")
+    model = method.build_model(EncoderConfig(arch="test_resnet", embed_dim=8), 10, range(10)).eval()
+    gallery = load_digits("test")
+    mean, std = channel_statistics(load_digits("train"))
+    return model, MemorySource(gallery, "digits:test"), mean, std
+
+
+def embed_rows(source: MemorySource, embedder: PixelEmbedder):
+    return lambda block: embedder(decode_images(block.column("image"), source.image_format, IMAGE_SIZE))
+
+
+def blocks_of(source: MemorySource, start: int, stop: int, block_rows: int = 50):
+    return [b for f, lo, hi in source.pieces(start, stop) for b in source.reader(f).blocks(lo, hi, None, block_rows)]
+
+
+def run(update, source, embedder, target, blocks):
+    return run_shard_update(update, blocks, embed_rows(source, embedder), "g0", "lorentz", 1.0, (), target,
+                            batch_size=32)
+
+
+def test_an_update_writes_the_planned_items_as_the_local_path_embeds_them(digits, tmp_path):
+    model, source, mean, std = digits
+    embedder = PixelEmbedder(model, IMAGE_SIZE, mean, std)
+    target = ShardTarget(str(tmp_path / "gallery"), "flat")
+    update = ShardUpdate("embed:photos/1:g0", "embed", 1, 140, first_attempt=True, rows=(100, 240))
+    result = run(update, source, embedder, target, blocks_of(source, 100, 240))
+
+    written, = result.written
+    shard = read_shard(written.embeddings_uri, expected_sha256=written.sha256)
+    rows = np.arange(100, 240)
+    expected_ids = np.sort(source.images.ids[rows])
+    assert np.array_equal(shard.ids, expected_ids) and np.array_equal(np.sort(shard.rows), rows)
+    local, labels = embed_dataset(model, ImageTensorDataset(source.images.subset(rows), IMAGE_SIZE, mean, std))
+    order = np.argsort(source.images.ids[rows])
+    np.testing.assert_allclose(shard.embeddings, local.embedding.numpy()[order], atol=1e-5)
+    np.testing.assert_array_equal(shard.labels, labels.numpy()[order])
+    assert written.index_record == index_record(read_bytes(written.index_uri), expected_ids)
+    assert load_index(written.index_uri).ntotal == 140
+    # what goes back to the driver: a few hundred bytes, however many items the shard holds
+    assert len(pickle.dumps(result)) < 2000
+
+
+def test_a_split_keeps_every_item_in_exactly_one_shard(digits, tmp_path):
+    model, source, mean, std = digits
+    embedder = PixelEmbedder(model, IMAGE_SIZE, mean, std)
+    target = ShardTarget(str(tmp_path / "gallery"), "flat")
+    whole = run(ShardUpdate("embed:photos/0:g0", "embed", 0, 100, True, rows=(0, 100)), source, embedder, target,
+                blocks_of(source, 0, 100)).written[0]
+    moved_rows = np.arange(0, 100, 3)
+    moved_blocks = [block for block in blocks_of(source, 0, 100) for block in
+                    [block.filter(np.isin(block.column("row").to_numpy(), moved_rows))] if len(block)]
+    split = ShardUpdate("split:photos/0:g1", "split", 0, moved_rows.size, True, target=7,
+                        source=(whole.embeddings_uri, whole.sha256))
+    kept, new = run_shard_update(split, moved_blocks, embed_rows(source, embedder), "g1", "lorentz", 1.0, (), target,
+                                 batch_size=32).written
+    assert (kept.shard, kept.generation, new.shard, new.generation) == (0, "g0", 7, "g1")
+    kept_ids, new_ids = read_shard(kept.embeddings_uri).ids, read_shard(new.embeddings_uri).ids
+    assert np.array_equal(np.sort(np.concatenate([kept_ids, new_ids])), read_shard(whole.embeddings_uri).ids)
+    assert np.array_equal(np.sort(new_ids), np.sort(source.images.ids[moved_rows]))
+    assert kept.n_items + new.n_items == 100
+
+
+def test_items_other_than_the_planned_ones_are_refused(digits, tmp_path):
+    model, source, mean, std = digits
+    embedder = PixelEmbedder(model, IMAGE_SIZE, mean, std)
+    target = ShardTarget(str(tmp_path / "gallery"), "flat")
+    short = ShardUpdate("embed:photos/0:g0", "embed", 0, 100, True, rows=(0, 100))
+    with pytest.raises(RuntimeError, match="not exactly the planned ones .99 rows"):
+        run(short, source, embedder, target, blocks_of(source, 1, 100))
+    twice = ShardUpdate("embed:photos/0:g0", "embed", 0, 100, True, rows=(0, 100))
+    with pytest.raises(RuntimeError, match="not exactly the planned ones"):
+        run(twice, source, embedder, target, blocks_of(source, 0, 50) + blocks_of(source, 0, 50))
+    assert not (tmp_path / "gallery").exists()  # nothing written
+
+
+def test_a_first_attempt_never_overwrites_an_unknown_file_and_a_later_one_rewrites(digits, tmp_path):
+    model, source, mean, std = digits
+    embedder = PixelEmbedder(model, IMAGE_SIZE, mean, std)
+    target = ShardTarget(str(tmp_path / "gallery"), "flat")
+    update = ShardUpdate("embed:photos/0:g0", "embed", 0, 40, True, rows=(0, 40))
+    first = run(update, source, embedder, target, blocks_of(source, 0, 40)).written[0]
+    with open(first.embeddings_uri, "wb") as handle:  # something the lineage does not know
+        handle.write(b"a user's file")
+    with pytest.raises(UnknownArtefact, match="exists but the lineage does not know it"):
+        run(update, source, embedder, target, blocks_of(source, 0, 40))
+    assert read_bytes(first.embeddings_uri) == b"a user's file"
+    again = run(ShardUpdate(update.key, "embed", 0, 40, False, rows=(0, 40)), source, embedder, target,
+                blocks_of(source, 0, 40)).written[0]
+    assert again == first  # the same content under the same name
