@@ -12,17 +12,30 @@ from orchestrator.names import Name
 
 
 class EmbeddingSpec(StrictModel):
-    """How the gallery is (re-)embedded on Ray Data: ``map_batches`` over an actor pool.
+    """How the gallery is (re-)embedded: shard updates run on Ray workers spread over the cluster,
+    each reading its items, embedding them and writing its shard's files.
 
     batch_size:  images per model call.
-    concurrency: actors in the pool (each loads the generation once).
-    num_cpus / num_gpus: resources per actor (a GPU actor runs the model on its GPU).
+    concurrency: embedding actors: without GPUs, the shard-update workers themselves (each loads
+                 the generation once); with ``num_gpus``, the GPU actors that only run the model.
+    num_cpus / num_gpus: resources per embedding actor (a GPU actor runs the model on its GPU).
+    writers:     with ``num_gpus`` only: CPU workers (1 CPU each) that read, decode, write and
+                 index, sending batches to the GPU actors, so no GPU is held while an index is
+                 built; default 2 per GPU actor.
     """
 
     batch_size: int = Field(256, ge=1, le=limits.MAX_BATCH_SIZE)
     concurrency: int = Field(1, ge=1, le=limits.MAX_WORKERS)
     num_cpus: float = Field(1.0, gt=0, le=limits.MAX_CPUS)
     num_gpus: float = Field(0.0, ge=0, le=limits.MAX_GPUS)
+    writers: int | None = Field(None, ge=1, le=limits.MAX_WORKERS)
+
+    @model_validator(mode="after")
+    def _writers_need_gpus(self) -> EmbeddingSpec:
+        if self.writers is not None and not self.num_gpus:
+            raise_problems([problem(("writers",), "only with num_gpus (without GPUs every worker embeds and "
+                                    "writes: set concurrency)", self.writers)])
+        return self
 
 
 class GallerySpec(StrictModel):

@@ -82,13 +82,20 @@ class GpuEmbedder:
     """Ray actor: the generation's encoder on one GPU (the CPU when none is visible);
     ``embed(pixels (B, S, S, 3) uint8)`` → (embedding (B, D), uncertainty (B,))."""
 
-    def __init__(self, model: GenerationModel):
+    def __init__(self, model: GenerationModel, threads: int):
         import torch
 
+        torch.set_num_threads(max(1, threads))
         self.embedder = model.embedder("cuda" if torch.cuda.is_available() else "cpu")
 
     def embed(self, pixels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.embedder(pixels)
+
+    def gpu_ids(self) -> list[str]:
+        """The GPUs Ray reserved for this actor."""
+        import ray
+
+        return [str(gpu) for gpu in ray.get_gpu_ids()]
 
 
 class ShardUpdateWorker:
@@ -105,6 +112,9 @@ class ShardUpdateWorker:
         self.embedders = list(embedders)
         self.local = None if self.embedders else model.embedder("cpu")
         self.node = f"{socket.gethostname()}:{ray.get_runtime_context().get_node_id()[:12]}:{os.getpid()}"
+        self.gpus = {"worker_gpus": [str(gpu) for gpu in ray.get_gpu_ids()],
+                     "embedder_gpus": sorted({gpu for ids in ray.get([e.gpu_ids.remote() for e in self.embedders])
+                                              for gpu in ids})}
         self.calls = 0
 
     def _embed(self, block: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -117,8 +127,10 @@ class ShardUpdateWorker:
         return ray.get(self.embedders[self.calls % len(self.embedders)].embed.remote(pixels))
 
     def run(self, update: ShardUpdate, read: Callable[[], Iterator[pa.Table]]) -> ShardUpdateResult:
-        return run_shard_update(update, read(), self._embed, self.model.name, self.model.space, self.model.curv,
-                                self.metadata_columns, self.target, self.batch_size, node=self.node)
+        result = run_shard_update(update, read(), self._embed, self.model.name, self.model.space, self.model.curv,
+                                  self.metadata_columns, self.target, self.batch_size, node=self.node)
+        result.timing.update(self.gpus)
+        return result
 
 
 def run_shard_updates(work: Sequence[tuple[ShardUpdate, Callable[[], Iterator[pa.Table]]]], model: GenerationModel,
@@ -135,7 +147,7 @@ def run_shard_updates(work: Sequence[tuple[ShardUpdate, Callable[[], Iterator[pa
     embedders = []
     if resources.num_gpus:
         actor = ray.remote(GpuEmbedder).options(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus)
-        embedders = [actor.remote(model) for _ in range(resources.concurrency)]
+        embedders = [actor.remote(model, int(resources.num_cpus)) for _ in range(resources.concurrency)]
     cpus = 1.0 if resources.num_gpus else resources.num_cpus
     worker_class = ray.remote(ShardUpdateWorker).options(num_cpus=cpus, scheduling_strategy="SPREAD", max_restarts=0)
 

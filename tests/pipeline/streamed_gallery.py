@@ -14,12 +14,21 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import torch
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 from PIL import Image
 
-from orchestrator.data import load_digits
+from orchestrator.config import PipelineConfig
+from orchestrator.data import channel_statistics, load_digits
+from orchestrator.gallery import read_shard
+from orchestrator.index import load_index
+from orchestrator.lineage import LineageStore
+from orchestrator.methods import create_method
+from orchestrator.models.encoder import EncoderConfig
+from orchestrator.pipeline.gallery_steps import GalleryUpdater
+from orchestrator.storage import save_generation
 from orchestrator.distributed.runtime import start_local_ray
 from orchestrator.integrity import trained_outputs
 
@@ -70,19 +79,49 @@ def pipeline_config(storage: str, gallery_path: str, items_per_shard: int, batch
     return config
 
 
+def first_generation(tmp_path: Path, items_per_shard: int, **embedding):
+    """The streamed Parquet gallery (539 items), g0-old with untrained, seeded weights and its plan
+    committed, ``embedding`` the gallery's embedding settings (2 workers by default); returns
+    (config, store, updater)."""
+    write_parquet_gallery(tmp_path / "gallery")
+    raw = pipeline_config(str(tmp_path / "run"), str(tmp_path / "gallery"), items_per_shard=items_per_shard, batch_size=32)
+    raw["generations"] = raw["generations"][:1]
+    raw["lineage"] = f"sqlite:///{tmp_path / 'lineage.db'}"
+    raw["gallery"]["embedding"].update({"concurrency": 2, **embedding})
+    config = PipelineConfig.model_validate(raw)
+    store = LineageStore(config.lineage)
+    generation = config.generations[0]
+    method = create_method("hbct", {"clip": 1.2})
+    torch.manual_seed(0)
+    model = method.build_model(EncoderConfig(arch="test_resnet", embed_dim=8), 10, range(10))
+    uri = f"{config.storage}/generations/{generation.name}"
+    card = save_generation(model, method, None, uri, name=generation.name, parent=None)
+    store.upsert_generation(generation.name, parent=None, method="hbct")
+    store.start_step(f"train:{generation.name}")
+    store.mark_generation_trained(generation.name, uri, card.sha256, step=f"train:{generation.name}",
+                                  step_outputs=trained_outputs(uri, card.sha256))
+    updater = GalleryUpdater(config, store, config.storage, channel_statistics(load_digits("train")),
+                             lambda: load_digits("test"), lambda line: None)
+    key = updater.plan_key(generation.name)
+    store.start_step(key)
+    updater.plan(generation, key)
+    return config, store, updater
+
+
+def served_rows(store: LineageStore) -> np.ndarray:
+    """Every committed shard's source rows (each shard checked against the lineage's hashes)."""
+    rows = []
+    for shard in store.shards("photos"):
+        data = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)
+        assert load_index(shard.index_uri).ntotal == shard.n_items == len(data)
+        rows.append(data.rows)
+    return np.concatenate(rows)
+
+
 def serve_untrained(config_file: str) -> None:
     """Serve every generation of the pipeline over its gallery with untrained checkpoints (saved
     once, seeded), skipping committed steps; the process a resume test kills."""
     import ray
-    import torch
-
-    from orchestrator.config import PipelineConfig
-    from orchestrator.data import channel_statistics
-    from orchestrator.lineage import LineageStore
-    from orchestrator.methods import create_method
-    from orchestrator.models.encoder import EncoderConfig
-    from orchestrator.pipeline.gallery_steps import GalleryUpdater
-    from orchestrator.storage import save_generation
 
     config = PipelineConfig.model_validate(json.loads(Path(config_file).read_text()))
     store = LineageStore(config.lineage)

@@ -8,7 +8,6 @@ import os
 import pickle
 import signal
 import sys
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -17,19 +16,9 @@ import ray
 import torch
 from ray import cloudpickle
 
-from orchestrator.config import PipelineConfig
-from orchestrator.data import channel_statistics, load_digits
-from orchestrator.gallery import read_shard
-from orchestrator.index import load_index
-from orchestrator.integrity import trained_outputs
-from orchestrator.lineage import LineageStore
-from orchestrator.methods import create_method
-from orchestrator.models.encoder import EncoderConfig
 from orchestrator.pipeline import gallery_execute
-from orchestrator.pipeline.gallery_steps import GalleryUpdater
-from orchestrator.storage import save_generation
 from local_ray import start_local_ray
-from streamed_gallery import pipeline_config, write_parquet_gallery
+from streamed_gallery import first_generation, served_rows
 
 pytestmark = pytest.mark.e2e
 
@@ -39,43 +28,6 @@ def ray_here():
     start_local_ray()
     yield
     ray.shutdown()
-
-
-def first_generation(tmp_path: Path, items_per_shard: int) -> tuple[PipelineConfig, LineageStore, GalleryUpdater]:
-    """The streamed Parquet gallery (539 items) and g0-old with untrained, seeded weights."""
-    write_parquet_gallery(tmp_path / "gallery")
-    raw = pipeline_config(str(tmp_path / "run"), str(tmp_path / "gallery"), items_per_shard=items_per_shard, batch_size=32)
-    raw["generations"] = raw["generations"][:1]
-    raw["lineage"] = f"sqlite:///{tmp_path / 'lineage.db'}"
-    raw["gallery"]["embedding"]["concurrency"] = 2
-    config = PipelineConfig.model_validate(raw)
-    store = LineageStore(config.lineage)
-    generation = config.generations[0]
-    method = create_method("hbct", {"clip": 1.2})
-    torch.manual_seed(0)
-    model = method.build_model(EncoderConfig(arch="test_resnet", embed_dim=8), 10, range(10))
-    uri = f"{config.storage}/generations/{generation.name}"
-    card = save_generation(model, method, None, uri, name=generation.name, parent=None)
-    store.upsert_generation(generation.name, parent=None, method="hbct")
-    store.start_step(f"train:{generation.name}")
-    store.mark_generation_trained(generation.name, uri, card.sha256, step=f"train:{generation.name}",
-                                  step_outputs=trained_outputs(uri, card.sha256))
-    updater = GalleryUpdater(config, store, config.storage, channel_statistics(load_digits("train")),
-                             lambda: load_digits("test"), lambda line: None)
-    key = updater.plan_key(generation.name)
-    store.start_step(key)
-    updater.plan(generation, key)
-    return config, store, updater
-
-
-def served_rows(store: LineageStore) -> np.ndarray:
-    """Every committed shard's source rows (each shard checked against the lineage's hashes)."""
-    rows = []
-    for shard in store.shards("photos"):
-        data = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)
-        assert load_index(shard.index_uri).ntotal == shard.n_items == len(data)
-        rows.append(data.rows)
-    return np.concatenate(rows)
 
 
 def no_items(value) -> bool:
