@@ -1,38 +1,48 @@
 """Gallery scale: the streamed pipeline step against a plain loop at 10⁵…10⁷ items, in one run.
 
-    python benchmarks/gallery_scale.py [--sizes 1e5,1e6,1e7] [--workdir runs/bench/gallery_scale]
-                                       [--s3-items 1e5] [--json out.json]
+    python benchmarks/gallery_scale.py [--sizes 1e5,1e6,1e7] [--encoders cheap,realistic]
+                                       [--workdir runs/bench/gallery_scale] [--s3-items 1e5] [--json out.json]
     python benchmarks/gallery_scale.py --sizes 1e5 --address 127.0.0.1:PORT   # an existing cluster
 
 The gallery: ``--sizes`` items written as many Parquet files (``ITEMS_PER_FILE`` rows each, row
 groups of ``ROW_GROUP``) with an ``id`` column (``ID_BASE`` + row), an object key per item
-(``key``, the source-URI column) and an 8×8×3 uint8 image as a fixed-size list of 192 pixels
-(seeded random pixels). Each size is generated once under ``--workdir`` and reused by later runs
-(a ``_gallery.json`` marker says what is there).
+(``key``, the source-URI column) and a square RGB uint8 image as a fixed-size list of pixels
+(seeded random pixels): 8×8 for the ``cheap`` encoder, 32×32 for the ``realistic`` one. Each size
+is generated once under ``--workdir`` and reused by later runs (a ``_gallery.json`` marker says
+what is there).
 
 The encoder: one generation saved as a checkpoint, timm ``test_resnet`` with embed_dim 32 and
-method ``hbct`` (a Lorentz embedding of 33 columns plus the uncertainty), seeded weights, run on
-the 8×8 images as they are (the cheapest model the checkpoint format can hold; about 20 µs per
-item on one core). Both paths load it sha256-checked and feed it ``to_model_input``.
+method ``hbct`` (a Lorentz embedding of 33 columns plus the uncertainty), seeded weights: the
+default pipeline's g0 encoder. ``cheap`` runs it on 8×8 images (about 20 µs per item on one
+core), ``realistic`` on 32×32 images as the default pipeline does. Both paths load it
+sha256-checked and feed it ``to_model_input``.
 
-  streamed  the pipeline's own gallery step (``GalleryUpdater.plan`` + ``execute``): Ray Data read
-            tasks over the Parquet files → ``map_batches`` on an actor pool of ``--concurrency``
-            actors (1 CPU each) → each shard's Parquet file and FAISS index written as soon as its
-            items are in, each shard committed to a SQLite lineage;
+  streamed  the pipeline's own gallery step (``GalleryUpdater.plan`` + ``execute``): one
+            ``ShardUpdateWorker`` per ``--concurrency`` (1 CPU each) on the local Ray (or the
+            cluster at ``--address``) reads each shard's rows from the Parquet files, embeds them,
+            writes the shard file and its flat FAISS index, and hands back metadata; the driver
+            commits each shard to a SQLite lineage;
   plain     a single-process loop written here: pyarrow reads file by file, batch by batch →
             the encoder (one torch thread) → every ``--items-per-shard`` items a shard file
             (``write_shard``) and its flat FAISS index (``build_index``).
 
 Each path runs in a process of its own (so the peak RSS of one path is not inherited by the next);
 a thread samples that process's RSS (psutil, every 50 ms) and reports the peak: for the streamed
-path this process is the Ray driver. Object-store spill is read from Ray's store stats
+path this process is the Ray driver. For the streamed path the driver's own CPU time (user +
+system, psutil) around plan and execution is ``driver_cpu_s``, and ``driver_cpu_us_per_item`` its
+growth per added item from the next smaller size; ``driver_result_bytes`` is the pickled size of
+what the workers handed back. The workers report when the first embedded batch came
+(``first_batch_s``, after ``first_worker_start_s`` of worker and model start), the steady rate
+after it, where their time went (``read_s``, ``embed_s`` decode+embed, ``write_s``
+assemble+write+index, summed over workers) and which node wrote how many shards
+(``shards_by_node``). Object-store spill is read from Ray's store stats
 (``memory_summary(stats_only=True)``) after the step. Wall time is the step alone (``ray.init``
 is timed apart); items/s = items / wall; per core = items/s / cores the path used (plain 1, the
-streamed path the actors' CPUs). Both paths' shard files are compared item for item.
+streamed path the workers' CPUs). Both paths' shard files are compared item for item.
 
-Targets (issue 11): driver peak RSS flat in N (largest / smallest size ≤ 1.5, and < 2 GB);
-streamed items/s per core ≥ 0.9× the plain loop's; time linear in N (wall growth ≤ 12.5× per 10×
-items, i.e. a log-log slope ≤ 1.1).
+Targets (issues 11 and 24): driver peak RSS flat in N (largest / smallest size ≤ 1.5, and < 2 GB);
+streamed items/s per core ≥ 0.9× the plain loop's (whole step and steady); time linear in N (wall
+growth ≤ 12.5× per 10× items, i.e. a log-log slope ≤ 1.1); the driver's marginal CPU ≤ 1 µs per item.
 """
 from __future__ import annotations
 
@@ -57,7 +67,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 DEFAULT_SIZES = (100_000, 1_000_000, 10_000_000)
-IMAGE_SHAPE = (8, 8, 3)
+ENCODERS = {"cheap": 8, "realistic": 32}  # --encoder → the side of the generated square RGB images
 ITEMS_PER_FILE = 20_000
 ROW_GROUP = 4096
 ITEMS_PER_SHARD = 50_000
@@ -66,31 +76,34 @@ GALLERY, GENERATION = "scale", "g0"
 MEAN, STD = (0.5, 0.5, 0.5), (0.29, 0.29, 0.29)  # uniform uint8 pixels
 REPO = Path(__file__).resolve().parents[2]
 TARGET_RSS_RATIO, TARGET_RSS_MB, TARGET_THROUGHPUT, TARGET_GROWTH = 1.5, 2048.0, 0.9, 12.5
+TARGET_DRIVER_US_PER_ITEM = 1.0  # the driver's marginal CPU per item (issue 24): it could feed 10⁶ items/s
 
 
 # --------------------------------------------------------------------------- the gallery
 
 
-def gallery_table(first_row: int, count: int, seed: int = 0) -> pa.Table:
-    """Rows [first_row, first_row + count) of the generated gallery: id, key, image (192 uint8)."""
+def gallery_table(first_row: int, count: int, seed: int = 0, side: int = ENCODERS["cheap"]) -> pa.Table:
+    """Rows [first_row, first_row + count) of the generated gallery: id, key, image (side × side × 3
+    uint8)."""
     rows = np.arange(first_row, first_row + count, dtype=np.int64)
-    pixels = np.random.default_rng([seed, first_row]).integers(0, 256, (count, int(np.prod(IMAGE_SHAPE))), dtype=np.uint8)
+    pixels = np.random.default_rng([seed, first_row]).integers(0, 256, (count, side * side * 3), dtype=np.uint8)
     return pa.table({"id": pa.array(ID_BASE + rows),
                      "key": pa.array([f"photos/{ID_BASE + r}.raw" for r in rows.tolist()], type=pa.string()),
                      "image": pa.FixedSizeListArray.from_arrays(pa.array(pixels.reshape(-1)), pixels.shape[1])})
 
 
-def generate_gallery(folder: Path, items: int, items_per_file: int = ITEMS_PER_FILE, seed: int = 0) -> Path:
+def generate_gallery(folder: Path, items: int, side: int = ENCODERS["cheap"], items_per_file: int = ITEMS_PER_FILE,
+                     seed: int = 0) -> Path:
     """``items`` items as Parquet files ``part-NNNNN.parquet`` under ``folder`` (reused when its
-    ``_gallery.json`` says the same items, file size and seed are there); returns ``folder``."""
+    ``_gallery.json`` says the same items, image side, file size and seed are there); returns ``folder``."""
     marker = folder / "_gallery.json"  # "_": not a data file to Parquet dataset readers
-    wanted = {"items": items, "items_per_file": items_per_file, "seed": seed, "image_shape": list(IMAGE_SHAPE)}
+    wanted = {"items": items, "items_per_file": items_per_file, "seed": seed, "image_shape": [side, side, 3]}
     if marker.exists() and json.loads(marker.read_text()) == wanted:
         return folder
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     for number, first in enumerate(range(0, items, items_per_file)):
-        table = gallery_table(first, min(items_per_file, items - first), seed)
+        table = gallery_table(first, min(items_per_file, items - first), seed, side)
         pq.write_table(table, folder / f"part-{number:05d}.parquet", row_group_size=ROW_GROUP)
     marker.write_text(json.dumps(wanted))
     return folder
@@ -158,6 +171,7 @@ class Job:
     checkpoint_uri: str
     sha256: str
     items_per_shard: int = ITEMS_PER_SHARD
+    image_side: int = ENCODERS["cheap"]
     batch_size: int = 256
     concurrency: int = 2
     num_cpus: int = 2
@@ -170,7 +184,7 @@ class ProgressClock:
     is (items − first) / (end − first batch), everything one-off (model load, actors) before it."""
 
     def __init__(self) -> None:
-        self.started = time.perf_counter()
+        self.started, self.started_unix = time.perf_counter(), time.time()
         self.first: tuple[float, int] | None = None
 
     def items_out(self, count: int) -> None:
@@ -201,15 +215,15 @@ def run_in_process(function, job: Job) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the plain loop
 
 
-def plain_batches(gallery: str, batch_size: int) -> Iterator[tuple[np.ndarray, list[str], np.ndarray]]:
-    """(ids, keys, uint8 images (B, 8, 8, 3)) of every Parquet file under ``gallery``, file by file."""
+def plain_batches(gallery: str, batch_size: int, side: int) -> Iterator[tuple[np.ndarray, list[str], np.ndarray]]:
+    """(ids, keys, uint8 images (B, side, side, 3)) of every Parquet file under ``gallery``, file by file."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(gallery)
     for path in sorted(p for p in fs.find(root) if p.endswith(".parquet")):
         with fs.open(path, "rb") as handle:
             for batch in pq.ParquetFile(handle).iter_batches(batch_size=batch_size, columns=["id", "key", "image"]):
-                pixels = batch.column("image").flatten().to_numpy().reshape(-1, *IMAGE_SHAPE).copy()  # writable
+                pixels = batch.column("image").flatten().to_numpy().reshape(-1, side, side, 3).copy()  # writable
                 yield batch.column("id").to_numpy(), batch.column("key").to_pylist(), pixels
 
 
@@ -227,8 +241,8 @@ def run_plain(job: Job) -> dict[str, Any]:
         model, _card = load_generation(job.checkpoint_uri, expected_sha256=job.sha256)
         geometry = Geometry(model.space, model.curv)
         writer = PlainShardWriter(job.storage, job.items_per_shard, geometry)
-        for ids, keys, pixels in plain_batches(job.gallery, job.batch_size):
-            embedding = model.encoder(to_model_input(pixels, IMAGE_SHAPE[0], MEAN, STD)).embedding.float()
+        for ids, keys, pixels in plain_batches(job.gallery, job.batch_size, job.image_side):
+            embedding = model.encoder(to_model_input(pixels, job.image_side, MEAN, STD)).embedding.float()
             writer.add(ids, keys, embedding.numpy(), geometry.uncertainty(embedding).numpy())
             clock.items_out(len(ids))
         writer.flush()
@@ -289,10 +303,10 @@ def pipeline_config(job: Job, lineage: str):
     raw = yaml.safe_load((REPO / "pipelines" / "lifelong.yaml").read_text())
     raw.update(storage=job.storage, lineage=lineage, evaluation={"reference": None, "backfill_curves": False})
     raw["generations"] = [{**raw["generations"][0], "name": GENERATION}]
-    raw["data"].update(image_size=IMAGE_SHAPE[0], scenario="extended_class")
+    raw["data"].update(image_size=job.image_side, scenario="extended_class")
     raw["gallery"] = {"name": GALLERY, "source": "parquet_dataset",
                       "options": {"path": job.gallery, "id_column": "id", "uri_column": "key",
-                                  "image_shape": list(IMAGE_SHAPE)},
+                                  "image_shape": [job.image_side, job.image_side, 3]},
                       "items_per_shard": job.items_per_shard, "index": "flat",
                       "embedding": {"batch_size": job.batch_size, "concurrency": job.concurrency, "num_cpus": 1}}
     return PipelineConfig.model_validate(raw)
@@ -300,7 +314,12 @@ def pipeline_config(job: Job, lineage: str):
 
 def run_streamed(job: Job) -> dict[str, Any]:
     """The pipeline's gallery step over the gallery (module docstring), timed, its driver's RSS
-    sampled and the object store's spill read after it; runs in the calling process (the driver)."""
+    sampled, its driver's own CPU time (user + system, psutil) and the bytes of what the workers
+    handed back read around the step, and the object store's spill read after it; runs in the
+    calling process (the driver)."""
+    import pickle
+
+    import psutil
     import ray
 
     from orchestrator.benchmarks.reembed import start_ray
@@ -316,26 +335,46 @@ def run_streamed(job: Job) -> dict[str, Any]:
         store.upsert_generation(GENERATION, parent=None, method="hbct")
         store.mark_generation_trained(GENERATION, job.checkpoint_uri, job.sha256, step=f"train:{GENERATION}",
                                       step_outputs=trained_outputs(job.checkpoint_uri, job.sha256))
-
-        def step(key, action) -> None:
-            store.start_step(key)
-            action()
-
         clock = ProgressClock()
+        cpu = psutil.Process().cpu_times()
         updater = GalleryUpdater(config, store, config.storage, (MEAN, STD), lambda: None, clock.progress_line)
         key = updater.plan_key(GENERATION)
-        step(key, lambda: updater.plan(config.generations[0], key))
-        updater.execute(updater.committed_plan(GENERATION), GENERATION)
+        store.start_step(key)
+        updater.plan(config.generations[0], key)
+        results = updater.execute(updater.committed_plan(GENERATION), GENERATION)
         wall = time.perf_counter() - clock.started
+        after = psutil.Process().cpu_times()
         shards = store.shards(GALLERY)
-        steady = clock.summary(sum(s.n_items for s in shards))
         spill = object_store_spill()
         store.close()
         ray.shutdown()
-    return {"path": "streamed", "items": sum(s.n_items for s in shards), "shards": len(shards),
-            "cores": job.concurrency, "wall_s": wall, "ray_init_s": ray_init_s, **steady,
+    items = sum(s.n_items for s in shards)
+    return {"path": "streamed", "items": items, "shards": len(shards), "cores": job.concurrency, "wall_s": wall,
+            "ray_init_s": ray_init_s, **worker_summary(results, clock.started_unix, items),
+            "driver_cpu_s": (after.user - cpu.user) + (after.system - cpu.system),
+            "driver_result_bytes": sum(len(pickle.dumps(r)) for r in results),
             "start_rss_mb": rss.start_mb, "peak_rss_mb": rss.peak_mb, **spill,
             "shard_uris": [s.embeddings_uri for s in sorted(shards, key=lambda s: s.index)]}
+
+
+def worker_summary(results, started_unix: float, items: int) -> dict[str, Any]:
+    """From the workers' reports (``ShardUpdateResult.timing``): when the first embedded batch came
+    (seconds after the step started) and what came before it (the first worker's start: actor and
+    model load; its first read and batch), the steady rate after it, where the workers' time went
+    (read / decode+embed / write+index, summed over workers) and which node wrote how many shards."""
+    timings = [r.timing for r in results]
+    first = min(timings, key=lambda t: t["first_batch"])
+    finished = max(t["finished"] for t in timings)
+    nodes: dict[str, int] = {}
+    for t in timings:
+        node = t["node"].rsplit(":", 1)[0]  # host:node id (the pid dropped)
+        nodes[node] = nodes.get(node, 0) + 1
+    return {"first_batch_s": first["first_batch"] - started_unix,
+            "first_worker_start_s": first["started"] - started_unix,
+            "first_read_and_batch_s": first["first_batch"] - first["started"],
+            "steady_items_per_s": items / (finished - first["first_batch"]) if finished > first["first_batch"] else None,
+            **{key: sum(t[key] for t in timings) for key in ("read_s", "embed_s", "write_s")},
+            "shards_by_node": nodes}
 
 
 def object_store_spill() -> dict[str, float]:
@@ -403,7 +442,15 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
         previous = max(smaller, key=lambda r: r["size"]) if smaller else None
         row["growth_per_10x"] = (None if previous is None else
                                  growth_per_decade(previous["size"], previous["wall_s"], row["size"], row["wall_s"]))
+        row["driver_cpu_us_per_item"] = (None if previous is None or row.get("driver_cpu_s") is None else
+                                         marginal_us_per_item(previous, row))
     return rows
+
+
+def marginal_us_per_item(smaller: dict[str, Any], larger: dict[str, Any]) -> float:
+    """The driver's CPU per added item between two sizes, µs: what the driver's work grows by with
+    the gallery (its fixed costs, the plan and the lineage, cancel out)."""
+    return (larger["driver_cpu_s"] - smaller["driver_cpu_s"]) / (larger["items"] - smaller["items"]) * 1e6
 
 
 def verdicts(rows: list[dict[str, Any]], where: str = "local") -> dict[str, dict[str, Any]]:
@@ -411,6 +458,8 @@ def verdicts(rows: list[dict[str, Any]], where: str = "local") -> dict[str, dict
     two sizes)."""
     streamed = sorted((r for r in rows if r["path"] == "streamed" and r["where"] == where), key=lambda r: r["size"])
     ratios = [r["ratio_per_core"] for r in streamed if r["ratio_per_core"] is not None]
+    steady = [r["steady_ratio_per_core"] for r in streamed if r["steady_ratio_per_core"] is not None]
+    driver = [r["driver_cpu_us_per_item"] for r in streamed if r.get("driver_cpu_us_per_item") is not None]
     growth = [r["growth_per_10x"] for r in streamed if r["growth_per_10x"] is not None]
     rss = [r["peak_rss_mb"] for r in streamed]
     two = len(streamed) >= 2
@@ -422,6 +471,10 @@ def verdicts(rows: list[dict[str, Any]], where: str = "local") -> dict[str, dict
                                  "met": max(rss) < TARGET_RSS_MB if rss else None},
         "throughput_per_core": {"value": min(ratios) if ratios else None, "limit": TARGET_THROUGHPUT,
                                 "met": min(ratios) >= TARGET_THROUGHPUT if ratios else None},
+        "steady_throughput_per_core": {"value": min(steady) if steady else None, "limit": TARGET_THROUGHPUT,
+                                       "met": min(steady) >= TARGET_THROUGHPUT if steady else None},
+        "driver_cpu_us_per_item": {"value": max(driver) if driver else None, "limit": TARGET_DRIVER_US_PER_ITEM,
+                                   "met": max(driver) <= TARGET_DRIVER_US_PER_ITEM if driver else None},
         "time_linear": {"value": max(growth) if growth else None, "limit": TARGET_GROWTH,
                         "met": max(growth) <= TARGET_GROWTH if growth else None},
     }
@@ -429,16 +482,19 @@ def verdicts(rows: list[dict[str, Any]], where: str = "local") -> dict[str, dict
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a text table, then the targets of every place measured."""
-    header = (f"{'where':<9}{'path':<10}{'items':>11}{'cores':>6}{'wall s':>9}{'items/s':>10}{'/core':>9}"
-              f"{'ratio':>7}{'steady':>8}{'x/10x':>7}{'RSS start MB':>13}{'peak MB':>8}{'spill MB':>9}{'load':>6}")
+    header = (f"{'where':<16}{'path':<10}{'items':>11}{'cores':>6}{'wall s':>9}{'items/s':>10}{'/core':>9}"
+              f"{'ratio':>7}{'steady':>8}{'x/10x':>7}{'RSS start MB':>13}{'peak MB':>8}{'spill MB':>9}"
+              f"{'drv CPU s':>10}{'us/item':>8}{'B/update':>9}{'1st s':>7}{'load':>6}")
     lines = [header, "-" * len(header)]
     show = lambda value, fmt: "-" if value is None else format(value, fmt)  # noqa: E731
     for r in rows:
-        lines.append(f"{r['where']:<9}{r['path']:<10}{r['items']:>11d}{r['cores']:>6}{r['wall_s']:>9.1f}"
+        lines.append(f"{r['where']:<16}{r['path']:<10}{r['items']:>11d}{r['cores']:>6}{r['wall_s']:>9.1f}"
                      f"{r['items_per_s']:>10.0f}{r['per_core']:>9.0f}{show(r['ratio_per_core'], '.3f'):>7}"
                      f"{show(r.get('steady_ratio_per_core'), '.3f'):>8}"
                      f"{show(r['growth_per_10x'], '.2f'):>7}{r['start_rss_mb']:>13.0f}{r['peak_rss_mb']:>8.0f}{show(r['spilled_mb'], '.0f'):>9}"
-                     f"{r['load'][0]:>6.2f}")
+                     f"{show(r.get('driver_cpu_s'), '.2f'):>10}{show(r.get('driver_cpu_us_per_item'), '.3f'):>8}"
+                     f"{show(r['driver_result_bytes'] / r['shards'] if r.get('driver_result_bytes') else None, '.0f'):>9}"
+                     f"{show(r.get('first_batch_s'), '.1f'):>7}{r['load'][0]:>6.2f}")
     for where in dict.fromkeys(r["where"] for r in rows):
         lines.append("")
         for name, v in verdicts(rows, where).items():
@@ -524,24 +580,28 @@ def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
     shutil.rmtree(runs, ignore_errors=True)
     runs.mkdir(parents=True)
     uri = str((runs / "generation").resolve())
-    base = Job("", "", uri, save_encoder(uri), args.items_per_shard, args.batch_size, args.concurrency,
-               args.num_cpus, args.address)
-    where = "cluster" if args.address else "local"
+    sha256 = save_encoder(uri)
     records = []
-    for size in args.sizes:
-        started = time.perf_counter()
-        gallery = generate_gallery(args.workdir / f"gallery-{size}", size)
-        print(f"gallery of {size} items at {gallery} ({time.perf_counter() - started:.1f} s)", flush=True)
-        folder = runs / f"{where}-{size}"
-        records += measure_size(where, size, str(gallery.resolve()), str(folder.resolve()), folder, base)
-        shutil.rmtree(folder)
-    if args.s3_items:
-        gallery = generate_gallery(args.workdir / f"gallery-{args.s3_items}", args.s3_items)
-        with MotoS3() as s3:
-            prefix = s3.upload(gallery)
-            folder = runs / f"s3-{args.s3_items}"
-            folder.mkdir()
-            records += measure_size("s3", args.s3_items, prefix, f"s3://{s3.bucket}/runs", folder, base)
+    for encoder in args.encoders:
+        side = ENCODERS[encoder]
+        base = Job("", "", uri, sha256, args.items_per_shard, side, args.batch_size, args.concurrency, args.num_cpus,
+                   args.address)
+        where = f"{'cluster' if args.address else 'local'}/{encoder}"
+        for size in args.sizes:
+            started = time.perf_counter()
+            gallery = generate_gallery(args.workdir / f"gallery-{side}px-{size}", size, side)
+            print(f"gallery of {size} items at {gallery} ({time.perf_counter() - started:.1f} s)", flush=True)
+            folder = runs / f"{where.replace('/', '-')}-{size}"
+            records += measure_size(where, size, str(gallery.resolve()), str(folder.resolve()), folder, base)
+            shutil.rmtree(folder)
+        if args.s3_items:
+            gallery = generate_gallery(args.workdir / f"gallery-{side}px-{args.s3_items}", args.s3_items, side)
+            with MotoS3() as s3:
+                prefix = s3.upload(gallery)
+                folder = runs / f"s3-{encoder}-{args.s3_items}"
+                folder.mkdir()
+                records += measure_size(f"s3/{encoder}", args.s3_items, prefix, f"s3://{s3.bucket}/runs", folder,
+                                        base)
     shutil.rmtree(runs)
     return records
 
@@ -554,6 +614,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the generated galleries are kept (reused) and the runs write")
     parser.add_argument("--s3-items", type=lambda t: parse_sizes(t)[0] if t not in ("0", "") else 0, default=100_000,
                         help="gallery size of the run against a local moto S3 server (0: none)")
+    parser.add_argument("--encoders", type=lambda t: [e for e in t.split(",") if e], default=["cheap"],
+                        help=f"which encoders, comma-separated: {', '.join(f'{k} ({v}x{v} images)' for k, v in ENCODERS.items())}")
     parser.add_argument("--items-per-shard", type=int, default=ITEMS_PER_SHARD)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--concurrency", type=int, default=2, help="embedding actors (1 CPU each)")

@@ -49,7 +49,8 @@ class ShardUpdate:
 class ShardUpdateResult:
     """What a shard update hands back: the shard files written (one; a split: the kept shard and
     the new one, in that order), where and when it ran (``timing``: ``started``, ``first_batch``,
-    ``finished`` as Unix times, ``node``)."""
+    ``finished`` as Unix times, ``node``; seconds spent waiting for blocks ``read_s``, decoding
+    and embedding ``embed_s``, assembling, writing and indexing ``write_s``)."""
 
     key: str
     written: tuple[WrittenShard, ...]
@@ -67,15 +68,25 @@ def run_shard_update(update: ShardUpdate, blocks: Iterable[pa.Table], embed: Emb
     """Embed the items of ``update`` streamed as ``blocks`` in batches of ``batch_size``, check they
     are exactly the planned ones, and write the shard files (module docstring)."""
     started, first_batch = time.time(), None
+    spent = {"read_s": 0.0, "embed_s": 0.0, "write_s": 0.0}
     parts: list[dict[str, Any]] = []
-    for block in blocks:
+    blocks = iter(blocks)
+    while True:
+        clock = time.perf_counter()
+        block = next(blocks, None)
+        spent["read_s"] += time.perf_counter() - clock
+        if block is None:
+            break
         for start in range(0, len(block), batch_size):
             piece = block.slice(start, batch_size)
+            clock = time.perf_counter()
             embedding, uncertainty = embed(piece)
+            spent["embed_s"] += time.perf_counter() - clock
             first_batch = first_batch or time.time()
             parts.append({"id": piece.column("id").to_numpy(), "row": piece.column("row").to_numpy(),
                           "label": piece.column("label").to_numpy(), "embedding": embedding,
                           "uncertainty": uncertainty, "attributes": piece.select(["uri", *metadata_columns])})
+    clock = time.perf_counter()
     shard = assemble_shard(update, parts, generation, space, curv)
     if update.kind == "embed":
         written: tuple[WrittenShard, ...] = (write_shard_files(update.shard, shard, target, update.key,
@@ -88,8 +99,9 @@ def run_shard_update(update: ShardUpdate, blocks: Iterable[pa.Table], embed: Emb
                                "plan moves")
         written = (write_shard_files(update.shard, kept, target, update.key, update.first_attempt),
                    write_shard_files(update.target, shard, target, update.key, update.first_attempt))
+    spent["write_s"] = time.perf_counter() - clock
     return ShardUpdateResult(update.key, written, {"started": started, "first_batch": first_batch,
-                                                   "finished": time.time(), "node": node})
+                                                   "finished": time.time(), "node": node, **spent})
 
 
 def assemble_shard(update: ShardUpdate, parts: list[dict[str, Any]], generation: str, space: str,

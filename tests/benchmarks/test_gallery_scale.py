@@ -91,6 +91,10 @@ def test_the_streamed_step_embeds_the_same_ids_to_the_same_vectors(job, gallery,
     last = read_shard(streamed["shard_uris"][-1])
     assert last.attributes.column("uri").to_pylist()[-1] == f"photos/{bench.ID_BASE + 1999}.raw"
     assert streamed["spilled_mb"] == 0.0 and streamed["peak_rss_mb"] >= streamed["start_rss_mb"] > 0
+    assert sum(streamed["shards_by_node"].values()) == 4  # one local node wrote every shard
+    assert 0 < streamed["driver_result_bytes"] < 4 * 2000  # metadata per shard update, never items
+    assert streamed["driver_cpu_s"] > 0 and 0 < streamed["first_worker_start_s"] < streamed["first_batch_s"]
+    assert min(streamed[k] for k in ("read_s", "embed_s", "write_s")) > 0
     json.dumps(streamed)
 
 
@@ -155,6 +159,19 @@ def test_table_arithmetic_against_a_computation_written_out():
     assert s3["driver_rss_flat"]["met"] is None and s3["time_linear"]["met"] is None  # one size only
     table = bench.format_table(list(rows.values()))
     assert "local time_linear: 13.333 (limit 12.5): NOT met" in table and "s3 time_linear: - " in table
+
+
+def test_the_drivers_marginal_cpu_per_item_is_the_growth_between_two_sizes():
+    records = [dict(record("streamed", 10**5, 40.0, 2, 900.0), driver_cpu_s=2.0),
+               dict(record("streamed", 10**6, 300.0, 2, 900.0), driver_cpu_s=2.9),
+               dict(record("streamed", 10**7, 3000.0, 2, 900.0), driver_cpu_s=12.9)]
+    rows = bench.summarise(records)
+    assert rows[0]["driver_cpu_us_per_item"] is None
+    assert rows[1]["driver_cpu_us_per_item"] == pytest.approx(0.9 / 900_000 * 1e6)  # 1.0 µs
+    assert rows[2]["driver_cpu_us_per_item"] == pytest.approx(10.0 / 9_000_000 * 1e6)  # 1.11 µs
+    target = bench.verdicts(rows)["driver_cpu_us_per_item"]
+    assert target["value"] == pytest.approx(10.0 / 9.0) and target["met"] is False
+    assert "local driver_cpu_us_per_item: 1.111 (limit 1.0): NOT met" in bench.format_table(rows)
 
 
 def test_steady_rates_count_the_items_after_the_first_batch_and_compare_per_core(capsys, monkeypatch):
