@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from orchestrator.backfill.planner import budget_count
+from orchestrator.backfill.policy import budget_count
 from orchestrator.metrics import backfill_curve_area, retrieval_metrics
 from orchestrator.storage import write_bytes_atomic
 
@@ -79,7 +79,7 @@ def mixed_gallery(
     docstring), row i the same item; ``order`` (N,) a permutation of range(N), the backfill order π
     (e.g. ``planner.priority_order(scores, ids)``). Each yielded gallery is a fresh (N, D) tensor
     whose rows ``order[:⌊β·N⌋]`` come from ``new_embeddings`` and the others from
-    ``old_embeddings`` (``⌊·⌋`` as ``planner.budget_count``, the planner's rounding).
+    ``old_embeddings`` (``⌊·⌋`` as ``policy.budget_count``, the planner's rounding).
     """
     old = _as_tensor(old_embeddings, "old_embeddings")
     new = _as_tensor(new_embeddings, "new_embeddings").to(device=old.device)

@@ -1,6 +1,6 @@
 """Backfill planning: which gallery items (or whole shards) a new generation re-embeds, and in what order.
 
-``plan_backfill`` is a pure function of a ``BackfillPolicy`` (``orchestrator.config``), the shard
+``plan_backfill`` is a pure function of a backfill policy (``config.BackfillPolicy``), the shard
 layout (``ShardInfo``: item ids and per-item priority scores) and a seed. Priority scores come from
 one of the order functions below; a HIGHER score means "re-embed earlier":
 
@@ -16,24 +16,23 @@ whose new embedding has already been computed, i.e. exactly the items that no lo
 backfill. Any substitute (e.g. regressing probe-set errors onto the gallery) would be our own
 method under FastFill's name, so it is left out (the config's ``order`` does not offer it either).
 
-Rounding decision: the budget is a cap on cost, so the plan never exceeds it: a partial budget β
-re-embeds ``⌊β·N⌋`` of the N items (budget_unit ``items``) or ``⌊β·S⌋`` of the S shards
-(``shards``), the same ``⌊β·N⌋`` as the backfilling curve Φ^G_{π,β} (λ-orth §2.11). A product that
-is an integer up to floating-point error (``0.29 · 100``) counts as that integer. A budget below one
-unit gives an empty plan.
+The policy rules themselves (which shards, how many items, in what order) live once in
+``backfill.policy``; ``plan_backfill`` applies them to shards held in memory, the pipeline to
+shards scored on Ray.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
 
-from orchestrator.config import BackfillPolicy
-from orchestrator.geometry import lorentz
+from orchestrator.backfill.policy import (Policy, ShardPriority, budget_count, reembeds_whole_shards, select_items,
+                                          whole_shards)
 from orchestrator.backfill.random_order import random_priority
+from orchestrator.backfill.selection import ScoredShard, in_memory_ask
+from orchestrator.geometry import lorentz
 from orchestrator.methods.common import class_mean_distances
 
 __all__ = [
@@ -175,15 +174,6 @@ def priority_order(scores: np.ndarray, item_ids: np.ndarray) -> np.ndarray:
     return np.lexsort((item_ids, -scores))
 
 
-def budget_count(budget: float, total: int) -> int:
-    """``⌊budget · total⌋``, counting a product within 1e-9 (relative) of an integer as that integer."""
-    x = float(budget) * int(total)
-    nearest = round(x)
-    if abs(x - nearest) <= 1e-9 * max(1.0, abs(x)):
-        return int(nearest)
-    return int(math.floor(x))
-
-
 # --------------------------------------------------------------------------------------------
 # planner
 
@@ -216,15 +206,7 @@ def _checked_shards(shards: list[ShardInfo], need_scores: bool, order: str, seed
     return out
 
 
-def _rank_shards(checked: list[tuple[int, np.ndarray, np.ndarray]]) -> list[tuple[int, np.ndarray, np.ndarray]]:
-    """Shards by descending mean priority, ties (and empty shards, mean -inf) by ascending index."""
-    means = np.array([s.mean() if s.size else -np.inf for _, _, s in checked], dtype=np.float64)
-    indices = np.array([i for i, _, _ in checked], dtype=np.int64)
-    rank = np.lexsort((indices, -means))
-    return [checked[r] for r in rank]
-
-
-def plan_backfill(policy: BackfillPolicy, shards: list[ShardInfo], seed: int = 0) -> BackfillPlan:
+def plan_backfill(policy: Policy, shards: list[ShardInfo], seed: int = 0) -> BackfillPlan:
     """Plan the backfill of a sharded gallery under ``policy`` (pure; see the module docstring).
 
     - ``none``: the empty plan (the new generation searches old shards through compatibility).
@@ -236,55 +218,39 @@ def plan_backfill(policy: BackfillPolicy, shards: list[ShardInfo], seed: int = 0
       shard index), each re-embedded whole.
 
     Args:
-        policy: the generation's ``BackfillPolicy``.
+        policy: the generation's ``config.BackfillPolicy`` (or anything with its four fields).
         shards: the gallery's shards with per-item priority scores (see ``ShardInfo``).
         seed: for order ``random`` when scores are None (``random_priority``).
     """
-    if not isinstance(policy, BackfillPolicy):
-        raise TypeError(f"policy must be a BackfillPolicy, got {type(policy).__name__}")
     checked = _checked_shards(list(shards), need_scores=policy.policy != "none", order=policy.order, seed=seed)
+    scored = [ScoredShard.from_scores(index, ids, scores) for index, ids, scores in checked]
+    summaries = [ShardPriority(index, ids.size, float(scores.mean()) if ids.size else -np.inf)
+                 for index, ids, scores in checked]
     total_items = int(sum(ids.size for _, ids, _ in checked))
-    total_shards = len(checked)
 
     def make(selected: tuple[ShardBackfill, ...]) -> BackfillPlan:
-        return BackfillPlan(
-            policy=policy.policy,
-            order=policy.order,
-            budget_unit=policy.budget_unit,
-            budget=policy.budget,
-            shards=selected,
-            total_items=total_items,
-            total_shards=total_shards,
-        )
+        return BackfillPlan(policy.policy, policy.order, policy.budget_unit, policy.budget, selected, total_items,
+                            len(checked))
 
     if policy.policy == "none":
         return make(())
-
-    if policy.policy == "full" or policy.budget_unit == "shards":
-        ranked = _rank_shards(checked)
-        if policy.policy == "partial":
-            ranked = ranked[: budget_count(policy.budget, total_shards)]
-        return make(
-            tuple(
-                ShardBackfill(index=i, item_ids=ids[priority_order(s, ids)], whole=True)
-                for i, ids, s in ranked
-                if ids.size
-            )
-        )
-
-    # partial, items: one gallery-wide ranking
-    k = budget_count(policy.budget, total_items)
-    if k == 0:
+    if reembeds_whole_shards(policy):
+        position = {s.index: k for k, s in enumerate(scored)}
+        return make(tuple(ShardBackfill(s.index, _in_key_order(scored[position[s.index]]), whole=True)
+                          for s in whole_shards(policy, summaries)))
+    selection = select_items(policy, in_memory_ask(scored), total_items)
+    if selection.threshold is None:
         return make(())
-    all_ids = np.concatenate([ids for _, ids, _ in checked])
-    all_scores = np.concatenate([s for _, _, s in checked])
-    shard_of = np.concatenate([np.full(ids.size, pos, dtype=np.int64) for pos, (_, ids, _) in enumerate(checked)])
-    chosen = priority_order(all_scores, all_ids)[:k]
-    selected: list[ShardBackfill] = []
-    placed: dict[int, list[int]] = {}
-    for item in chosen:  # keeps global priority order within each shard and orders shards by first pick
-        placed.setdefault(int(shard_of[item]), []).append(int(item))
-    for pos, items in placed.items():
-        index, ids, _ = checked[pos]
-        selected.append(ShardBackfill(index=index, item_ids=all_ids[np.array(items)], whole=len(items) == ids.size))
-    return make(tuple(selected))
+    chosen = [_in_key_order(scored[k], selection.threshold) for k in selection.shards_in_order]
+    return make(tuple(ShardBackfill(scored[k].index, ids, whole=ids.size == scored[k].ids.size)
+                      for k, ids in zip(selection.shards_in_order, chosen)))
+
+
+def _in_key_order(shard: ScoredShard, threshold: tuple[int, int] | None = None) -> np.ndarray:
+    """The shard's ids in priority order (key order), only those at most ``threshold`` when given."""
+    order = np.lexsort((shard.low, shard.high))
+    if threshold is not None:
+        high, low = np.uint64(threshold[0]), np.uint64(threshold[1])
+        keep = (shard.high < high) | ((shard.high == high) & (shard.low <= low))
+        order = order[keep[order]]
+    return shard.ids[order]

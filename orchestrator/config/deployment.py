@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from orchestrator.backfill.orders import ORDERS
 from orchestrator.config.problems import StrictModel, problem, raise_problems
 
 
@@ -15,9 +16,10 @@ class BackfillPolicy(StrictModel):
                  partial (a ``budget``).
     budget:      the fraction in (0, 1] of the gallery to re-embed (partial only).
     budget_unit: the budget counts items or whole shards.
-    order:       which items / shards first: highest uncertainty of the old embedding, largest
-                 distance to the class means, random (seeded), or least_compatible: the items of
-                 the stored generation the new one searches worst (lowest recorded cross-model
+    order:       which items / shards first, an order of ``backfill.orders``: uncertainty (highest
+                 uncertainty of the old embedding), class_mean_distance (largest distance to the
+                 class means), random (seeded), or least_compatible: the items of the stored
+                 generation the new one searches worst (lowest recorded cross-model
                  ``search.criterion_metric``) first, random within a generation. Applies to
                  partial and full (full: the order shards are refreshed in).
     """
@@ -25,7 +27,14 @@ class BackfillPolicy(StrictModel):
     policy: Literal["none", "full", "partial"] = "none"
     budget: float | None = Field(None, gt=0, le=1)
     budget_unit: Literal["items", "shards"] = "items"
-    order: Literal["uncertainty", "class_mean_distance", "random", "least_compatible"] = "random"
+    order: str = Field("random", json_schema_extra={"enum": list(ORDERS)})
+
+    @field_validator("order")
+    @classmethod
+    def _known_order(cls, order: str) -> str:
+        if order not in ORDERS:
+            raise ValueError(f"must be one of {', '.join(ORDERS)}")
+        return order
 
     @model_validator(mode="after")
     def _check_budget(self) -> BackfillPolicy:

@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.backfill.compatibility_order import least_compatible_priority
-from orchestrator.backfill.random_order import random_priority
+from orchestrator.backfill.class_means import class_sums
+from orchestrator.backfill.orders import OrderInputs, get_order, shard_priorities
 from orchestrator.backfill.selection import Ask, ScoredShard
-from orchestrator.backfill.class_means import class_sums, distances_to_class_means
 from orchestrator.gallery.shard_files import read_shard, write_selection
 
 
@@ -77,25 +76,10 @@ def _class_sums(rule: PriorityRule, target: ShardToScore) -> tuple[np.ndarray, n
 
 def _score(rule: PriorityRule, target: ShardToScore, means: dict[int, np.ndarray] | None) -> tuple[dict[str, Any], ScoredShard]:
     shard = read_shard(target.uri, expected_sha256=target.sha256)
-    if rule.order == "uncertainty":
-        if shard.space != "lorentz":
-            raise ValueError(f"{rule.where}: needs hyperbolic (Lorentz) embeddings, but shard {target.index} holds "
-                             f"generation {shard.generation!r} in space {shard.space!r}")
-        scores = shard.uncertainty.astype(np.float64)
-    elif rule.order == "random":
-        scores = random_priority(shard.ids, rule.seed)
-    elif rule.order == "least_compatible":
-        rank = (rule.generation_ranks or {}).get(shard.generation)
-        if rank is None:
-            raise ValueError(f"{rule.where}: no compatibility of the new generation with {shard.generation!r} is "
-                             f"recorded (shard {target.index})")
-        scores = least_compatible_priority(shard.ids, rank, rule.seed)
-    else:
-        if (shard.labels < 0).any():
-            raise ValueError(f"{rule.where}: needs gallery labels; shard {target.index} has items without a label")
-        scores = distances_to_class_means(_features(rule, shard), shard.labels, means)
-    if not np.isfinite(scores).all():
-        raise ValueError(f"{rule.where}: shard {target.index} has non-finite priorities")
+    order = get_order(rule.order)
+    features = _features(rule, shard) if order.needs_class_means else None
+    inputs = OrderInputs(rule.where, rule.seed, rule.generation_ranks, means, features)
+    scores = shard_priorities(shard, rule.order, inputs, target.index)
     summary = {"index": target.index, "n": int(scores.size), "mean": float(scores.mean()) if scores.size else -np.inf}
     return summary, ScoredShard.from_scores(target.index, shard.ids, scores)
 
@@ -119,7 +103,7 @@ class ScoredGallery:
 
         self._remote = ray.remote(num_cpus=0)
         means = None
-        if rule.order == "class_mean_distance":
+        if get_order(rule.order).needs_class_means:
             task = self._remote(_class_sums)
             means = _combine_class_sums(ray.get([task.remote(rule, t) for t in targets]))
         score = self._remote(_score).options(num_returns=2)

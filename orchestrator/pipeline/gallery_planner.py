@@ -9,12 +9,12 @@ shard). The gate may escalate a plan to a full one (``plan:<gallery>:<gen>:full`
 from __future__ import annotations
 
 import json
-from typing import Any
-
 import numpy as np
 
-from orchestrator.backfill import budget_count, compatibility_ranks
-from orchestrator.backfill.selection import select_top
+from orchestrator.backfill.compatibility_order import compatibility_ranks
+from orchestrator.backfill.orders import get_order
+from orchestrator.backfill.policy import (ShardPriority, curve_order, reembeds_whole_shards, select_items,
+                                          whole_shards)
 from orchestrator.config import BackfillPolicy
 from orchestrator.distributed.backfill_scores import PriorityRule, ScoredGallery, ShardToScore
 from orchestrator.integrity import IntegrityError, sha256_bytes
@@ -82,8 +82,8 @@ class GalleryPlanner:
     def _backfill_entries(self, generation, policy: BackfillPolicy,
                           shards: list[ShardRecord]) -> tuple[tuple[PlanEntry, ...], tuple[int, ...]]:
         """The plan's entries from priorities computed on Ray, shard by shard (``ScoredGallery``),
-        and the exact gallery-wide selection (``backfill.selection``): the same entries as the
-        in-memory ``plan_backfill`` on the same files, without the gallery in the driver."""
+        by the policy rules of ``backfill.policy`` (the in-memory ``plan_backfill`` applies the
+        same rules to shards in memory), without the gallery in the driver."""
         curves = self.ctx.config.evaluation.backfill_curves
         if policy.policy == "none" and not curves:
             return (), ()
@@ -91,24 +91,20 @@ class GalleryPlanner:
         self.ctx.ensure_ray()
         scored = ScoredGallery(self._priority_rule(generation, policy),
                                [ShardToScore(s.index, s.embeddings_uri, s.sha256) for s in candidates])
-        ranked = sorted(scored.summaries, key=lambda x: (-x["mean"], x["index"]))  # shards by mean priority
-        order = tuple(int(i) for i in self._curve_order(scored, ranked, policy)) if curves else ()
+        summaries = [ShardPriority(x["index"], x["n"], x["mean"]) for x in scored.summaries]
+        order = tuple(int(i) for i in curve_order(policy, summaries, scored.all_keys())) if curves else ()
         if policy.policy == "none":
             return (), order
-        if policy.policy == "full" or policy.budget_unit == "shards":
-            if policy.policy == "partial":
-                ranked = ranked[:budget_count(policy.budget, len(candidates))]
-            return tuple(PlanEntry("embed", x["index"], x["n"]) for x in ranked if x["n"]), order
-        total = sum(x["n"] for x in scored.summaries)
-        threshold, best = select_top(scored.ask(), budget_count(policy.budget, total), total)
-        if threshold is None:
+        if reembeds_whole_shards(policy):
+            return tuple(PlanEntry("embed", s.index, s.n) for s in whole_shards(policy, summaries)), order
+        selection = select_items(policy, scored.ask(), sum(s.n for s in summaries))
+        if selection.threshold is None:
             return (), order
         uris = [join_uri(self.ctx.root, "plans", f"{generation.name}.selection", f"shard-{s.index:05d}.parquet")
                 for s in candidates]
-        chosen = scored.write_chosen(threshold, uris)
-        picks = sorted((key, position) for position, key in enumerate(best) if key is not None)
+        chosen = scored.write_chosen(selection.threshold, uris)
         entries, next_index = [], len(shards)
-        for _key, position in picks:  # shards in the order of their first pick, as plan_backfill
+        for position in selection.shards_in_order:
             count, sha = chosen[position]
             index = candidates[position].index
             if sha is None:
@@ -119,17 +115,18 @@ class GalleryPlanner:
         return tuple(entries), order
 
     def _priority_rule(self, generation, policy: BackfillPolicy) -> PriorityRule:
-        order = "random" if policy.policy == "none" else policy.order
-        where = f"generation {generation.name!r} backfill.order {order!r}"
+        """What the scoring tasks need for the policy's order (``backfill.orders``): the forward
+        map of a class-mean order, the compatibility ranks of ``least_compatible``."""
+        name = "random" if policy.policy == "none" else policy.order
+        order = get_order(name)
         forward, ranks = None, None
-        if order == "class_mean_distance":
+        if order.needs_class_means and FORWARD_ADAPTER in self.ctx.model(generation.name).adapters:
             record = self.ctx.store.get_generation(generation.name)
-            if FORWARD_ADAPTER in self.ctx.model(generation.name).adapters:
-                forward = (record.checkpoint_uri, record.sha256)
-        if order == "least_compatible":
+            forward = (record.checkpoint_uri, record.sha256)
+        if order.needs_generation_ranks:
             ranks = compatibility_ranks(self._cross_values(generation.name))
-        return PriorityRule(order, generation.training.seed, where, forward_model=forward,
-                            mapped_generation=generation.parent, generation_ranks=ranks)
+        return PriorityRule(name, generation.training.seed, f"generation {generation.name!r} backfill.order {name!r}",
+                            forward_model=forward, mapped_generation=generation.parent, generation_ranks=ranks)
 
     def _cross_values(self, generation: str) -> dict[str, float | None]:
         """Older generation → the recorded M(generation^Q, older^G) on the evaluation split
@@ -137,19 +134,6 @@ class GalleryPlanner:
         metric, split = self.ctx.config.search.criterion_metric, self.ctx.config.data.eval_split
         return {r.gallery: r.value for r in self.ctx.store.compatibility_values(split)
                 if r.query == generation and r.gallery != generation and r.metric == metric}
-
-    @staticmethod
-    def _curve_order(scored: ScoredGallery, ranked: list[dict[str, Any]], policy: BackfillPolicy) -> np.ndarray:
-        """Every candidate id in the order the policy backfills (the backfilling curve's x-axis):
-        whole shards by mean priority for budget_unit ``shards``, else one gallery-wide ranking."""
-        parts = scored.all_keys()
-        if policy.policy == "partial" and policy.budget_unit == "shards":
-            position = {x["index"]: k for k, x in enumerate(scored.summaries)}
-            parts = [parts[position[x["index"]]] for x in ranked]
-            return np.concatenate([p[np.lexsort((p[:, 1], p[:, 0])), 2] for p in parts]).view(np.int64)
-        keys = np.concatenate(parts)
-        return keys[np.lexsort((keys[:, 1], keys[:, 0])), 2].view(np.int64)
-
 
 def initial_shard_sizes(num_items: int, num_shards: int) -> list[int]:
     """The sizes of the initial shards: contiguous row blocks differing by at most one, larger

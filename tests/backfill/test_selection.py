@@ -30,16 +30,23 @@ def test_the_selection_equals_the_in_memory_plan(seed):
     rng = np.random.default_rng(seed)
     ids, scores, parts = random_gallery(rng, ties=seed % 2 == 0)
     budget = float(rng.uniform(0.0, 1.0))
-    policy = BackfillPolicy(policy="partial", budget=budget, budget_unit="items", order="uncertainty")
-    expected = plan_backfill(policy, [ShardInfo(i, ids[p], scores[p]) for i, p in enumerate(parts)])
+    k = budget_count(budget, ids.size)
     shards = [ScoredShard.from_scores(i, ids[p], scores[p]) for i, p in enumerate(parts)]
-    threshold, best = select_top(in_memory_ask(shards), budget_count(budget, ids.size), ids.size,
-                                 fetch_limit=int(rng.integers(1, 64)))
+    threshold, best = select_top(in_memory_ask(shards), k, ids.size, fetch_limit=int(rng.integers(1, 64)))
     chosen = {} if threshold is None else {s.index: s.chosen(threshold) for s in shards}
-    assert {i: c.tolist() for i, c in chosen.items() if c.size} == \
-        {s.index: np.sort(s.item_ids).tolist() for s in expected.shards}
+    # written out: one full sort, score descending, ties by id; shards in the order of their first pick
+    shard_of = np.concatenate([np.full(p.size, i) for i, p in enumerate(parts)])
+    top = np.lexsort((ids[np.concatenate(parts)], -scores[np.concatenate(parts)]))[:k]
+    expected = {int(i): np.sort(ids[np.concatenate(parts)][top][shard_of[top] == i]).tolist()
+                for i in np.unique(shard_of[top])}
+    assert {i: c.tolist() for i, c in chosen.items() if c.size} == expected
     first_picks = sorted((key, i) for i, key in enumerate(best) if key is not None)
-    assert [i for _, i in first_picks] == list(expected.shard_indices)  # shards in the planner's order
+    assert [i for _, i in first_picks] == list(dict.fromkeys(shard_of[top].tolist()))
+    # the in-memory planner applies the same rules: the same items, shards in the same order
+    policy = BackfillPolicy(policy="partial", budget=budget, budget_unit="items", order="uncertainty")
+    plan = plan_backfill(policy, [ShardInfo(i, ids[p], scores[p]) for i, p in enumerate(parts)])
+    assert {s.index: np.sort(s.item_ids).tolist() for s in plan.shards} == expected
+    assert list(plan.shard_indices) == list(dict.fromkeys(shard_of[top].tolist()))
 
 
 def test_keys_order_like_the_planner_and_kth_key_finds_each_rank():
