@@ -111,8 +111,15 @@ def update_summary(new_self: float, cross: float, old_self: float,
     if reference_self is not None:
         summary["p_com"] = (_where_defined(p_com, cross, old_self, reference_self)
                             if reference_self - old_self >= MIN_NORMALISER else math.nan)
-        summary["p_up"] = _where_defined(p_up, new_self, reference_self) if reference_self >= MIN_NORMALISER else math.nan
+        summary["p_up"] = reported_p_up(new_self, reference_self)
     return summary
+
+
+def reported_p_up(new_self: float, reference_self: float) -> float:
+    """P_up under the weak-reference rule (``update_summary``): NaN where it is undefined (a NaN
+    input, or M(φ_*; φ_*) < ``MIN_NORMALISER``): what the report prints and what the gate's
+    ``min_p_up`` checks, the one place the rule is applied."""
+    return _where_defined(p_up, new_self, reference_self) if reference_self >= MIN_NORMALISER else math.nan
 
 
 def format_value(value: float | None, digits: int = 3, width: int = 0) -> str:

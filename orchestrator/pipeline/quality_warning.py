@@ -1,17 +1,18 @@
 """The training-time quality warning (issue 14): a generation whose own retrieval falls far below
 what the same training reaches without compatibility (the unaligned reference φ_*) is named.
 
-P_up (hbct.md eq. 15 as the HBCT tables compute it, ``metrics.p_up``):
+P_up (hbct.md eq. 15 as the HBCT tables compute it, ``metrics.reported_p_up``):
 ``(M(φ_n; φ_n) − M(φ_*; φ_*)) / M(φ_*; φ_*)`` on mAP; below ``evaluation.warn_p_up`` the alignment
 costs the new model that share of the quality it could have had, which the criterion alone (cross
 against the old self-test) never shows.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from orchestrator.lineage.records import CompatibilityRecord
-from orchestrator.metrics import p_up
+from orchestrator.metrics import reported_p_up
 
 WARNING_METRIC = "map"
 
@@ -22,11 +23,13 @@ def self_tests(values: Iterable[CompatibilityRecord], metric: str = WARNING_METR
 
 
 def reference_p_up(selfs: Mapping[str, float], name: str, reference: str | None) -> float | None:
-    """P_up of generation ``name`` against ``reference`` from the self-tests; None without a
-    reference, a measured non-zero reference self-test, or the generation's own."""
-    if reference is None or not selfs.get(reference) or name not in selfs:
+    """P_up of generation ``name`` against ``reference`` from the self-tests, as the report prints
+    it (``metrics.reported_p_up``: the weak-reference rule); None without a reference, either
+    self-test, or where the report prints n/a."""
+    if reference is None or reference not in selfs or name not in selfs:
         return None
-    return p_up(selfs[name], selfs[reference])
+    value = reported_p_up(selfs[name], selfs[reference])
+    return None if math.isnan(value) else value
 
 
 def own_quality_warnings(selfs: Mapping[str, float], generations: Mapping[str, str | None], reference: str | None,

@@ -3,13 +3,15 @@ the unaligned reference's (P_up below ``evaluation.warn_p_up``) is named once pe
 numbers; none without a reference, a floor, or the measurements. P_up is recomputed here by hand."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 
 from orchestrator.config import PipelineConfigError, load_pipeline
 from orchestrator.lineage.records import CompatibilityRecord
-from orchestrator.pipeline.quality_warning import own_quality_warnings, self_tests
+from orchestrator.metrics import update_summary
+from orchestrator.pipeline.quality_warning import own_quality_warnings, reference_p_up, self_tests
 from orchestrator.pipeline.runner import PipelineRunner
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,10 +39,18 @@ def test_a_generation_far_below_the_reference_is_named_with_its_p_up():
     ({"g1": 0.01, "phi-star": 0.5}, "phi-star", None),  # warning off
     ({"g1": 0.01}, "phi-star", -0.2),                 # the reference not measured yet
     ({"g1": 0.01, "phi-star": 0.0}, "phi-star", -0.2),  # a zero reference: P_up undefined
+    ({"g1": 0.001, "phi-star": 0.009}, "phi-star", -0.2),  # too weak to normalise by: the report prints n/a
     ({"phi-star": 0.5}, "phi-star", -0.2),            # the generation not measured yet
 ])
 def test_nothing_is_said_without_the_measurements_or_the_setting(selfs, reference, floor):
     assert own_quality_warnings(selfs, PARENTS, reference, floor) == {}
+
+
+def test_the_gate_and_the_warning_read_the_p_up_the_report_prints():
+    # one rule (metrics.reported_p_up): a reference below MIN_NORMALISER gives no value anywhere
+    weak, measured = {"g1": 0.001, "phi-star": 0.009}, {"g1": 0.2, "phi-star": 0.8}
+    assert math.isnan(update_summary(0.001, 0.0, 0.0, 0.009)["p_up"]) and reference_p_up(weak, "g1", "phi-star") is None
+    assert reference_p_up(measured, "g1", "phi-star") == update_summary(0.2, 0.1, 0.1, 0.8)["p_up"] == (0.2 - 0.8) / 0.8
 
 
 def test_the_runner_says_it_once_per_run_from_the_recorded_values(tmp_path):
