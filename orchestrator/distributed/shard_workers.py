@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from orchestrator.data.gallery_sources import ImageFormat, decode_images
+from orchestrator.data.gallery_sources import GallerySource, ImageFormat, decode_images
+from orchestrator.distributed.gallery_read import EntryRead, entry_reader, needs_source_ref
 from orchestrator.shard_update import PixelEmbedder, ShardTarget, ShardUpdate, ShardUpdateResult, run_shard_update
 
 MAX_IN_FLIGHT_PER_WORKER = 2  # one update running, one queued: the next read starts at once
@@ -133,17 +134,21 @@ class ShardUpdateWorker:
         return result
 
 
-def run_shard_updates(work: Sequence[tuple[ShardUpdate, Callable[[], Iterator[pa.Table]]]], model: GenerationModel,
-                      target: ShardTarget, metadata_columns: tuple[str, ...], resources: WorkerResources,
+def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, EntryRead]], model: GenerationModel,
+                      target: ShardTarget, resources: WorkerResources,
                       on_lost: Callable[[ShardUpdate, BaseException], ShardUpdate | None]) -> Iterator[ShardUpdateResult]:
-    """Run every (update, its reader) on workers spread over the cluster; yield each result as it
-    completes (any order). Ray must be initialised. A worker lost mid-update: ``on_lost(update,
-    error)`` returns the update to run again on a new worker, or None to raise the error."""
+    """Run every (update, the items it reads) of ``source`` on workers spread over the cluster;
+    yield each result as it completes (any order). Ray must be initialised. A worker lost
+    mid-update: ``on_lost(update, error)`` returns the update to run again on a new worker, or
+    None to raise the error."""
     import ray
     from ray.exceptions import RayActorError
 
     if not work:
         return
+    metadata_columns = source.metadata_columns
+    source_ref = ray.put(source) if needs_source_ref(source, [read for _update, read in work]) else None
+    block_rows = 4 * resources.batch_size
     embedders = []
     if resources.num_gpus:
         actor = ray.remote(GpuEmbedder).options(num_cpus=resources.num_cpus, num_gpus=resources.num_gpus)
@@ -155,7 +160,7 @@ def run_shard_updates(work: Sequence[tuple[ShardUpdate, Callable[[], Iterator[pa
         return worker_class.remote(model, target, metadata_columns, resources.batch_size, int(cpus), embedders)
 
     workers = [new_worker() for _ in range(min(resources.workers, len(work)))]
-    readers = {update.key: read for update, read in work}
+    readers = {update.key: entry_reader(source, source_ref, read, block_rows) for update, read in work}
     queue = [update for update, _read in reversed(work)]  # pop() takes them in the plan's order
     in_flight: dict[Any, tuple[ShardUpdate, int]] = {}
     load = [0] * len(workers)

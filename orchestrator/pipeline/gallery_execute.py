@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from orchestrator.distributed.embed import quiet_ray_data
-from orchestrator.distributed.gallery_read import EntryRead, RowRange, StoredItems, entry_reader, needs_source_ref
+from orchestrator.distributed.gallery_read import EntryRead, RowRange, StoredItems
 from orchestrator.distributed.shard_workers import GenerationModel, WorkerResources, run_shard_updates
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.integrity import record_index
@@ -56,13 +56,8 @@ class GalleryExecutor:
         updates = [self._update(entry, generation, shards) for entry in pending]
         ctx.ensure_ray()
         quiet_ray_data()
-        import ray
-
         resources = WorkerResources(**ctx.spec.embedding.model_dump())
-        reads = [self._entry_read(k, entry, plan) for k, entry in enumerate(pending)]
-        source_ref = ray.put(ctx.source) if needs_source_ref(ctx.source, reads) else None
-        block_rows = 4 * resources.batch_size
-        work = [(update, entry_reader(ctx.source, source_ref, read, block_rows)) for update, read in zip(updates, reads)]
+        work = [(update, self._entry_read(k, entry, plan)) for k, (update, entry) in enumerate(zip(updates, pending))]
         entries = {update.key: entry for update, entry in zip(updates, pending)}
         total = sum(e.num_items for e in pending)
         ctx.say(f"{ctx.name}: embedding {total} items of {len(pending)} shard update(s) with {generation} on "
@@ -71,8 +66,8 @@ class GalleryExecutor:
         results = []
         try:
             with Meter(ctx.say, f"{ctx.name}: embedded", total, "items") as meter:
-                for result in run_shard_updates(work, self._generation_model(generation), self._target(),
-                                                ctx.source.metadata_columns, resources, self._run_again):
+                for result in run_shard_updates(ctx.source, work, self._generation_model(generation), self._target(),
+                                                resources, self._run_again):
                     self._commit(entries[result.key], result, generation)
                     results.append(result)
                     meter.advance(result.n_items)

@@ -16,7 +16,7 @@ import ray
 import torch
 from ray import cloudpickle
 
-from orchestrator.pipeline import gallery_execute
+from orchestrator.distributed import shard_workers
 from local_ray import start_local_ray
 from streamed_gallery import first_generation, served_rows
 
@@ -88,13 +88,13 @@ class KillOnce:
 def test_a_worker_killed_mid_update_is_replaced_and_every_item_lands_once(ray_here, tmp_path, monkeypatch):
     config, store, updater = first_generation(tmp_path, items_per_shard=100)
     marker = str(tmp_path / "killed")
-    real_reader = gallery_execute.entry_reader
+    real_reader = shard_workers.entry_reader
 
     def reader(source, source_ref, read, block_rows):
         inner = real_reader(source, source_ref, read, block_rows)
         return KillOnce(inner, marker) if read.entry == 2 else inner
 
-    monkeypatch.setattr(gallery_execute, "entry_reader", reader)
+    monkeypatch.setattr(shard_workers, "entry_reader", reader)
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # KillOnce reaches workers by value
     results = updater.execute(updater.committed_plan("g0-old"), "g0-old")
     assert os.path.exists(marker)  # the kill happened
