@@ -23,7 +23,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from orchestrator.methods.descriptions import AdvBCTDescription, AdvBCTParams
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import (
     SupervisedMethod,
@@ -32,6 +31,7 @@ from orchestrator.methods.common import (
     parent_train_embeddings,
     require_parent,
 )
+from orchestrator.methods.descriptions import AdvBCTDescription, AdvBCTParams
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
@@ -204,7 +204,6 @@ class AdvBCT(AdvBCTDescription, SupervisedMethod):
       code skips one-radius classes); their w_k only decays. The adversarial term runs on every
       sample.
     """
-
 
     def build_auxiliary(self, embed_dim: int, num_classes: int) -> dict[str, nn.Module]:
         return {DISCRIMINATOR: Discriminator(embed_dim, self.params.discriminator_hidden),

@@ -4,9 +4,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from orchestrator.methods.descriptions import BCTDescription
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import SupervisedMethod, class_means, require_parent
+from orchestrator.methods.descriptions import BCTDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
@@ -21,7 +21,6 @@ class BCT(BCTDescription, SupervisedMethod):
     synthesised row is rescaled to the mean norm of the old model's trained rows, so that
     synthesised and trained logits are on one scale. The influence loss runs on every sample.
     """
-
 
     def on_train_start(self, ctx: TrainContext) -> None:
         if ctx.old_model is None:

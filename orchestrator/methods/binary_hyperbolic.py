@@ -19,8 +19,8 @@ from torch import nn
 
 from orchestrator.geometry import poincare
 from orchestrator.geometry.spaces import Space
-from orchestrator.methods.descriptions import BinaryHyperbolicDescription
 from orchestrator.methods.base import CompatibilityMethod, TrainContext
+from orchestrator.methods.descriptions import BinaryHyperbolicDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.heads import PoincarePrototypeHead, simplex_prototypes_in_ball
@@ -48,7 +48,6 @@ class BinaryHyperbolic(BinaryHyperbolicDescription, CompatibilityMethod):
     * a parent must be a Poincaré model with the same curvature and the same prototypes for its
       classes (otherwise the anchors moved and the generations are not compatible): ValueError.
     """
-
 
     def build_lift(self) -> nn.Module:
         return build_lift(Space.POINCARE, curv=self.params.curv, clip=self.params.clip)

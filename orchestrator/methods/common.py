@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from orchestrator.geometry.spaces import Space
-from orchestrator.methods.descriptions import FlatDescription
 from orchestrator.methods.base import CompatibilityMethod, TrainContext
+from orchestrator.methods.descriptions import FlatDescription
 from orchestrator.models.heads import LinearHead, LorentzMLR
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.lifts import build_lift
@@ -24,7 +24,6 @@ class SupervisedMethod(FlatDescription, CompatibilityMethod):
     Heads: a linear softmax classifier for flat spaces (BCT's setting; hbct.md §13 leaves the
     Euclidean head open, decision: linear with bias), the Lorentz MLR for the Lorentz space.
     """
-
 
     def build_lift(self) -> nn.Module:
         if self.space is Space.LORENTZ:

@@ -5,14 +5,13 @@ d-Simplex W (K prototypes in R^(K-1)); with a parent it adds the HOC InfoNCE ter
 """
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from orchestrator.geometry.spaces import Space
-from orchestrator.methods.descriptions import DSimplexDescription
 from orchestrator.methods.base import CompatibilityMethod, TrainContext
+from orchestrator.methods.descriptions import DSimplexDescription
 from orchestrator.methods.hoc import hoc_infonce
 from orchestrator.methods.registry import register_method
 from orchestrator.models.heads import DSimplexHead, dsimplex_finetune_targets
@@ -79,7 +78,6 @@ class DSimplex(DSimplexDescription, CompatibilityMethod):
     generation (incl. a replacement) must therefore use the same K, embed_dim = K − 1, and
     disjoint prototype index sets for pre-training and fine-tuning classes.
     """
-
 
     def build_lift(self) -> nn.Module:
         return UnnormalizedCosineLift()

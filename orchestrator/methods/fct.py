@@ -21,13 +21,12 @@ rules recognise "trained independently of its parent, reachable from it through 
 """
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
-from orchestrator.methods.descriptions import FCTDescription, FCTParams
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import SupervisedMethod, paired_train_embeddings
+from orchestrator.methods.descriptions import FCTDescription, FCTParams
 from orchestrator.methods.registry import register_method
 from orchestrator.models.adapters import FORWARD_ADAPTER, AffineAdapter, EmbeddingMap, MLPAdapter
 from orchestrator.models.outputs import ModelOutput
@@ -114,7 +113,6 @@ class FCT(FCTDescription, SupervisedMethod):
     (``orchestrator.comparison``, forward path). F is fitted on the training set without
     augmentation (``ctx.train_data``); the fit's history is kept in ``ctx.state["fct_history"]``.
     """
-
 
     def loss(
         self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx: TrainContext

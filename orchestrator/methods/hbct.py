@@ -20,8 +20,8 @@ from torch import nn
 
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import Space
-from orchestrator.methods.descriptions import Distance, HBCTDescription
 from orchestrator.methods.base import CompatibilityMethod, TrainContext
+from orchestrator.methods.descriptions import Distance, HBCTDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.heads import LorentzMLR
@@ -144,7 +144,6 @@ class HBCT(HBCTDescription, CompatibilityMethod):
       of 1.5 keeps the digits (0.956) and still trains far better models than the paper's scale on
       the generated shapes (60 classes, 4 epochs: own mAP 0.41 against 0.11).
     """
-
 
     def build_lift(self) -> nn.Module:
         return build_lift(Space.LORENTZ, curv=self.params.curv, clip=self.params.clip, rescale=True)

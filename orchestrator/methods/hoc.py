@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from orchestrator.methods.descriptions import HOCDescription
 from orchestrator.methods.common import SupervisedMethod, require_parent
+from orchestrator.methods.descriptions import HOCDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
@@ -28,7 +28,6 @@ def hoc_infonce(old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor, tau:
 class HOC(HOCDescription, SupervisedMethod):
     """L = λ·CE + (1 − λ)·InfoNCE (stationary_dsimplex.md eq. 3) with a trainable classifier, as
     HBCT uses HOC as a baseline (its fixed d-Simplex is the separate ``dsimplex`` method)."""
-
 
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
         old = require_parent(old, self.name)

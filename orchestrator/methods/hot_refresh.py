@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from orchestrator.methods.descriptions import HotRefreshDescription
 from orchestrator.methods.common import SupervisedMethod, require_parent
+from orchestrator.methods.descriptions import HotRefreshDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
@@ -32,7 +32,6 @@ def ract_loss(new: torch.Tensor, old: torch.Tensor, labels: torch.Tensor, tau: f
 @register_method
 class HotRefresh(HotRefreshDescription, SupervisedMethod):
     """L = CE + λ·RACT(φ_n(x), φ_o(x)) (see ``ract_loss``)."""
-
 
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
         old = require_parent(old, self.name)

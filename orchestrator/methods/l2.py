@@ -5,8 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from orchestrator.geometry.spaces import Space
-from orchestrator.methods.descriptions import L2RegressionDescription
 from orchestrator.methods.common import SupervisedMethod, require_parent
+from orchestrator.methods.descriptions import L2RegressionDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
@@ -19,7 +19,6 @@ class L2Regression(L2RegressionDescription, SupervisedMethod):
     as OpenCompatible's 'l2' does, so the term matches what cosine retrieval compares; in the
     euclidean and lorentz spaces the raw feature vectors (before the lift) are regressed.
     """
-
 
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
         old = require_parent(old, self.name)

@@ -26,9 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from orchestrator.methods.descriptions import LambdaOrthParams, LambdaOrthogonalityDescription
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import SupervisedMethod, class_mean_distances, paired_train_embeddings
+from orchestrator.methods.descriptions import LambdaOrthParams, LambdaOrthogonalityDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.adapters import (
     BACKWARD_ADAPTER,
@@ -311,7 +311,6 @@ class LambdaOrthogonality(LambdaOrthogonalityDescription, SupervisedMethod):
     The adapters train on the training set without augmentation (``ctx.train_data``); the fit's
     history is kept in ``ctx.state["lambda_orth_history"]``.
     """
-
 
     def loss(
         self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx: TrainContext

@@ -8,11 +8,9 @@ no transformation module on the old model, as in LCE's protocol there).
 """
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
-from orchestrator.methods.descriptions import LCEDescription, LCEParams
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import (
     SupervisedMethod,
@@ -23,6 +21,7 @@ from orchestrator.methods.common import (
     require_parent,
     seen_class_mask,
 )
+from orchestrator.methods.descriptions import LCEDescription, LCEParams
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
@@ -92,7 +91,6 @@ class LCE(LCEDescription, SupervisedMethod):
     (the benchmark skips classes whose radius list has one entry). Classes without training
     images get no centre (−inf logits).
     """
-
 
     def on_train_start(self, ctx: TrainContext) -> None:
         old_out, labels = parent_train_embeddings(ctx, self.name)

@@ -1,9 +1,8 @@
 """``ndpp``: Neighbour-Driven Prototype Perturbation (prototype_perturbation.md §5)."""
 from __future__ import annotations
 
-
-from orchestrator.methods.descriptions import NDPPDescription
 from orchestrator.methods.base import TrainContext
+from orchestrator.methods.descriptions import NDPPDescription
 from orchestrator.methods.prototypes import (
     OLD_PROTOTYPES,
     POSITIVES,
@@ -30,7 +29,6 @@ class NDPP(NDPPDescription, PerturbedPrototypeMethod):
     ``cumulative=True`` follows Algorithm 1 line 13 (p̂ accumulates, and Eq. 7 uses the previous
     epoch's p̂). Decision (spec §13.6): the literal algorithm (r_t at epoch 0 too) by default.
     """
-
 
     def on_train_start(self, ctx: TrainContext) -> None:
         super().on_train_start(ctx)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from orchestrator.methods.descriptions import ODPPDescription
 from orchestrator.methods.base import TrainContext
+from orchestrator.methods.descriptions import ODPPDescription
 from orchestrator.methods.prototypes import (
     OLD_PROTOTYPES,
     POSITIVES,
@@ -29,7 +29,6 @@ class ODPP(ODPPDescription, PerturbedPrototypeMethod):
     The pairs of the inner optimisation at stage s (0 before training, epoch + 1 afterwards) come
     from a generator seeded with (seed, s), so runs and resumed runs draw the same pairs.
     """
-
 
     def on_train_start(self, ctx: TrainContext) -> None:
         super().on_train_start(ctx)

@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from orchestrator.geometry.spaces import Space
-from orchestrator.methods.descriptions import PrototypePerturbationDescription
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import SupervisedMethod, normalized_class_means, require_parent
+from orchestrator.methods.descriptions import PrototypePerturbationDescription
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.outputs import ModelOutput
 
@@ -244,7 +244,6 @@ class PerturbedPrototypeMethod(PrototypePerturbationDescription, SupervisedMetho
     ``on_train_start`` stores the old prototypes p_o of every class of the training set, taken
     with the frozen parent (spec §2), and the present mask; subclasses then build the positives.
     """
-
 
     def on_train_start(self, ctx: TrainContext) -> None:
         if ctx.old_model is None:

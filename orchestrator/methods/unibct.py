@@ -11,13 +11,12 @@ documented decision (``structural_prototypes``).
 """
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
-from orchestrator.methods.descriptions import UniBCTDescription, UniBCTParams
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import SupervisedMethod, arcface_logits, parent_train_embeddings, require_parent
+from orchestrator.methods.descriptions import UniBCTDescription, UniBCTParams
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
@@ -109,7 +108,6 @@ class UniBCT(UniBCTDescription, SupervisedMethod):
     universal setting, where old prototypes of new classes are what it refines), and the ArcFace
     term runs on every sample; classes without training images have none (−inf logits).
     """
-
 
     def on_train_start(self, ctx: TrainContext) -> None:
         old_out, labels = parent_train_embeddings(ctx, self.name)
