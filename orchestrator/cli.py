@@ -95,9 +95,10 @@ def _demo_command(args: argparse.Namespace) -> int:
 
 def _run_command(args: argparse.Namespace) -> int:
     from orchestrator.config import load_pipeline
+
+    config = load_pipeline(args.file, pipeline_overrides(args))  # checked before Ray and torch are imported
     from orchestrator.pipeline.runner import run_pipeline
 
-    config = load_pipeline(args.file, pipeline_overrides(args))
     result = run_pipeline(config)
     print()
     print(result.format())
@@ -141,10 +142,11 @@ def _lineage_command(args: argparse.Namespace) -> int:
 def _served_store(args: argparse.Namespace):
     """(config, its lineage store, its absolute storage root) for the operations commands."""
     from orchestrator.config import load_pipeline
+
+    config = load_pipeline(args.file, pipeline_overrides(args))  # checked before the store is opened
     from orchestrator.lineage import LineageStore
     from orchestrator.pipeline.runner import storage_root
 
-    config = load_pipeline(args.file, pipeline_overrides(args))
     return config, LineageStore(config.lineage, storage=config.storage), storage_root(config.storage)
 
 
@@ -170,9 +172,9 @@ def _gc_command(args: argparse.Namespace) -> int:
 
 
 def _verify_command(args: argparse.Namespace) -> int:
+    _config, store, storage = _served_store(args)
     from orchestrator.pipeline.verify import adopt_unhashed, verify_storage
 
-    _config, store, storage = _served_store(args)
     if args.adopt:
         for uri in adopt_unhashed(store):
             print(f"adopted {uri}")
@@ -290,8 +292,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _reported(error: Exception, verbose: bool) -> ExitCode | None:
     """Print ``error`` as the one line its kind calls for and return the exit code; None: an error
     of no kind below (or a storage or database error under ``-v``), whose traceback is shown."""
-    from sqlalchemy.exc import SQLAlchemyError
-
     from orchestrator.lineage.errors import LineageBusy, LineageNotFound
     from orchestrator.pipeline.gate import DeploymentHeld
 
@@ -310,7 +310,8 @@ def _reported(error: Exception, verbose: bool) -> ExitCode | None:
     if isinstance(error, RuntimeError):  # a failed step; the lineage records it and a re-run resumes
         print(f"orchestrator: failed: {error}", file=sys.stderr)
         return ExitCode.FAILED
-    if isinstance(error, (OSError, SQLAlchemyError)) and not verbose:  # a missing file, a storage or database problem
+    database_error = getattr(sys.modules.get("sqlalchemy.exc"), "SQLAlchemyError", ())  # none unless it was imported
+    if isinstance(error, (OSError, database_error)) and not verbose:  # a missing file, a storage or database problem
         text = " ".join(str(error).split()) or type(error).__name__
         print(f"orchestrator: error: {type(error).__name__}: {text[:500]} (-v shows the traceback)", file=sys.stderr)
         return ExitCode.FAILED

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 from pydantic import Field
 
-from orchestrator.methods.common import FlatParams, SupervisedMethod, require_parent
+from orchestrator.methods.common import SupervisedMethod, require_parent
+from orchestrator.methods.descriptions import FlatParams
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator, model_validator
 from orchestrator import limits
 from orchestrator.config.problems import StrictModel, problem, raise_problems
 from orchestrator.config.sources import source_name
+from orchestrator.index.kinds import ALL_KINDS, OPTIONS
 from orchestrator.names import Name
 
 
@@ -73,8 +74,6 @@ class GallerySpec(StrictModel):
 
     @model_validator(mode="after")
     def _check_index(self) -> GallerySpec:
-        from orchestrator.index import ALL_KINDS, OPTIONS
-
         if self.index not in ALL_KINDS:
             raise_problems([problem(("index",), f"must be one of {', '.join(ALL_KINDS)}", self.index)])
         unknown = sorted(set(self.index_options) - set(OPTIONS[self.index]))

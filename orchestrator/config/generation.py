@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-import timm
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from orchestrator import limits
+from orchestrator.config.architectures import unknown_architectures
 from orchestrator.config.deployment import BackfillPolicy, GateSpec
 from orchestrator.config.problems import StrictModel, problem, problems_from, raise_problems, suggest
 from orchestrator.geometry.spaces import Space
-from orchestrator.methods.registry import available_methods, create_method, method_class
-from orchestrator.models.encoder import HUB, EncoderConfig
+from orchestrator.methods.descriptions import MethodDescription
+from orchestrator.methods.registry import available_methods, create_method, method_description
+from orchestrator.models.encoder_config import HUB, EncoderConfig
 from orchestrator.names import Name
 from orchestrator.training.config import TrainConfig
 
@@ -89,7 +90,7 @@ class MethodSpec(StrictModel):
         name = info.data.get("name")
         if name is None:  # the name itself is invalid, reported on its own
             return params
-        model = method_class(name).Params
+        model = method_description(name).Params
         try:
             return model.model_validate(params).model_dump(mode="json")
         except ValidationError as err:
@@ -97,35 +98,39 @@ class MethodSpec(StrictModel):
             raise  # unreachable: the error always has at least one problem
 
     def create(self):
-        """The method instance (``orchestrator.methods.create_method``)."""
+        """The method instance (``orchestrator.methods.create_method``; imports torch)."""
         return create_method(self.name, self.params)
+
+    def describe(self) -> MethodDescription:
+        """The method's description with these parameters (``method_description``; no torch)."""
+        return method_description(self.name)(self.params)
 
     @property
     def requires_parent(self) -> bool:
-        return method_class(self.name).requires_parent
+        return method_description(self.name).requires_parent
 
     @property
     def space(self) -> Space:
         """The embedding space the method trains in with these parameters."""
-        return self.create().space
+        return self.describe().space
 
     @property
     def requires_parent_embed_dim(self) -> bool:
         """Whether, given a parent, the method compares the new embeddings with the parent's
         directly, so that a child's ``model.embed_dim`` must equal its parent's."""
-        return method_class(self.name).requires_parent_embed_dim
+        return method_description(self.name).requires_parent_embed_dim
 
     @property
     def requires_embed_dim_at_least_parents(self) -> bool:
         """Whether the child's queries search the parent's index through an adapter that keeps at
         most the child's coordinates, so that a child narrower than its parent cannot be served."""
-        return method_class(self.name).requires_embed_dim_at_least_parents
+        return method_description(self.name).requires_embed_dim_at_least_parents
 
     @property
     def replacement_keeps_parent_embed_dim(self) -> bool:
         """Whether a replacement of this method must keep its parent's embed_dim too (one structure
         of that size shared by the whole chain, e.g. dsimplex's fixed classifier)."""
-        return method_class(self.name).replacement_keeps_parent_embed_dim
+        return method_description(self.name).replacement_keeps_parent_embed_dim
 
 
 class GenerationSpec(StrictModel):
@@ -169,9 +174,6 @@ class GenerationSpec(StrictModel):
     @model_validator(mode="after")
     def _check_generation(self) -> GenerationSpec:
         problems = []
-        if not timm.is_model(self.model.arch):
-            problems.append(problem(("model", "arch"), f"not a timm model name{suggest(self.model.arch, timm.list_models())}",
-                                    self.model.arch))
         if self.replaces:
             if self.model.pretrained in (None, HUB):
                 problems.append(problem(("model", "pretrained"), "a replacement (replaces: true) starts from a third-party "
@@ -183,3 +185,15 @@ class GenerationSpec(StrictModel):
                                     self.model.pretrained))
         raise_problems(problems)
         return self
+
+
+def architecture_problems(generations: list[GenerationSpec]) -> list[dict[str, Any]]:
+    """``model.arch`` of every generation that is not a timm model name, with the nearest names.
+
+    Asking timm imports torch and torchvision (several seconds of CPU): the pipeline file's
+    validation asks last, once every other field is valid, so that any other error answers at
+    once (``PipelineConfig``), and ``architectures`` answers from a list cached per timm version."""
+    unknown = unknown_architectures(sorted({gen.model.arch for gen in generations}))
+    return [problem(("generations", i, "model", "arch"), f"not a timm model name{suggest(gen.model.arch, unknown[gen.model.arch])}",
+                    gen.model.arch)
+            for i, gen in enumerate(generations) if gen.model.arch in unknown]

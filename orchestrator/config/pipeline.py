@@ -14,7 +14,7 @@ from orchestrator import limits
 from orchestrator.config.data import DataSettings
 from orchestrator.config.evaluation import EvaluationSpec, SearchSpec
 from orchestrator.config.gallery import GallerySpec
-from orchestrator.config.generation import GenerationSpec
+from orchestrator.config.generation import GenerationSpec, architecture_problems
 from orchestrator.config.problems import StrictModel, problem, raise_problems, suggest
 from orchestrator.config.runtime import RaySettings, TrackingSettings, local_path, url_scheme
 from orchestrator.config.sources import check_options, check_split, missing_options
@@ -95,7 +95,7 @@ class PipelineConfig(StrictModel):
         problems += self._check_scenario()
         problems += self._check_backfill_orders()
         problems += self._tracking_defaults()
-        raise_problems(problems)
+        raise_problems(problems or architecture_problems(self.generations))  # timm only for an otherwise valid file
         return self
 
     def _check_generations(self) -> list[dict[str, Any]]:
@@ -286,7 +286,7 @@ def _embed_dim_problems(gen, where: tuple) -> list[dict[str, Any]]:
     """The generation's method refuses its ``model.embed_dim`` (``check_embed_dim``); none when its
     parameters are wrong, which is reported where they are checked."""
     try:
-        method = gen.method.create()
+        method = gen.method.describe()
     except ValueError:
         return []
     try:

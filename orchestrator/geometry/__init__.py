@@ -1,8 +1,11 @@
 """Geometry layer: Lorentz and Poincaré hyperbolic models, d-Simplex prototypes, and ``Geometry``
 (one space with its curvature: retrieval distance, index coordinates, uncertainty)."""
 
-from orchestrator.geometry import lorentz, poincare, simplex, spaces
-from orchestrator.geometry.geometry import FLAT_CURVATURE, Geometry
-from orchestrator.geometry.spaces import Space
+from orchestrator.lazy_exports import lazy_exports
 
-__all__ = ["FLAT_CURVATURE", "Geometry", "Space", "lorentz", "poincare", "simplex", "spaces"]
+# Imported on first use: ``Space`` (a plain enum) is read by the validation of pipeline files,
+# which imports no torch; ``Geometry`` and the models' modules need it.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "geometry": ["FLAT_CURVATURE", "Geometry"],
+    "spaces": ["Space"],
+})

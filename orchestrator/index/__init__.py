@@ -7,37 +7,15 @@ kinds of ``binary_index`` (bit-plane codes, ``bitplane``) and the product-quanti
 ``pq_index``.
 """
 
-from orchestrator.index.binary_index import BINARY_KINDS, BinaryIndex, build_binary_index
-from orchestrator.index.bitplane import BitPlaneQuantizer
-from orchestrator.index.factory import ALL_KINDS, OPTIONS, AnyIndex, build_index, index_from_bytes, load_index
-from orchestrator.index.pq_index import PQ_KINDS, PQIndex, build_pq_index
-from orchestrator.index.shard_index import (
-    FORMAT_VERSION,
-    KINDS,
-    MAGIC,
-    IndexKind,
-    ShardIndex,
-    default_nlist,
-)
+from orchestrator.lazy_exports import lazy_exports
 
-__all__ = [
-    "ALL_KINDS",
-    "BINARY_KINDS",
-    "FORMAT_VERSION",
-    "KINDS",
-    "MAGIC",
-    "OPTIONS",
-    "PQ_KINDS",
-    "AnyIndex",
-    "BinaryIndex",
-    "BitPlaneQuantizer",
-    "IndexKind",
-    "PQIndex",
-    "ShardIndex",
-    "build_binary_index",
-    "build_index",
-    "build_pq_index",
-    "default_nlist",
-    "index_from_bytes",
-    "load_index",
-]
+# Imported on first use: the kinds and their options (``kinds``) are read by the validation of
+# pipeline files, which imports no torch; the indexes need numpy, faiss and torch.
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "binary_index": ["BinaryIndex", "build_binary_index"],
+    "bitplane": ["BitPlaneQuantizer"],
+    "factory": ["AnyIndex", "build_index", "index_from_bytes", "load_index"],
+    "kinds": ["ALL_KINDS", "BINARY_KINDS", "OPTIONS", "PQ_KINDS"],
+    "pq_index": ["PQIndex", "build_pq_index"],
+    "shard_index": ["FORMAT_VERSION", "KINDS", "MAGIC", "IndexKind", "ShardIndex", "default_nlist"],
+})

@@ -46,6 +46,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from orchestrator.index.kinds import BINARY_KINDS
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.geometry.spaces import Space
 from orchestrator.index.bitplane import DEFAULT_BITS, BitPlaneQuantizer
@@ -53,7 +54,6 @@ from orchestrator.index.compressed import CompressedIndex, position_ids
 from orchestrator.index.hamming import weighted_hamming
 from orchestrator.index.shard_index import _as_matrix, _check_curv, _check_ids, _check_positive_int, default_nlist
 
-BINARY_KINDS = ("binary", "binary_weighted", "binary_two_stage", "binary_ivf")
 CODE_LAYOUTS = ("plain", "weighted")
 RERANKS = ("weighted", "float")
 #: Candidates per requested neighbour of the two-stage search (k = 50 → 500 candidates).

@@ -23,32 +23,13 @@ from typing import Any, Mapping, Union
 
 from orchestrator.geometry.spaces import Space
 from orchestrator.index import container, shard_index
-from orchestrator.index.binary_index import BINARY_KINDS, BinaryIndex, build_binary_index
-from orchestrator.index.pq_index import PQ_KINDS, PQIndex, build_pq_index
-from orchestrator.index.shard_index import KINDS as SHARD_KINDS
+from orchestrator.index.binary_index import BinaryIndex, build_binary_index
+from orchestrator.index.kinds import ALL_KINDS, BINARY_KINDS, OPTIONS, PQ_KINDS, SHARD_KINDS
+from orchestrator.index.pq_index import PQIndex, build_pq_index
 from orchestrator.index.shard_index import ShardIndex
 from orchestrator.storage.filesystem import read_bytes, redact_uri
 
 AnyIndex = Union[ShardIndex, BinaryIndex, PQIndex]
-
-#: Every kind ``build_index`` accepts.
-ALL_KINDS = SHARD_KINDS + BINARY_KINDS + PQ_KINDS
-
-_SHARD_OPTIONS = ("nlist", "nprobe", "hnsw_m", "ef_construction", "ef_search", "refine_factor")
-_QUANTISER_OPTIONS = ("bits", "clip_percentile")
-_PQ_OPTIONS = ("pq_m", "pq_nbits", "train_size", "seed")
-#: The keyword options of ``build_index`` per kind (beyond ``ids`` and ``curv``).
-OPTIONS: dict[str, tuple[str, ...]] = {
-    **{kind: _SHARD_OPTIONS for kind in SHARD_KINDS},
-    "binary": _QUANTISER_OPTIONS,
-    "binary_weighted": _QUANTISER_OPTIONS,
-    "binary_two_stage": _QUANTISER_OPTIONS + ("rerank", "rerank_factor"),
-    "binary_ivf": _QUANTISER_OPTIONS + ("nlist", "nprobe", "codes"),
-    "pq": _PQ_OPTIONS,
-    "opq": _PQ_OPTIONS,
-    "binary_opq": _PQ_OPTIONS + _QUANTISER_OPTIONS,
-}
-
 
 def build_index(embeddings: Any, space: Space | str, kind: str = "flat", ids: Any = None, *, curv: float = 1.0,
                 **options: Any) -> AnyIndex:

@@ -39,13 +39,13 @@ from typing import Any
 import faiss
 import numpy as np
 
+from orchestrator.index.kinds import PQ_KINDS
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.geometry.spaces import Space
 from orchestrator.index.bitplane import DEFAULT_BITS, BitPlaneQuantizer
 from orchestrator.index.compressed import CompressedIndex, position_ids
 from orchestrator.index.shard_index import _as_matrix, _check_curv, _check_positive_int
 
-PQ_KINDS = ("pq", "opq", "binary_opq")
 DEFAULT_PQ_NBITS = 8
 #: Bits of a sub-code are limited by FAISS's PQ (and 2^16 centroids would be very slow to train).
 MAX_PQ_NBITS = 16

@@ -1,32 +1,11 @@
-"""Compatibility methods, one file each behind the protocol in ``base.py``; importing this
-package registers all built-in methods with the registry."""
-from orchestrator.methods import (  # noqa: F401  (importing registers each method)
-    advbct,
-    bct,
-    binary_hyperbolic,
-    dsimplex,
-    fct,
-    hbct,
-    hoc,
-    hot_refresh,
-    independent,
-    l2,
-    lambda_orth,
-    lce,
-    ndpp,
-    odpp,
-    unibct,
-)
-from orchestrator.methods.base import CompatibilityMethod, MethodParams, TrainContext, embed_dataset
-from orchestrator.methods.registry import available_methods, create_method, method_class, register_method
+"""Compatibility methods, one file each behind the protocol in ``base.py``; their hyperparameters
+and traits, without torch, in ``descriptions.py``. Names are imported on first use
+(``orchestrator.lazy_exports``), so reading ``orchestrator.methods.descriptions`` or the registry
+imports no torch; the registry imports a method's module, which registers it, when it is needed."""
+from orchestrator.lazy_exports import lazy_exports
 
-__all__ = [
-    "CompatibilityMethod",
-    "MethodParams",
-    "TrainContext",
-    "embed_dataset",
-    "available_methods",
-    "create_method",
-    "method_class",
-    "register_method",
-]
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "base": ["CompatibilityMethod", "TrainContext", "embed_dataset"],
+    "descriptions": ["MethodDescription", "MethodParams"],
+    "registry": ["available_methods", "create_method", "method_class", "method_description", "register_method"],
+})

@@ -21,19 +21,17 @@ import math
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
-from orchestrator import limits
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import (
-    FlatParams,
     SupervisedMethod,
     class_means,
     iqr_class_radii,
     parent_train_embeddings,
     require_parent,
 )
+from orchestrator.methods.descriptions import AdvBCTDescription, AdvBCTParams
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
@@ -44,32 +42,6 @@ __all__ = [
 
 DISCRIMINATOR, ELASTIC_BOUNDARY = "discriminator", "elastic_boundary"
 CENTRES, MAX_RADII, BOUNDED = "advbct/centres", "advbct/max_radii", "advbct/bounded"
-
-
-class AdvBCTParams(FlatParams):
-    """boundary_weight:      weight μ of the elastic-boundary term.
-    adversarial_weight:   weight λ of the adversarial term, on top of its epoch decay (E − e + 1)/E.
-    grl_gamma:            γ of the gradient-reversal schedule α(p) = 2/(1 + e^{−γp}) − 1.
-    discriminator_hidden: width of D's hidden layer.
-    iqr_factor:           Tukey fence f of the old radii.
-    threshold:            T, the radius the elastic boundary moves towards (chord distances of
-                          unit vectors lie in [0, 2]).
-
-    Decision: μ = λ = 1 (the code adds both terms unweighted), γ = 10 (the code's, DANN's), a
-    100-unit hidden layer and f = 1.5 are the released code's values (the spec gives none).
-    Decision: T = 0.5, the benchmark library's default (``configs/defaults.py``,
-    ``TRAIN.THRESHOLD``); its GLDv2 AdvBCT config raises it to 1.0. On the bundled digits (old
-    classes 0-4, 12 epochs, seeds 0/1/2) T = 1.0 left the cross-test mAP at +0.018 / −0.002 /
-    +0.026 over the old self-test, T = 0.5 at +0.055 / +0.023 / +0.043: the looser boundary lets
-    the new classes drift.
-    """
-
-    boundary_weight: float = Field(1.0, ge=0)
-    adversarial_weight: float = Field(1.0, ge=0)
-    threshold: float = Field(0.5, gt=0)
-    grl_gamma: float = Field(10.0, ge=0)
-    discriminator_hidden: int = Field(100, ge=1, le=limits.MAX_EMBED_DIM)
-    iqr_factor: float = Field(1.5, ge=0)
 
 
 # --- gradient reversal ------------------------------------------------------------------------
@@ -206,7 +178,7 @@ def adversarial_loss(
 
 
 @register_method
-class AdvBCT(SupervisedMethod):
+class AdvBCT(AdvBCTDescription, SupervisedMethod):
     """L = CE(W_n·φ_n(x), y) + μ·L_eb + λ·(E − e + 1)/E · L_adv   (e: 0-based epoch of E).
 
     L_eb:  ``boundary_loss`` with radii r_k = r_k^max + σ(w_k)(T − r_k^max) (``elastic_radii``),
@@ -232,11 +204,6 @@ class AdvBCT(SupervisedMethod):
       code skips one-radius classes); their w_k only decays. The adversarial term runs on every
       sample.
     """
-
-    name = "advbct"
-    summary = "CE + elastic boundary around old class centres + adversarial (gradient-reversal discriminator) alignment"
-    Params = AdvBCTParams
-    requires_parent_embed_dim = True  # the old class centres bound new embeddings; one discriminator for both
 
     def build_auxiliary(self, embed_dim: int, num_classes: int) -> dict[str, nn.Module]:
         return {DISCRIMINATOR: Discriminator(embed_dim, self.params.discriminator_hidden),

@@ -18,23 +18,17 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Mapping
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from orchestrator.geometry.spaces import Space
+from orchestrator.methods.descriptions import MethodDescription
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import Encoder, EncoderConfig
 from orchestrator.models.outputs import ModelOutput
-
-
-class MethodParams(BaseModel):
-    """Base class of every method's typed hyperparameters: unknown fields are errors."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 @dataclass
@@ -111,7 +105,7 @@ def embed_dataset_with_ids(
     return output, torch.cat(labels), torch.cat(ids)
 
 
-class CompatibilityMethod(ABC):
+class CompatibilityMethod(MethodDescription, ABC):
     """A backward-compatible training method behind the shared protocol (see module docstring).
 
     Subclasses set ``name``, ``Params``, ``summary``, ``requires_parent`` and
@@ -138,41 +132,7 @@ class CompatibilityMethod(ABC):
     parent's embed_dim too. ``check_embed_dim`` refuses a size the parameters cannot build.
     """
 
-    name: ClassVar[str]
-    Params: ClassVar[type[MethodParams]] = MethodParams
-    summary: ClassVar[str] = ""
-    requires_parent: ClassVar[bool] = True
-    requires_parent_embed_dim: ClassVar[bool] = True
-    requires_embed_dim_at_least_parents: ClassVar[bool] = False
-    replacement_keeps_parent_embed_dim: ClassVar[bool] = False
-
-    def __init__(self, params: MethodParams | Mapping[str, Any] | None = None):
-        if isinstance(params, MethodParams):
-            if not isinstance(params, self.Params):
-                raise TypeError(
-                    f"method {self.name!r} expects {self.Params.__name__}, got {type(params).__name__}"
-                )
-            self.params = params
-        else:
-            self.params = self.Params.model_validate(dict(params or {}))
-
-    # --- geometry ---------------------------------------------------------------------------
-
-    def check_embed_dim(self, embed_dim: int) -> None:
-        """Raise ValueError (one line) when these parameters cannot build a model whose embedding has
-        ``embed_dim`` coordinates; the pipeline file's validation calls it for every generation, so
-        the mismatch is refused before any training. Every size by default."""
-
-    @property
-    @abstractmethod
-    def space(self) -> Space:
-        """The space embeddings live in; retrieval uses its distance."""
-
-    @property
-    def curv(self) -> float:
-        """Curvature magnitude of a hyperbolic space (ignored by flat spaces)."""
-        return float(getattr(self.params, "curv", 1.0))
-
+    # --- geometry (``space``, ``curv``, ``check_embed_dim``: ``MethodDescription``) ------------
     def build_lift(self) -> nn.Module:
         """The space lift applied after the encoder's projection."""
         from orchestrator.models.lifts import build_lift

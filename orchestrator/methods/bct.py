@@ -3,22 +3,16 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
 from orchestrator.methods.base import TrainContext
-from orchestrator.methods.common import FlatParams, SupervisedMethod, class_means, require_parent
+from orchestrator.methods.common import SupervisedMethod, class_means, require_parent
+from orchestrator.methods.descriptions import BCTDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
 
-class BCTParams(FlatParams):
-    """lam: weight λ of the influence loss. BCT needs a linear old classifier, so flat spaces only."""
-
-    lam: float = Field(1.0, ge=0)
-
-
 @register_method
-class BCT(SupervisedMethod):
+class BCT(BCTDescription, SupervisedMethod):
     """L = CE(W_new·φ_n(x), y) + λ·CE(W_old·φ_n(x), y)  (Shen et al. 2020; hbct.md §13).
 
     Classes the old model never saw (not in its ``seen_classes``, or beyond its head) get old
@@ -27,11 +21,6 @@ class BCT(SupervisedMethod):
     synthesised row is rescaled to the mean norm of the old model's trained rows, so that
     synthesised and trained logits are on one scale. The influence loss runs on every sample.
     """
-
-    name = "bct"
-    summary = "CE + λ·CE through the frozen old classifier (new classes synthesised from old class means)"
-    Params = BCTParams
-    requires_parent_embed_dim = True  # the old classifier (C, d_old) is applied to new embeddings
 
     def on_train_start(self, ctx: TrainContext) -> None:
         if ctx.old_model is None:

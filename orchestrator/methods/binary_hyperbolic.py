@@ -15,13 +15,12 @@ import math
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field, model_validator
 from torch import nn
 
-from orchestrator import limits
 from orchestrator.geometry import poincare
 from orchestrator.geometry.spaces import Space
-from orchestrator.methods.base import CompatibilityMethod, MethodParams, TrainContext
+from orchestrator.methods.base import CompatibilityMethod, TrainContext
+from orchestrator.methods.descriptions import BinaryHyperbolicDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.heads import PoincarePrototypeHead, simplex_prototypes_in_ball
@@ -29,38 +28,8 @@ from orchestrator.models.lifts import build_lift
 from orchestrator.models.outputs import ModelOutput
 
 
-class BinaryHyperbolicParams(MethodParams):
-    """curv:             c, the ball has curvature −c and radius 1/√c (paper: c = 0.1).
-    prototype_radius: Euclidean norm r of every prototype in that ball; must be < 1/√c.
-                      Default 1.0 (r² = 1, the best cell of Tables 4/10 with c = 0.1).
-    num_prototypes:   number of pre-allocated prototypes K (None: the generation's class count).
-                      A lifelong pipeline sets the same K ≥ every generation's class count.
-    temperature:      divides the distances inside the softmax (1.0 = as printed, eq. 30).
-    lam:              weight of the optional alignment term mean_i d_c(h_n,i, h_o,i) to a parent
-                      (0.0 = off: shared prototypes already make generations compatible).
-    clip:             optional norm clip of the tangent vector before exp_0 (None = as printed).
-    """
-
-    curv: float = Field(0.1, gt=0)
-    prototype_radius: float = Field(1.0, gt=0)
-    num_prototypes: int | None = Field(None, ge=2, le=limits.MAX_CLASSES)
-    temperature: float = Field(1.0, gt=0)
-    lam: float = Field(0.0, ge=0)
-    clip: float | None = Field(None, gt=0)
-
-    @model_validator(mode="after")
-    def _prototypes_inside_ball(self) -> "BinaryHyperbolicParams":
-        ball_radius = 1.0 / math.sqrt(self.curv)
-        if not self.prototype_radius < ball_radius:
-            raise ValueError(
-                f"prototype_radius must be < 1/sqrt(curv) = {ball_radius:.6g} (the ball radius), "
-                f"got prototype_radius={self.prototype_radius!r} with curv={self.curv!r}"
-            )
-        return self
-
-
 @register_method
-class BinaryHyperbolic(CompatibilityMethod):
+class BinaryHyperbolic(BinaryHyperbolicDescription, CompatibilityMethod):
     """L = CE(−d_c(f(x), p_·)/T, y) [+ λ·mean d_c(h_n, h_o) with a parent] (binary_hyperbolic.md §3).
 
     Decisions:
@@ -79,16 +48,6 @@ class BinaryHyperbolic(CompatibilityMethod):
     * a parent must be a Poincaré model with the same curvature and the same prototypes for its
       classes (otherwise the anchors moved and the generations are not compatible): ValueError.
     """
-
-    name = "binary_hyperbolic"
-    summary = "softmax over −Poincaré distance to fixed pre-allocated simplex prototypes"
-    Params = BinaryHyperbolicParams
-    requires_parent = False
-    requires_parent_embed_dim = True  # the parent shares the prototypes (check_parent); d_c(h_n, h_o)
-
-    @property
-    def space(self) -> Space:
-        return Space.POINCARE
 
     def build_lift(self) -> nn.Module:
         return build_lift(Space.POINCARE, curv=self.params.curv, clip=self.params.clip)

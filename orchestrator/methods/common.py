@@ -7,50 +7,23 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
 from orchestrator.geometry.spaces import Space
-from orchestrator.methods.base import CompatibilityMethod, MethodParams, TrainContext
+from orchestrator.methods.base import CompatibilityMethod, TrainContext
+from orchestrator.methods.descriptions import FlatDescription
 from orchestrator.models.heads import LinearHead, LorentzMLR
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.lifts import build_lift
 from orchestrator.models.outputs import ModelOutput
 
 
-class FlatParams(MethodParams):
-    """space: ``cosine`` (the Euclidean baselines of HBCT: linear softmax training, cosine
-    retrieval) or ``euclidean`` (L2 retrieval)."""
-
-    space: Literal["cosine", "euclidean"] = "cosine"
-
-
-class SupervisedParams(FlatParams):
-    """Space settings of methods that also train in the Lorentz space.
-
-    space: as ``FlatParams``, or ``lorentz`` (HBCT's φ_o / φ_* hyperbolic models: √d rescale,
-           clip ζ, exp map, Lorentz MLR head; hbct.md §3-§4).
-    curv:  curvature magnitude K of the Lorentz space (ignored by flat spaces).
-    clip:  the norm clip ζ of the Lorentz lift (old model ζ_o = 1.0; new models ζ_n = ζ_o + 0.2).
-    """
-
-    space: Literal["cosine", "euclidean", "lorentz"] = "cosine"
-    curv: float = Field(1.0, gt=0)
-    clip: float = Field(1.0, gt=0)
-
-
-class SupervisedMethod(CompatibilityMethod):
+class SupervisedMethod(FlatDescription, CompatibilityMethod):
     """A method whose base objective is softmax cross-entropy through its own trainable head.
 
     Heads: a linear softmax classifier for flat spaces (BCT's setting; hbct.md §13 leaves the
     Euclidean head open, decision: linear with bias), the Lorentz MLR for the Lorentz space.
     """
-
-    Params = FlatParams
-
-    @property
-    def space(self) -> Space:
-        return Space(self.params.space)
 
     def build_lift(self) -> nn.Module:
         if self.space is Space.LORENTZ:
@@ -126,7 +99,6 @@ def require_parent(ctx_old: ModelOutput | None, method_name: str) -> ModelOutput
     if ctx_old is None:
         raise ValueError(f"method {method_name!r} needs the parent generation's output")
     return ctx_old
-
 
 
 def arcface_logits(

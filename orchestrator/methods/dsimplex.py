@@ -5,43 +5,18 @@ d-Simplex W (K prototypes in R^(K-1)); with a parent it adds the HOC InfoNCE ter
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
-from orchestrator import limits
 from orchestrator.geometry.spaces import Space
-from orchestrator.methods.base import CompatibilityMethod, MethodParams, TrainContext
+from orchestrator.methods.base import CompatibilityMethod, TrainContext
+from orchestrator.methods.descriptions import DSimplexDescription
 from orchestrator.methods.hoc import hoc_infonce
 from orchestrator.methods.registry import register_method
 from orchestrator.models.heads import DSimplexHead, dsimplex_finetune_targets
 from orchestrator.models.lifts import EuclideanLift
 from orchestrator.models.outputs import ModelOutput
-
-
-class DSimplexParams(MethodParams):
-    """Hyperparameters of d-Simplex(-HOC) (stationary_dsimplex.md §4, §5, §7.3).
-
-    num_prototypes:   K, the number of pre-allocated prototypes; the embedding must be K − 1
-                      dimensional. The paper uses K = 1024; None means embed_dim + 1.
-    normalization:    ``unit`` rows (released code, default) or ``frobenius`` (paper App. D, rows
-                      of norm 1/√K) — §11 item 1.
-    lam:              weight λ of the stationary CE in L_HOC (1 − λ goes to InfoNCE), eq. 3.
-    tau:              the factor that MULTIPLIES the cosine in InfoNCE (inverse temperature), eq. 5.
-    class_assignment: ``right_to_left`` maps class y to prototype K − 1 − y (fine-tuning classes,
-                      §4.3, the code's ``target = K − 1 − y``); ``left_to_right`` maps y to y
-                      (pre-training classes). Every generation of one lineage must keep the index
-                      sets it uses disjoint from those of models it replaces.
-    """
-
-    num_prototypes: int | None = Field(None, ge=2, le=limits.MAX_CLASSES)
-    normalization: Literal["unit", "frobenius"] = "unit"
-    lam: float = Field(0.1, ge=0, le=1)
-    tau: float = Field(10.0, gt=0)
-    class_assignment: Literal["right_to_left", "left_to_right"] = "right_to_left"
 
 
 class UnnormalizedCosineLift(EuclideanLift):
@@ -77,7 +52,7 @@ def prototype_targets(
 
 
 @register_method
-class DSimplex(CompatibilityMethod):
+class DSimplex(DSimplexDescription, CompatibilityMethod):
     """Stationary d-Simplex training; L = λ·CE + (1 − λ)·InfoNCE with a parent (eq. 3), CE alone without.
 
     CE (eq. 2) is softmax cross-entropy over ALL K logits of the fixed head with the mapped
@@ -104,29 +79,9 @@ class DSimplex(CompatibilityMethod):
     disjoint prototype index sets for pre-training and fine-tuning classes.
     """
 
-    name = "dsimplex"
-    summary = "fixed d-Simplex classifier (stationary CE over all K prototypes) + HOC InfoNCE to the parent"
-    Params = DSimplexParams
-    requires_parent = False
-    requires_parent_embed_dim = True  # the same K (embed_dim = K - 1); InfoNCE between old and new embeddings
-    replacement_keeps_parent_embed_dim = True  # one fixed classifier (K prototypes) for the whole chain
-
-    @property
-    def space(self) -> Space:
-        return Space.COSINE
-
     def build_lift(self) -> nn.Module:
         return UnnormalizedCosineLift()
 
-    def num_prototypes(self, embed_dim: int) -> int:
-        """K for an encoder of ``embed_dim``: the configured value, or embed_dim + 1."""
-        return self.params.num_prototypes if self.params.num_prototypes is not None else embed_dim + 1
-
-    def check_embed_dim(self, embed_dim: int) -> None:
-        """The d-Simplex of K prototypes lives in R^(K−1): embed_dim must be num_prototypes − 1."""
-        k = self.num_prototypes(embed_dim)
-        if embed_dim != k - 1:
-            raise ValueError(f"dsimplex needs embed_dim == num_prototypes - 1 = {k - 1} (num_prototypes {k})")
 
     def build_head(self, embed_dim: int, num_classes: int) -> nn.Module:
         """The fixed d-Simplex head (K prototypes of dimension K − 1), with no trainable parameter."""

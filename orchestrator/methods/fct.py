@@ -21,57 +21,15 @@ rules recognise "trained independently of its parent, reachable from it through 
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
-from orchestrator import limits
 from orchestrator.methods.base import TrainContext
-from orchestrator.methods.common import FlatParams, SupervisedMethod, paired_train_embeddings
+from orchestrator.methods.common import SupervisedMethod, paired_train_embeddings
+from orchestrator.methods.descriptions import FCTDescription, FCTParams
 from orchestrator.methods.registry import register_method
 from orchestrator.models.adapters import FORWARD_ADAPTER, AffineAdapter, EmbeddingMap, MLPAdapter
 from orchestrator.models.outputs import ModelOutput
-
-
-class FCTParams(FlatParams):
-    """Hyperparameters of FCT's forward transformation (lambda_orthogonality.md §5, §10 item 18).
-
-    space:       retrieval space, ``cosine`` (default, as the other flat baselines here) or
-                 ``euclidean``.
-    form:        ``mlp`` (default) F(x) = W2 relu(W1 x + b1) + b2, or ``affine`` F(x) = W x + b.
-                 Decision (§10 item 18 leaves MLP vs affine open): the MLP, because FCT's reference
-                 transformation is an MLP (``apple/ml-fct``: two projection blocks and an inner
-                 MLP of width 2048, with BatchNorm) and a non-linear F is what distinguishes FCT
-                 from λ-orthogonality's affine F; here reduced to two linear layers without
-                 BatchNorm (``MLPAdapter``). ``affine`` is the one-layer ablation (identity init).
-                 No side-information (§10 item 18): FCT's optional side-info comes from a
-                 separately trained self-supervised model this project does not have; F sees the
-                 old embedding only, as λ-orthogonality's FCT baseline is described (§5).
-    hidden_dim:  width of the MLP's hidden layer (``form="mlp"`` only). Decision: 512 — FCT's
-                 reference uses 2048 for 128-d embeddings (16×); 512 is 16× the 32-d embeddings of
-                 this project's default experiments, and the fit stays cheap on CPU.
-    adapter_epochs, adapter_lr, adapter_batch_size: the fit of F, Adam with a constant learning
-                 rate (lr 1e-3, λ-orthogonality's adapter value; FCT's reference uses 5e-4 with a
-                 cosine schedule and warm-up over 80 epochs of images), 80 passes over the
-                 training embeddings (FCT's epoch count) in shuffled minibatches of 256.
-    normalize_inputs: L2-normalise the old embeddings before F (inside the stored map, so a gallery
-                 gets the same treatment) and the new targets in L_F. None (default) = True in the
-                 cosine space — cosine retrieval ranks directions only, so L_F should not fit norms
-                 — and False in the euclidean space, where the new queries keep their scale.
-    """
-
-    form: Literal["mlp", "affine"] = "mlp"
-    hidden_dim: int = Field(512, ge=1, le=limits.MAX_EMBED_DIM)
-    adapter_epochs: int = Field(80, ge=1, le=limits.MAX_EPOCHS)
-    adapter_lr: float = Field(1e-3, gt=0)
-    adapter_batch_size: int = Field(256, ge=2, le=limits.MAX_BATCH_SIZE)
-    normalize_inputs: bool | None = None
-
-    def inputs_normalized(self) -> bool:
-        """Whether F works on L2-normalised embeddings (resolves the ``None`` default)."""
-        return self.space == "cosine" if self.normalize_inputs is None else self.normalize_inputs
 
 
 def build_forward_map(old_dim: int, new_dim: int, form: str, hidden_dim: int, normalize_inputs: bool) -> EmbeddingMap:
@@ -146,7 +104,7 @@ def fit_forward_map(
 
 
 @register_method
-class FCT(SupervisedMethod):
+class FCT(FCTDescription, SupervisedMethod):
     """FCT: an independently trained new model (CE through its own linear head) plus a forward
     transformation F fitted in ``on_train_end`` (module docstring).
 
@@ -155,12 +113,6 @@ class FCT(SupervisedMethod):
     (``orchestrator.comparison``, forward path). F is fitted on the training set without
     augmentation (``ctx.train_data``); the fit's history is kept in ``ctx.state["fct_history"]``.
     """
-
-    name = "fct"
-    summary = "independent CE model + forward transformation F (MLP) fitted old → new by MSE"
-    Params = FCTParams
-    requires_parent = True
-    requires_parent_embed_dim = False  # F maps the parent's d dimensions to this generation's n
 
     def loss(
         self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx: TrainContext

@@ -12,81 +12,21 @@ A first generation (no parent) trains with L_base alone, i.e. it is HBCT's old m
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import Space
-from orchestrator.methods.base import CompatibilityMethod, MethodParams, TrainContext
+from orchestrator.methods.base import CompatibilityMethod, TrainContext
+from orchestrator.methods.descriptions import Distance, HBCTDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.heads import LorentzMLR
 from orchestrator.models.lifts import build_lift
 from orchestrator.models.outputs import ModelOutput
-
-Distance = Literal["geodesic", "lorentz_inner", "squared"]
-
-
-class HBCTParams(MethodParams):
-    """HBCT hyperparameters: the paper's (hbct.md §9), and a learned logit scale where the paper
-    leaves the MLR's scale open (issue 14; ``mlr_learn_scale: false`` is the paper's fixed scale).
-
-    curv:          curvature magnitude K of the Lorentz space (the space has curvature −K).
-    clip:          norm clip ζ of the lift after the √d rescale. Default 1.2 = the new-model ζ_n =
-                   ζ_o + 0.2; a first (old) generation should set 1.0 (ζ_o). Multi-generation
-                   pipelines may grow it (ζ_t = 1.0 + 0.2·t, hbct.md §14).
-    lam:           λ, weight of the whole alignment part.
-    entail_weight: λ_entail, relative weight of the entailment term inside λ (Fig. 7c).
-    entail:        False drops the entailment term (Table 2's "w/o entail" rows).
-    min_radius:    ε of the cone half-aperture (eq. 11).
-    beta:          β of RINCE (eq. 12).
-    tau:           temperature τ dividing the distances inside the contrastive exponentials.
-    contrastive:   "rince" (HBCT) or "infonce" (Table 2 ablation).
-    q_min:         floor on RINCE's q = Uncertainty(h_o). ``rince_loss`` is finite for every q ≥ 0
-                   (q = 0 is InfoNCE), so the floor is not needed for stability; it only keeps very
-                   certain old embeddings (possible for K ≠ 1 or large ζ_o) on the RINCE side of
-                   the InfoNCE limit. With K = 1, ζ_o = 1, q ≥ 0.238 and the floor never binds.
-    mlr_init_scale: multiplier s of the Lorentz MLR's class-normal init U(-s/√d, s/√d) (``LorentzMLR``).
-                   The MLR logits are linear in ‖z_c‖ and the embeddings lie within ζ of the origin,
-                   so s is the initial logit scale; the paper leaves the init open.
-    mlr_learn_scale: learn one logit scale t shared by all classes (``LorentzMLR(learn_scale=True)``:
-                   logits × exp(log t), log t from 0, clamped at ln mlr_max_scale), as MERU learns its
-                   scales. Fills in a choice the paper leaves open (it names no learned scale,
-                   hbct.md §15 item 2); eq. 9 is unchanged (t rescales every ‖z_c‖ alike). Default
-                   True: the paper's fixed scale collapses at short budgets on many classes
-                   (benchmarks/README.md, issue 14, round 4).
-    mlr_max_scale: the ceiling of that learned scale t (MERU / CLIP: 100). Default 1.5, the ceiling of
-                   an aligned generation (and of φ_*, its recipe without alignment); a parent-free
-                   first generation should set ``HBCT.PARENT_FREE_MAX_SCALE`` (3.0), as it sets clip
-                   1.0, and ``parent_method()`` does.
-    lam_warmup:    fraction f of the training's epochs over which λ ramps linearly from 0: at
-                   0-based epoch e of E, λ_e = λ · min(1, e / (f·E)); 0 (the paper) keeps λ
-                   constant. Fills in a choice the paper leaves open (it gives no schedule of λ).
-    distance:      the (dis)similarity inside the contrastive term (Table 5): "geodesic" d_L,
-                   "squared" Lorentz distance ‖x−y‖²_L = −2/K − 2⟨x,y⟩_L, or "lorentz_inner"
-                   −⟨x,y⟩_L − 1/K (see ``contrastive_distances``).
-    """
-
-    curv: float = Field(1.0, gt=0)
-    clip: float = Field(1.2, gt=0)
-    lam: float = Field(0.3, ge=0)
-    entail_weight: float = Field(1.0, ge=0)
-    entail: bool = True
-    min_radius: float = Field(0.1, gt=0)
-    beta: float = Field(0.01, gt=0, le=1)
-    tau: float = Field(0.5, gt=0)
-    contrastive: Literal["rince", "infonce"] = "rince"
-    q_min: float = Field(1e-3, ge=0, le=1)
-    distance: Distance = "geodesic"
-    mlr_init_scale: float = Field(1.0, gt=0)
-    mlr_learn_scale: bool = True
-    mlr_max_scale: float = Field(1.5, ge=1)
-    lam_warmup: float = Field(0.0, ge=0, le=1)
-
 
 def entailment_loss(old: torch.Tensor, new: torch.Tensor, curv: float, min_radius: float = 0.1) -> torch.Tensor:
     """Entailment-cone loss (hbct.md §6), batch mean.
@@ -168,7 +108,7 @@ def contrastive_distances(new: torch.Tensor, old: torch.Tensor, curv: float, kin
 
 
 @register_method
-class HBCT(CompatibilityMethod):
+class HBCT(HBCTDescription, CompatibilityMethod):
     """HBCT (hbct.md §3-§8): Lorentz model, Lorentz MLR base loss, entailment cone + RINCE alignment.
 
     Decisions:
@@ -204,16 +144,6 @@ class HBCT(CompatibilityMethod):
       of 1.5 keeps the digits (0.956) and still trains far better models than the paper's scale on
       the generated shapes (60 classes, 4 epochs: own mAP 0.41 against 0.11).
     """
-
-    name = "hbct"
-    summary = "Lorentz MLR + λ(entailment cone at the old embedding + uncertainty-weighted RINCE)"
-    Params = HBCTParams
-    requires_parent = False
-    requires_parent_embed_dim = True  # entailment cone and RINCE between new and old Lorentz points
-
-    @property
-    def space(self) -> Space:
-        return Space.LORENTZ
 
     def build_lift(self) -> nn.Module:
         return build_lift(Space.LORENTZ, curv=self.params.curv, clip=self.params.clip, rescale=True)

@@ -3,19 +3,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
-from orchestrator.methods.common import FlatParams, SupervisedMethod, require_parent
+from orchestrator.methods.common import SupervisedMethod, require_parent
+from orchestrator.methods.descriptions import HOCDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
-
-
-class HOCParams(FlatParams):
-    """lam: weight λ of the cross-entropy (1 − λ goes to InfoNCE); tau: the factor that MULTIPLIES
-    the cosine (an inverse temperature: τ = 10 ≡ temperature 0.1), stationary_dsimplex.md eq. 5."""
-
-    lam: float = Field(0.1, ge=0, le=1)
-    tau: float = Field(10.0, gt=0)
 
 
 def hoc_infonce(old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor, tau: float) -> torch.Tensor:
@@ -33,14 +25,9 @@ def hoc_infonce(old: torch.Tensor, new: torch.Tensor, labels: torch.Tensor, tau:
 
 
 @register_method
-class HOC(SupervisedMethod):
+class HOC(HOCDescription, SupervisedMethod):
     """L = λ·CE + (1 − λ)·InfoNCE (stationary_dsimplex.md eq. 3) with a trainable classifier, as
     HBCT uses HOC as a baseline (its fixed d-Simplex is the separate ``dsimplex`` method)."""
-
-    name = "hoc"
-    summary = "λ·CE + (1−λ)·InfoNCE, old embedding as anchor against the new batch"
-    Params = HOCParams
-    requires_parent_embed_dim = True  # InfoNCE between old and new embeddings
 
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
         old = require_parent(old, self.name)

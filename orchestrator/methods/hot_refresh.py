@@ -3,18 +3,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
-from orchestrator.methods.common import FlatParams, SupervisedMethod, require_parent
+from orchestrator.methods.common import SupervisedMethod, require_parent
+from orchestrator.methods.descriptions import HotRefreshDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
-
-
-class HotRefreshParams(FlatParams):
-    """lam: weight of the contrastive term; tau: temperature (HBCT's grid τ ∈ {0.5, 1.0})."""
-
-    lam: float = Field(1.0, ge=0)
-    tau: float = Field(0.5, gt=0)
 
 
 def ract_loss(new: torch.Tensor, old: torch.Tensor, labels: torch.Tensor, tau: float) -> torch.Tensor:
@@ -37,13 +30,8 @@ def ract_loss(new: torch.Tensor, old: torch.Tensor, labels: torch.Tensor, tau: f
 
 
 @register_method
-class HotRefresh(SupervisedMethod):
+class HotRefresh(HotRefreshDescription, SupervisedMethod):
     """L = CE + λ·RACT(φ_n(x), φ_o(x)) (see ``ract_loss``)."""
-
-    name = "hot_refresh"
-    summary = "CE + λ·contrastive alignment to old embeddings, different-label negatives from both models"
-    Params = HotRefreshParams
-    requires_parent_embed_dim = True  # contrastive term between new and old embeddings
 
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
         old = require_parent(old, self.name)

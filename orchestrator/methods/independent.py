@@ -3,22 +3,17 @@ from __future__ import annotations
 
 import torch
 
-from orchestrator.methods.common import SupervisedMethod, SupervisedParams
+from orchestrator.methods.common import SupervisedMethod
+from orchestrator.methods.descriptions import IndependentDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
 
 @register_method
-class Independent(SupervisedMethod):
+class Independent(IndependentDescription, SupervisedMethod):
     """No compatibility objective: L = CE (HBCT eq. 8). Trains old models and the φ_* reference
     that P_com / P_up normalise by; searching its queries against an older gallery is expected
     to fail (cross-test far below the old self-test)."""
-
-    name = "independent"
-    summary = "base cross-entropy only (old models, and the unaligned reference φ*)"
-    Params = SupervisedParams
-    requires_parent = False
-    requires_parent_embed_dim = False  # a parent, if given, takes no part in the loss
 
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
         return {"base": self.base_loss(new, labels)}

@@ -3,33 +3,22 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
 from orchestrator.geometry.spaces import Space
-from orchestrator.methods.common import SupervisedMethod, SupervisedParams, require_parent
+from orchestrator.methods.common import SupervisedMethod, require_parent
+from orchestrator.methods.descriptions import L2RegressionDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
 
-class L2Params(SupervisedParams):
-    """lam: weight λ of the regression term (HBCT tunes it in [0, 1])."""
-
-    lam: float = Field(1.0, ge=0)
-
-
 @register_method
-class L2Regression(SupervisedMethod):
+class L2Regression(L2RegressionDescription, SupervisedMethod):
     """L = CE + λ · mean_i ‖e_n(x_i) − e_o(x_i)‖², on the same input.
 
     Decision (open in hbct.md §13): in the cosine space both embeddings are L2-normalised first,
     as OpenCompatible's 'l2' does, so the term matches what cosine retrieval compares; in the
     euclidean and lorentz spaces the raw feature vectors (before the lift) are regressed.
     """
-
-    name = "l2"
-    summary = "CE + λ·‖new − old‖² feature regression"
-    Params = L2Params
-    requires_parent_embed_dim = True  # ‖new − old‖² regression
 
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx) -> dict[str, torch.Tensor]:
         old = require_parent(old, self.name)

@@ -24,17 +24,11 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 from torch import nn
 
-from orchestrator import limits
 from orchestrator.methods.base import TrainContext
-from orchestrator.methods.common import (
-    FlatParams,
-    SupervisedMethod,
-    class_mean_distances,
-    paired_train_embeddings,
-)
+from orchestrator.methods.common import SupervisedMethod, class_mean_distances, paired_train_embeddings
+from orchestrator.methods.descriptions import LambdaOrthParams, LambdaOrthogonalityDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.adapters import (
     BACKWARD_ADAPTER,
@@ -48,61 +42,6 @@ from orchestrator.models.adapters import (
 )
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.outputs import ModelOutput
-
-
-class LambdaOrthParams(FlatParams):
-    """Hyperparameters of the λ-orthogonality adapter stage (lambda_orthogonality.md §2.9, §3, §10).
-
-    space:           retrieval space of the generation, ``cosine`` (default) or ``euclidean``.
-                     Decision (§10 item 12 leaves L2 vs cosine open): cosine, as for the other
-                     flat baselines here; B_⊥ has no bias, so it preserves both distances anyway.
-    variant:         ``orthogonal`` (B_⊥, same-distribution adapter data) or ``lambda`` (B_λ,
-                     downstream adaptation).
-    lam:             λ, the THRESHOLD on D = ‖WWᵀ − I‖_F below which L_λ switches off (not a weight;
-                     paper default 12). Used by ``variant="lambda"`` only.
-    alpha:           sigmoid steepness α of the gate (not in the paper, §10 item 1). Decision: 10.0,
-                     chosen on synthetic problems whose unregularised optimum is far from orthogonal
-                     (target map 2-4× scaling, n = 16-64, D* = 17-64 ≫ λ = 12, all loss terms on,
-                     unnormalised inputs): with α ≥ 5 the final D settles just below λ (11.5-11.8;
-                     Table 12 reports 12.05) and closer to λ as α grows, while α ≤ 2 lets a strong
-                     data pull escape the gate (64-d 3× map: D → 31+), since the gate's largest
-                     slope, ≈ 1/2 + αλ/4 at D ≈ λ, is what holds D back. 10 doubles the margin of 5.
-    w_forward, w_backward, w_contrastive: w1, w2, w3 of eq. 10 (not in the paper; 1.0 each, §10
-                     item 2). The weight of L_λ is 1 (paper, App. F).
-    contrastive_tau: temperature τ of eq. 8 (divides the cosine); 0.1, StableRep's default (not in
-                     the paper).
-    adapter_epochs, adapter_lr, adapter_batch_size: the adapter optimisation, Adam with lr 1e-3
-                     (paper); epochs and batch size are not in the paper (30 and 256 here).
-    normalize_inputs: L2-normalise both models' embeddings before the adapters (and inside the
-                     stored maps, so queries get the same treatment). None (default) = True in the
-                     cosine space — cosine retrieval ranks directions only, and a parent with raw
-                     (un-normalised) cosine embeddings, e.g. dsimplex, would otherwise make the MSE
-                     terms fit norms retrieval ignores — and False in the euclidean space, where L2
-                     retrieval against the untouched old gallery needs the raw scale.
-    procrustes_init: start B_⊥ at the minimiser of L_B over rotations (orthogonal Procrustes /
-                     Kabsch on the common prefix) instead of the identity (§10 item 8 leaves the
-                     init open). Decision: on, because gradient descent on P = U − Uᵀ from P = 0
-                     stalls before rotation angles near π, where expm's differential becomes
-                     singular (eigenvalues of P 2π apart): on a random 16-d rotation it stopped at
-                     ‖B − R‖_F ≈ 1.8 even with L_B alone. B_λ always starts at the identity.
-    """
-
-    variant: Literal["orthogonal", "lambda"] = "orthogonal"
-    lam: float = Field(12.0, ge=0)
-    alpha: float = Field(10.0, gt=0)
-    w_forward: float = Field(1.0, ge=0)
-    w_backward: float = Field(1.0, ge=0)
-    w_contrastive: float = Field(1.0, ge=0)
-    contrastive_tau: float = Field(0.1, gt=0)
-    adapter_epochs: int = Field(30, ge=1, le=limits.MAX_EPOCHS)
-    adapter_lr: float = Field(1e-3, gt=0)
-    adapter_batch_size: int = Field(256, ge=2, le=limits.MAX_BATCH_SIZE)
-    normalize_inputs: bool | None = None
-    procrustes_init: bool = True
-
-    def inputs_normalized(self) -> bool:
-        """Whether the adapters work on L2-normalised embeddings (resolves the ``None`` default)."""
-        return self.space == "cosine" if self.normalize_inputs is None else self.normalize_inputs
 
 
 def build_adapters(old_dim: int, new_dim: int, variant: str, normalize_inputs: bool) -> tuple[EmbeddingMap, EmbeddingMap]:
@@ -361,7 +300,7 @@ def backfill_order(
 
 
 @register_method
-class LambdaOrthogonality(SupervisedMethod):
+class LambdaOrthogonality(LambdaOrthogonalityDescription, SupervisedMethod):
     """λ-orthogonality: an independently trained new model (CE through its own linear head, §0)
     made compatible afterwards by the B / F adapters fitted in ``on_train_end``.
 
@@ -372,13 +311,6 @@ class LambdaOrthogonality(SupervisedMethod):
     The adapters train on the training set without augmentation (``ctx.train_data``); the fit's
     history is kept in ``ctx.state["lambda_orth_history"]``.
     """
-
-    name = "lambda_orth"
-    summary = "independent CE model + backward B (orthogonal or λ-orthogonal) and forward F adapters"
-    Params = LambdaOrthParams
-    requires_parent = True
-    requires_parent_embed_dim = False  # B and F bridge d and n (common prefix m = min(d, n))
-    requires_embed_dim_at_least_parents = True  # B(h_n) has min(d, n) coordinates; the parent's index d
 
     def loss(
         self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx: TrainContext

@@ -8,15 +8,11 @@ no transformation module on the old model, as in LCE's protocol there).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import (
-    FlatParams,
     SupervisedMethod,
     arcface_logits,
     iqr_class_radii,
@@ -25,31 +21,13 @@ from orchestrator.methods.common import (
     require_parent,
     seen_class_mask,
 )
+from orchestrator.methods.descriptions import LCEDescription, LCEParams
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
 __all__ = ["LCE", "LCEParams", "angular_boundary_loss", "arcface_logits", "old_class_geometry"]
 
 CENTRES, PRESENT, RADII, BOUNDED = "lce/centres", "lce/present", "lce/radii", "lce/bounded"
-
-
-class LCEParams(FlatParams):
-    """lam:             weight λ of the ArcFace term through the old class centres.
-    boundary_weight: weight μ of the angular boundary term.
-    scale, margin:   ArcFace s and m.
-    iqr_factor:      Tukey fence f of the old radii.
-
-    Decision: every default is the AdvBCT benchmark's, which holds the released LCE baseline (the
-    spec gives none): λ = μ = 1 (its terms are added unweighted), s = 30, m = 0.3 (``LOSS.SCALE``,
-    ``LOSS.MARGIN``), f = 1.5 (``extract_feat.py``). On the bundled digits these defaults are
-    compatible at 12 epochs (tests/evaluation/test_learning_compatibility.py).
-    """
-
-    lam: float = Field(1.0, ge=0)
-    boundary_weight: float = Field(1.0, ge=0)
-    scale: float = Field(30.0, gt=0)
-    margin: float = Field(0.3, ge=0, lt=math.pi)
-    iqr_factor: float = Field(1.5, ge=0)
 
 
 def old_class_geometry(
@@ -93,7 +71,7 @@ def angular_boundary_loss(
 
 
 @register_method
-class LCE(SupervisedMethod):
+class LCE(LCEDescription, SupervisedMethod):
     """L = CE(W_n·φ_n(x), y) + λ·CE(ArcFace_{s,m}(φ_n(x); C_o), y) + μ·L_boundary.
 
     C_o (C, d): old class centres, the normalised mean old embedding of each class over this
@@ -113,11 +91,6 @@ class LCE(SupervisedMethod):
     (the benchmark skips classes whose radius list has one entry). Classes without training
     images get no centre (−inf logits).
     """
-
-    name = "lce"
-    summary = "CE + λ·ArcFace through the old class centres + μ·angular boundary of the old classes"
-    Params = LCEParams
-    requires_parent_embed_dim = True  # ArcFace through, and boundary around, the old class centres
 
     def on_train_start(self, ctx: TrainContext) -> None:
         old_out, labels = parent_train_embeddings(ctx, self.name)

@@ -1,16 +1,13 @@
 """``ndpp``: Neighbour-Driven Prototype Perturbation (prototype_perturbation.md §5)."""
 from __future__ import annotations
 
-from pydantic import Field
-
-from orchestrator import limits
 from orchestrator.methods.base import TrainContext
+from orchestrator.methods.descriptions import NDPPDescription
 from orchestrator.methods.prototypes import (
     OLD_PROTOTYPES,
     POSITIVES,
     PRESENT,
     PerturbedPrototypeMethod,
-    PrototypePerturbationParams,
     neighbour_repulsion,
 )
 from orchestrator.methods.registry import register_method
@@ -20,24 +17,8 @@ OLD_REPULSION = "ndpp/r_old"
 NEW_REPULSION = "ndpp/r_new"
 
 
-class NDPPParams(PrototypePerturbationParams):
-    """k: neighbours K for both the old (Eq. 4) and the new (Eq. 7) step (spec §13.5: one K),
-    clamped to the number of other classes with training images;
-    alpha_old / alpha_new: scales α1 (Eq. 5) and α2 (Eq. 8);
-    cumulative: Algorithm 1's in-place update p̂ ← p̂ + α2 r_t instead of Eq. 8 (spec §13.3);
-    new_perturbation: False gives the "NDPP-old" ablation (Eq. 5 positives for every epoch);
-    skip_first_epoch_new: skip r_t at epoch 0, where the new model is untrained (spec §13.6)."""
-
-    k: int = Field(100, ge=1, le=limits.MAX_TOP_K)
-    alpha_old: float = Field(0.01, ge=0)
-    alpha_new: float = Field(0.01, ge=0)
-    cumulative: bool = False
-    new_perturbation: bool = True
-    skip_first_epoch_new: bool = False
-
-
 @register_method
-class NDPP(PerturbedPrototypeMethod):
+class NDPP(NDPPDescription, PerturbedPrototypeMethod):
     """L = CE + λ·Eq. 6 with NDPP positives (Algorithm 1).
 
     Before training: p̂_o = p_o + α1 r_o, r_o the repulsion of p_o from its K most similar old
@@ -48,10 +29,6 @@ class NDPP(PerturbedPrototypeMethod):
     ``cumulative=True`` follows Algorithm 1 line 13 (p̂ accumulates, and Eq. 7 uses the previous
     epoch's p̂). Decision (spec §13.6): the literal algorithm (r_t at epoch 0 too) by default.
     """
-
-    name = "ndpp"
-    summary = "CE + λ·prototype contrastive loss, positives pushed away from old and new neighbour prototypes"
-    Params = NDPPParams
 
     def on_train_start(self, ctx: TrainContext) -> None:
         super().on_train_start(ctx)

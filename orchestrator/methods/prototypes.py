@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
 from orchestrator.geometry.spaces import Space
 from orchestrator.methods.base import TrainContext
-from orchestrator.methods.common import FlatParams, SupervisedMethod, normalized_class_means, require_parent
+from orchestrator.methods.common import SupervisedMethod, normalized_class_means, require_parent
+from orchestrator.methods.descriptions import PrototypePerturbationDescription
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.outputs import ModelOutput
 
@@ -224,12 +224,6 @@ def optimise_odpp_perturbations(
 
 
 # --- the shared method skeleton ---------------------------------------------------------------
-class PrototypePerturbationParams(FlatParams):
-    """Settings shared by NDPP and ODPP (spec §7): flat spaces only (prototypes are compared by
-    cosine); lam: weight λ of the compatibility loss (Eq. 3); tau: temperature τ of Eq. 6."""
-
-    lam: float = Field(1.0, ge=0)
-    tau: float = Field(0.07, gt=0)
 
 
 def class_prototypes(model: CompatibleModel, ctx: TrainContext) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,16 +238,12 @@ def class_prototypes(model: CompatibleModel, ctx: TrainContext) -> tuple[torch.T
     return normalized_class_means(output.embedding, labels, ctx.num_classes)
 
 
-class PerturbedPrototypeMethod(SupervisedMethod):
+class PerturbedPrototypeMethod(PrototypePerturbationDescription, SupervisedMethod):
     """L = CE + λ·Eq. 6, positives from ``ctx.state[POSITIVES]`` (set by the subclass's hooks).
 
     ``on_train_start`` stores the old prototypes p_o of every class of the training set, taken
     with the frozen parent (spec §2), and the present mask; subclasses then build the positives.
     """
-
-    Params = PrototypePerturbationParams
-    requires_parent = True
-    requires_parent_embed_dim = True  # new embeddings against old prototypes (Eq. 6); D_n must equal D_o
 
     def on_train_start(self, ctx: TrainContext) -> None:
         if ctx.old_model is None:

@@ -7,14 +7,21 @@ run) must import that module first: every lookup also imports the modules named 
 ``ORCHESTRATOR_PLUGINS=cosine_anchor``). Give Ray workers the variable and the code through the
 runtime environment, e.g. ``ray.init(runtime_env={"py_modules": [module],
 "env_vars": {"ORCHESTRATOR_PLUGINS": "cosine_anchor"}})``; see ``examples/custom_method``.
+
+Validation reads a method's description (``method_description``: name, ``Params``, traits), which
+for a built-in method comes from ``orchestrator.methods.descriptions`` without importing torch;
+``method_class`` imports the method's module (and torch) to train with it.
 """
 from __future__ import annotations
 
 import importlib
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-from orchestrator.methods.base import CompatibilityMethod
+from orchestrator.methods.descriptions import BUILTIN, MethodDescription
+
+if TYPE_CHECKING:
+    from orchestrator.methods.base import CompatibilityMethod
 
 _METHODS: dict[str, type[CompatibilityMethod]] = {}
 
@@ -29,17 +36,31 @@ def register_method(cls: type[CompatibilityMethod]) -> type[CompatibilityMethod]
         raise ValueError(
             f"method name {name!r} is already registered by {existing.__module__}.{existing.__qualname__}"
         )
+    if name in BUILTIN and not issubclass(cls, BUILTIN[name][0]):
+        raise ValueError(f"method name {name!r} is the built-in method of {BUILTIN[name][1]}")
     _METHODS[name] = cls
     return cls
 
 
 def method_class(name: str) -> type[CompatibilityMethod]:
-    """The class registered under ``name``; ValueError listing the known names otherwise."""
-    _load_builtin_methods()
+    """The class registered under ``name`` (importing its module); ValueError listing the known
+    names otherwise."""
+    if name in BUILTIN and name not in _METHODS:
+        importlib.import_module(BUILTIN[name][1])  # registers it
+    if name not in _METHODS:
+        _load_plugins()
     try:
         return _METHODS[name]
     except KeyError:
-        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(sorted(_METHODS))}") from None
+        raise ValueError(f"unknown method {name!r}; known methods: {', '.join(available_methods())}") from None
+
+
+def method_description(name: str) -> type[MethodDescription]:
+    """The name, ``Params`` and traits of the method ``name``: a built-in one's without importing
+    torch, a plug-in's class (``method_class``)."""
+    if name in BUILTIN:
+        return BUILTIN[name][0]
+    return method_class(name)
 
 
 def create_method(name: str, params: Mapping[str, Any] | None = None) -> CompatibilityMethod:
@@ -47,21 +68,19 @@ def create_method(name: str, params: Mapping[str, Any] | None = None) -> Compati
     return method_class(name)(params)
 
 
-def available_methods() -> dict[str, type[CompatibilityMethod]]:
-    """All registered methods, sorted by name."""
-    _load_builtin_methods()
-    return dict(sorted(_METHODS.items()))
+def available_methods() -> dict[str, type[MethodDescription]]:
+    """Every method's description (``method_description``), sorted by name: the built-in ones
+    (``orchestrator.methods.descriptions``) and the registered plug-ins' classes."""
+    _load_plugins()
+    return {name: method_description(name) for name in sorted({*BUILTIN, *_METHODS})}
 
 
 PLUGINS_ENV = "ORCHESTRATOR_PLUGINS"
 
 
-def _load_builtin_methods() -> None:
-    # Importing the package registers every built-in method (each module decorates its class);
-    # importing the plug-in modules named in ORCHESTRATOR_PLUGINS registers theirs (once: imports
-    # are cached in sys.modules, so a repeated lookup costs a dict access per module).
-    import orchestrator.methods  # noqa: F401
-
+def _load_plugins() -> None:
+    # Importing the plug-in modules named in ORCHESTRATOR_PLUGINS registers their methods (once:
+    # imports are cached in sys.modules, so a repeated lookup costs a dict access per module).
     for module in os.environ.get(PLUGINS_ENV, "").split(","):
         module = module.strip()
         if module:

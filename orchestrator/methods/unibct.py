@@ -11,52 +11,18 @@ documented decision (``structural_prototypes``).
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
-from pydantic import Field
 
-from orchestrator import limits
 from orchestrator.methods.base import TrainContext
-from orchestrator.methods.common import (
-    FlatParams,
-    SupervisedMethod,
-    arcface_logits,
-    parent_train_embeddings,
-    require_parent,
-)
+from orchestrator.methods.common import SupervisedMethod, arcface_logits, parent_train_embeddings, require_parent
+from orchestrator.methods.descriptions import UniBCTDescription, UniBCTParams
 from orchestrator.methods.registry import register_method
 from orchestrator.models.outputs import ModelOutput
 
 __all__ = ["UniBCT", "UniBCTParams", "arcface_logits", "intra_class_graph", "structural_prototypes"]
 
 PROTOTYPES, PRESENT = "unibct/prototypes", "unibct/present"
-
-
-class UniBCTParams(FlatParams):
-    """lam:           weight λ of the ArcFace compatibility term.
-    scale, margin: ArcFace s and m.
-    neighbours:    k, the same-class neighbours each old embedding draws from.
-    temperature:   τ of the neighbour weights softmax(cos / τ).
-    steps:         propagation steps T (0: plain normalised class means, no refinement).
-
-    Decision: λ = 1, s = 30, m = 0.3 are the AdvBCT benchmark's ``uni_bct`` settings (its term is
-    added unweighted; ``LOSS.SCALE``, ``LOSS.MARGIN``).
-    Decision: k = 10, a neighbourhood small against a class (tens to thousands of items) yet
-    enough to average out one noisy neighbour; τ = 0.1, the temperature of the library's other
-    cosine softmaxes (HOC's inverse temperature 10); T = 1, one smoothing step. None is released.
-    On the bundled digits (few outliers) the refinement moves the compatibility margin within
-    seed noise: mAP cross − old self +0.105 with T = 0, +0.108 with k = 5, +0.099 with τ = 0.5
-    (one seed each).
-    """
-
-    lam: float = Field(1.0, ge=0)
-    scale: float = Field(30.0, gt=0)
-    margin: float = Field(0.3, ge=0, lt=math.pi)
-    neighbours: int = Field(10, ge=1, le=limits.MAX_TOP_K)
-    temperature: float = Field(0.1, gt=0)
-    steps: int = Field(1, ge=0, le=limits.MAX_STEPS)
 
 
 def intra_class_graph(
@@ -132,7 +98,7 @@ def structural_prototypes(
 
 
 @register_method
-class UniBCT(SupervisedMethod):
+class UniBCT(UniBCTDescription, SupervisedMethod):
     """L = CE(W_n·φ_n(x), y) + λ·CE(ArcFace_{s,m}(φ_n(x); P_o), y).
 
     P_o (C, d): ``structural_prototypes`` of the frozen parent's embeddings of this generation's
@@ -142,11 +108,6 @@ class UniBCT(SupervisedMethod):
     universal setting, where old prototypes of new classes are what it refines), and the ArcFace
     term runs on every sample; classes without training images have none (−inf logits).
     """
-
-    name = "unibct"
-    summary = "CE + λ·ArcFace through structurally refined old prototypes (intra-class kNN propagation)"
-    Params = UniBCTParams
-    requires_parent_embed_dim = True  # ArcFace through the old prototypes
 
     def on_train_start(self, ctx: TrainContext) -> None:
         old_out, labels = parent_train_embeddings(ctx, self.name)

@@ -2,9 +2,9 @@
 from orchestrator.lazy_exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
-    "names": ["KEY_METRICS", "METRICS"],
+    "names": ["KEY_METRICS", "METRICS", "NORMALISED_SCORES", "UPDATE_SCORES"],
     "compatibility": [
-        "MIN_NORMALISER", "NORMALISED_SCORES", "UPDATE_SCORES", "GenerationEmbeddings",
+        "MIN_NORMALISER", "GenerationEmbeddings",
         "PerturbationScores", "average_compatibility", "average_multi_model_accuracy",
         "backfill_curve_area", "compatibility_matrices", "compatibility_matrix",
         "empirically_compatible", "format_value", "p_com", "p_up", "perturbation_scores", "reported_p_up",

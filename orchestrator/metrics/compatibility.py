@@ -82,12 +82,6 @@ def empirically_compatible(cross: float, old_self: float) -> bool:
     return bool(cross > old_self)
 
 
-# the scores of an update that are reported per metric (``update_summary``'s keys); the normalised
-# ones (P_com, P_up) need the evaluation reference φ_*
-NORMALISED_SCORES: tuple[str, ...] = ("p_com", "p_up")
-UPDATE_SCORES: tuple[str, ...] = ("self", "cross", *NORMALISED_SCORES)
-
-
 def update_summary(new_self: float, cross: float, old_self: float,
                    reference_self: float | None = None) -> dict[str, float | bool | None]:
     """The summary of one update φ_o → φ_n for one retrieval metric M (hbct.md §11).

@@ -8,7 +8,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
         "lambda_orthogonality_penalty", "register_adapter", "truncate_to_common",
     ],
     "curvature": ["LearnableCurvature"],
-    "encoder": ["Encoder", "EncoderConfig", "adapt_stem_to_small_input"],
+    "encoder": ["Encoder", "adapt_stem_to_small_input"],
+    "encoder_config": ["EncoderConfig"],
     "heads": [
         "CosineHead", "DSimplexHead", "LinearHead", "LorentzMLR", "PoincarePrototypeHead",
         "dsimplex_finetune_targets", "expand_linear_head", "simplex_prototypes_in_ball",

@@ -47,9 +47,12 @@ def add_search_command(commands: argparse._SubParsersAction) -> None:
 
 def search_command(args: argparse.Namespace) -> int:
     from orchestrator.config import load_pipeline
-    from orchestrator.search.service import service_for_pipeline
+    from orchestrator.lineage import LineageStore
 
     config = load_pipeline(args.file, pipeline_overrides(args))
+    LineageStore(config.lineage, storage=config.storage, readonly=True).close()  # a missing store: refused before torch
+    from orchestrator.search.service import service_for_pipeline
+
     service = service_for_pipeline(config, args.serving, metric=args.criterion_metric,
                                    on_incompatible="skip" if args.skip_incompatible else "refuse")
     embeddings, labels, ids, names = _queries(args, config, service)

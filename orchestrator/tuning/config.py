@@ -64,7 +64,7 @@ from orchestrator.config import (
     unwrap,
     validate_yaml_mapping,
 )
-from orchestrator.methods.registry import method_class
+from orchestrator.methods.registry import method_description
 from orchestrator.metrics import METRICS, NORMALISED_SCORES, UPDATE_SCORES
 from orchestrator.names import Name
 
@@ -300,7 +300,7 @@ class TuneSpec(StrictModel):
     def _check_space(self, candidate: GenerationSpec) -> list[dict[str, Any]]:
         """Names and values against the candidate method's ``Params``; values stored normalised."""
         method = candidate.method.name
-        params_model = method_class(method).Params
+        params_model = method_description(method).Params
         fields = params_model.model_fields
         problems = []
         for name, entry in self.space.items():

@@ -200,7 +200,9 @@ def test_relative_links_point_at_existing_files():
 
 def test_the_readme_set_up_is_the_one_ci_runs():
     readme = (REPO / "README.md").read_text(encoding="utf-8")
-    commands = [line for line in _code_lines(readme) if line.startswith("python3 -m")]
+    cpu_torch = "python3 -m pip install torch torchvision --index-url https://download.pytorch.org/whl/cpu"
+    commands = [line for line in _code_lines(readme) if line.startswith("python3 -m") and line != cpu_torch]
+    assert cpu_torch in _code_lines(readme)  # the lean install's first step (issue 26)
     venv = "python3 -m venv .venv && . .venv/bin/activate"
     run = "python3 -m pip install -e '.[dev]' && orchestrator run pipelines/lifelong.yaml"
     test = "python3 -m pip install -e '.[dev]' && python3 -m pytest -n 2 --dist loadgroup"

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 
 from orchestrator.methods import create_method
 from orchestrator.methods.base import TrainContext
-from orchestrator.methods.fct import FCTParams, build_forward_map, fit_forward_map, forward_loss
+from orchestrator.methods.descriptions import FCTParams
+from orchestrator.methods.fct import build_forward_map, fit_forward_map, forward_loss
 from orchestrator.methods.lambda_orth import BACKWARD_ADAPTER, FORWARD_ADAPTER
 from orchestrator.models.adapters import AffineAdapter, MLPAdapter
 from vector_models import vector_model

@@ -76,9 +76,10 @@ def test_available_methods_are_exactly_the_implemented_ones():
     methods = available_methods()
     assert set(methods) == METHODS
     assert list(methods) == sorted(METHODS)
-    for name, cls in methods.items():
-        assert cls.name == name and issubclass(cls, CompatibilityMethod)
-        assert method_class(name) is cls
+    for name, description in methods.items():
+        cls = method_class(name)
+        assert description.name == name and issubclass(cls, CompatibilityMethod)
+        assert issubclass(cls, description) and cls.Params is description.Params  # the traits are the description's
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
