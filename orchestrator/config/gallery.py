@@ -59,7 +59,7 @@ class GallerySpec(StrictModel):
                       ``binary_two_stage`` / ``binary_ivf``, or ``pq`` / ``opq`` / ``binary_opq``.
     index_options:    that kind's build options (``orchestrator.index.OPTIONS[index]``, e.g.
                       ``{bits: 2}``); names are checked here, values when the index is built.
-    embedding:        batch size, actor-pool size and resources of the Ray Data embedding.
+    embedding:        batch size, workers and resources of the gallery step's shard updates.
     """
 
     name: Name = "gallery"
