@@ -139,12 +139,12 @@ def test_a_prefix_copied_to_another_bucket_serves_from_the_copy(s3_bucket, monke
     import boto3
     import s3fs
 
-    from orchestrator.gallery import ShardEmbeddings, shard_file_uris, write_shard
-    from orchestrator.index import build_index
+    from orchestrator.gallery import ShardEmbeddings
     from orchestrator.integrity import record_index, trained_outputs
     from orchestrator.methods import create_method
     from orchestrator.models.encoder import EncoderConfig
     from orchestrator.search.service import open_router
+    from orchestrator.shard_update import ShardTarget, write_shard_files
     from orchestrator.storage import join_uri, save_generation
 
     bucket, endpoint = s3_bucket
@@ -165,12 +165,10 @@ def test_a_prefix_copied_to_another_bucket_serves_from_the_copy(s3_bucket, monke
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     store.upsert_gallery("tiny", "memory", 10, 2)
     for index, ids in enumerate((np.arange(6), np.arange(6, 10))):
-        shard = ShardEmbeddings(ids, ids % 3, vectors[ids], np.zeros(len(ids), np.float32), "g0", "cosine", 0.0)
-        uri, index_uri = shard_file_uris(join_uri(source, "galleries", "tiny"), index, "g0", shard.ids)
-        digest = write_shard(uri, shard)
-        build_index(shard.embeddings, "cosine", "flat", shard.ids).save(index_uri)
-        record_index(store, index_uri, shard.ids)
-        store.assign_shard("tiny", index, "g0", uri, index_uri, digest, len(shard))
+        shard = ShardEmbeddings(ids, ids % 3, vectors[ids], np.zeros(len(ids), np.float32), "g0", "cosine", 1.0)
+        written = write_shard_files(index, shard, ShardTarget(join_uri(source, "galleries", "tiny")), "test", True)
+        record_index(store, written.index_uri, written.index_record)
+        store.assign_shard("tiny", index, "g0", written.embeddings_uri, written.index_uri, written.sha256, len(shard))
     queries = rng.normal(size=(3, 4)).astype(np.float32)
     before = open_router(store, "tiny", "g0").search(queries, 4)
     store.close()

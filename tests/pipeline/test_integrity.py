@@ -15,11 +15,12 @@ import pytest
 import torch
 
 from orchestrator.config import load_pipeline
-from orchestrator.gallery import ShardEmbeddings, shard_file_uris, write_shard
+from orchestrator.gallery import ShardEmbeddings
 from orchestrator.geometry.spaces import Space
-from orchestrator.index import build_index, load_index
+from orchestrator.index import load_index
 from orchestrator.integrity import IntegrityError, ids_sha256, load_checked_index, record_index, trained_outputs
 from orchestrator.lineage import LineageStore
+from orchestrator.shard_update import ShardTarget, write_shard_files
 from orchestrator.methods import create_method
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.pipeline.runner import PipelineRunner
@@ -51,11 +52,9 @@ def gallery(tmp_path: Path):
     store.upsert_gallery(GALLERY, "memory", 10, 2)
     for index, ids in enumerate((np.arange(6), np.arange(6, 10))):
         shard = _shard(ids, index)
-        uri, index_uri = shard_file_uris(str(storage / "galleries" / GALLERY), index, "g0", shard.ids)
-        digest = write_shard(uri, shard)
-        build_index(shard.embeddings, "euclidean", "flat", shard.ids).save(index_uri)
-        record_index(store, index_uri, shard.ids)
-        store.assign_shard(GALLERY, index, "g0", uri, index_uri, digest, len(shard))
+        written = write_shard_files(index, shard, ShardTarget(str(storage / "galleries" / GALLERY)), "test", True)
+        record_index(store, written.index_uri, written.index_record)
+        store.assign_shard(GALLERY, index, "g0", written.embeddings_uri, written.index_uri, written.sha256, len(shard))
     yield storage, store, store.shards(GALLERY)
     store.close()
 
