@@ -196,9 +196,10 @@ def run_ray(setup: Setup, concurrency: int, batch_size: int = 256) -> Embedded:
     """``embed_with_ray_data`` with ``concurrency`` actors of 1 CPU, consumed with ``iter_batches``
     (whole output blocks, as they arrive: each read task reads one batch, since Ray Data merges a
     task's blocks into one). Ray must be initialised (``start_ray``)."""
-    from orchestrator.distributed.embed import EmbeddingSettings, embed_with_ray_data
+    from orchestrator.config.gallery import EmbeddingSpec
+    from orchestrator.distributed.embed import embed_with_ray_data
 
-    settings = EmbeddingSettings(batch_size=batch_size, concurrency=concurrency, num_cpus=1.0, num_gpus=0.0)
+    settings = EmbeddingSpec(batch_size=batch_size, concurrency=concurrency, num_cpus=1.0, num_gpus=0.0)
     clock = BatchClock()
     dataset = embed_with_ray_data(setup.gallery, setup.checkpoint_uri, setup.sha256, setup.name, IMAGE_SIZE,
                                   setup.mean, setup.std, settings=settings, block_rows=batch_size,

@@ -242,13 +242,14 @@ def _ray_job(setup: Setup):
 
 def run_ray(setup: Setup, run_name: str = "train-overhead") -> dict[str, Any]:
     """(c) ``train_generation_with_ray`` with one worker; Ray must be initialised (``start_ray``)."""
-    from orchestrator.distributed.train import ScalingSettings, train_generation_with_ray
+    from orchestrator.config.runtime import RaySettings
+    from orchestrator.distributed.train import train_generation_with_ray
 
     storage = (setup.workdir / "ray").resolve()
     job = _ray_job(setup)
     fit_called = time.time()
     # every epoch's checkpoint is kept: their times are the epoch boundaries measured here
-    scaling = ScalingSettings(num_workers=1, cpus_per_worker=1, max_failures=0,
+    scaling = RaySettings(num_workers=1, cpus_per_worker=1, max_failures=0,
                               checkpoints_to_keep=setup.training.epochs)
     metrics = train_generation_with_ray(job, scaling, storage_path=str(storage), run_name=run_name)
     fit_returned = time.time()
@@ -263,11 +264,12 @@ def run_ray_local(setup: Setup) -> dict[str, Any]:
     """(d) ``train_generation_with_ray`` in Ray Train's local mode (``num_workers`` 0), one torch
     thread; epoch ends are when the driver receives each epoch's report. Ray must be initialised
     (the epoch reports travel through a Ray queue, as in a pipeline run)."""
-    from orchestrator.distributed.train import ScalingSettings, train_generation_with_ray
+    from orchestrator.config.runtime import RaySettings
+    from orchestrator.distributed.train import train_generation_with_ray
 
     ends: list[float] = []
     fit_called = time.time()
-    metrics = train_generation_with_ray(_ray_job(setup), ScalingSettings(num_workers=0, cpus_per_worker=1),
+    metrics = train_generation_with_ray(_ray_job(setup), RaySettings(num_workers=0, cpus_per_worker=1),
                                         storage_path=str((setup.workdir / "ray-local").resolve()),
                                         run_name="train-overhead-local", on_epoch=lambda m: ends.append(time.time()))
     fit_returned = time.time()

@@ -13,27 +13,17 @@ the decoding and the preprocessing are the same functions a local run uses.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from orchestrator.config.gallery import EmbeddingSpec
 from orchestrator.data.gallery_sources import GallerySource, ImageFormat, MemorySource, decode_images
 from orchestrator.data.images import LabeledImages
 from orchestrator.distributed.gallery_read import EntryRead, RowRange, gallery_dataset
 from orchestrator.shard_update.embedder import PixelEmbedder
 from orchestrator.storage import load_generation
-
-
-@dataclass(frozen=True)
-class EmbeddingSettings:
-    """How a gallery is embedded: batch size, actor-pool size, resources per actor."""
-
-    batch_size: int = 256
-    concurrency: int = 1
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
 
 
 class GenerationEmbedder:
@@ -70,7 +60,7 @@ def quiet_ray_data() -> None:
 
 def embed_gallery(source: GallerySource, reads: Sequence[EntryRead], checkpoint_uri: str, sha256: str, name: str,
                   image_size: int, mean: tuple[float, ...], std: tuple[float, ...],
-                  settings: EmbeddingSettings = EmbeddingSettings(), storage_options: dict | None = None,
+                  settings: EmbeddingSpec = EmbeddingSpec(), storage_options: dict | None = None,
                   block_rows: int | None = None, rows_per_task: int | None = None):
     """A lazy ``ray.data.Dataset`` of the embeddings by generation ``name`` of the items that
     ``reads`` name (one ``EntryRead`` per shard update); Ray must be initialised. Consume it with
@@ -105,7 +95,7 @@ def embed_gallery(source: GallerySource, reads: Sequence[EntryRead], checkpoint_
 
 def embed_with_ray_data(images: LabeledImages, checkpoint_uri: str, sha256: str, name: str, image_size: int,
                         mean: tuple[float, ...], std: tuple[float, ...],
-                        settings: EmbeddingSettings = EmbeddingSettings(), storage_options: dict | None = None,
+                        settings: EmbeddingSpec = EmbeddingSpec(), storage_options: dict | None = None,
                         block_rows: int | None = None, rows_per_task: int | None = None):
     """Every item of an in-memory ``LabeledImages`` embedded by generation ``name``
     (``embed_gallery`` over a ``MemorySource``): a lazy ``ray.data.Dataset``."""

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from orchestrator.config.gallery import EmbeddingSpec
 from orchestrator.data.gallery_sources import GallerySource, ImageFormat, decode_images
 from orchestrator.distributed.gallery_read import EntryRead, entry_reader, needs_source_ref
 from orchestrator.shard_update import PixelEmbedder, ShardTarget, ShardUpdate, ShardUpdateResult, run_shard_update
@@ -35,24 +36,10 @@ from orchestrator.shard_update import PixelEmbedder, ShardTarget, ShardUpdate, S
 MAX_IN_FLIGHT_PER_WORKER = 2  # one update running, one queued: the next read starts at once
 
 
-@dataclass(frozen=True)
-class WorkerResources:
-    """How many workers and what each asks for (``config.gallery.EmbeddingSpec``).
-
-    concurrency: embedding actors (CPU workers that embed themselves, or GPU embedders);
-    num_cpus / num_gpus: resources of each of those; writers: CPU workers beside GPU embedders
-    (None: 2 per embedder); batch_size: images per model call.
-    """
-
-    batch_size: int = 256
-    concurrency: int = 1
-    num_cpus: float = 1.0
-    num_gpus: float = 0.0
-    writers: int | None = None
-
-    @property
-    def workers(self) -> int:
-        return self.concurrency if not self.num_gpus else (self.writers or 2 * self.concurrency)
+def worker_count(resources: EmbeddingSpec) -> int:
+    """Shard-update workers: ``concurrency`` without GPUs (each embeds), else ``writers`` (default 2
+    per GPU embedder)."""
+    return resources.concurrency if not resources.num_gpus else (resources.writers or 2 * resources.concurrency)
 
 
 @dataclass(frozen=True)
@@ -135,7 +122,7 @@ class ShardUpdateWorker:
 
 
 def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, EntryRead]], model: GenerationModel,
-                      target: ShardTarget, resources: WorkerResources,
+                      target: ShardTarget, resources: EmbeddingSpec,
                       on_lost: Callable[[ShardUpdate, BaseException], ShardUpdate | None]) -> Iterator[ShardUpdateResult]:
     """Run every (update, the items it reads) of ``source`` on workers spread over the cluster;
     yield each result as it completes (any order). Ray must be initialised. A worker lost
@@ -159,7 +146,7 @@ def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, E
     def new_worker():
         return worker_class.remote(model, target, metadata_columns, resources.batch_size, int(cpus), embedders)
 
-    workers = [new_worker() for _ in range(min(resources.workers, len(work)))]
+    workers = [new_worker() for _ in range(min(worker_count(resources), len(work)))]
     readers = {update.key: entry_reader(source, source_ref, read, block_rows) for update, read in work}
     queue = [update for update, _read in reversed(work)]  # pop() takes them in the plan's order
     in_flight: dict[Any, tuple[ShardUpdate, int]] = {}

@@ -14,12 +14,13 @@ from __future__ import annotations
 import logging
 import tempfile
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
+from orchestrator.config.runtime import RaySettings
 from orchestrator.progress import Meter
 from orchestrator.storage import load_training_state, save_training_state
 from orchestrator.training.config import TrainConfig
@@ -31,23 +32,12 @@ _WEIGHTS = "model.safetensors"
 _STATE = "training_state"
 
 
-@dataclass(frozen=True)
-class ScalingSettings:
-    """Workers of one training run: count, CPUs and GPUs per worker, restarts after failures, and
-    how many of its newest epoch checkpoints Ray Train keeps (older ones are deleted)."""
-
-    num_workers: int = 1
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
-    use_gpu: bool = False
-    max_failures: int = 2
-    checkpoints_to_keep: int = 2
-
-
-def train_generation_with_ray(job: GenerationJob, scaling: ScalingSettings, storage_path: str,
+def train_generation_with_ray(job: GenerationJob, scaling: RaySettings, storage_path: str,
                               run_name: str | None = None, progress: Callable[[str], None] | None = None,
                               on_epoch: Callable[[dict[str, float]], None] | None = None) -> dict[str, Any]:
-    """Run ``job`` as a ``TorchTrainer`` and return the last reported metrics.
+    """Run ``job`` as a ``TorchTrainer`` sized by ``scaling`` (the pipeline file's ``ray`` section:
+    workers, CPUs and GPUs each, retries, epoch checkpoints kept) and return the last reported
+    metrics.
 
     storage_path: Ray Train's persistent storage (absolute local path or URI) for its per-epoch
                   checkpoints; the finished generation goes to ``job.output_uri``.

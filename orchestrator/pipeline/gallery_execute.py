@@ -20,7 +20,7 @@ import dataclasses
 
 from orchestrator.distributed.embed import quiet_ray_data
 from orchestrator.distributed.gallery_read import EntryRead, RowRange, StoredItems
-from orchestrator.distributed.shard_workers import GenerationModel, WorkerResources, run_shard_updates
+from orchestrator.distributed.shard_workers import GenerationModel, run_shard_updates, worker_count
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.integrity import record_index
 from orchestrator.lineage.records import ShardAssignment
@@ -56,12 +56,12 @@ class GalleryExecutor:
         updates = [self._update(entry, generation, shards) for entry in pending]
         ctx.ensure_ray()
         quiet_ray_data()
-        resources = WorkerResources(**ctx.spec.embedding.model_dump())
+        resources = ctx.spec.embedding
         work = [(update, self._entry_read(k, entry, plan)) for k, (update, entry) in enumerate(zip(updates, pending))]
         entries = {update.key: entry for update, entry in zip(updates, pending)}
         total = sum(e.num_items for e in pending)
         ctx.say(f"{ctx.name}: embedding {total} items of {len(pending)} shard update(s) with {generation} on "
-                f"{resources.workers} worker(s) (batch {resources.batch_size}"
+                f"{worker_count(resources)} worker(s) (batch {resources.batch_size}"
                 f"{f', {resources.concurrency} GPU embedder(s)' if resources.num_gpus else ''})")
         results = []
         try:

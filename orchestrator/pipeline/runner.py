@@ -26,7 +26,7 @@ from orchestrator.config import (
 )
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_source, training_indices
 from orchestrator.distributed.runtime import connect, dashboard_message
-from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
+from orchestrator.distributed.train import GenerationJob, train_generation_with_ray
 from orchestrator.evaluation import CompatibilityReport, sample_split
 from orchestrator.integrity import check_checkpoint, load_checked_generation, trained_outputs
 from orchestrator.lineage import LineageStore
@@ -350,11 +350,7 @@ class PipelineRunner:
         for name in (CARD_FILE, WEIGHTS_FILE):
             refuse_unknown_file(self.store, key, join_uri(output, name))
         job = self.generation_job(generation, output)
-        ray_settings = config.ray
-        scaling = ScalingSettings(num_workers=ray_settings.num_workers, cpus_per_worker=ray_settings.cpus_per_worker,
-                                  gpus_per_worker=ray_settings.gpus_per_worker, use_gpu=ray_settings.use_gpu,
-                                  max_failures=ray_settings.max_failures,
-                                  checkpoints_to_keep=ray_settings.checkpoints_to_keep)
+        scaling = config.ray
         where = f"{scaling.num_workers} worker(s)" if scaling.num_workers else "in the driver (Ray Train local mode)"
         self._say(f"{key}: {generation.method.name} on {len(job.train_ids)} items, {generation.training.epochs} epochs, "
                   f"{where}")

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
-from orchestrator.distributed.embed import EmbeddingSettings, embed_with_ray_data
+from orchestrator.config.gallery import EmbeddingSpec
+from orchestrator.distributed.embed import embed_with_ray_data
 from orchestrator.geometry import lorentz
 from orchestrator.methods import create_method, embed_dataset
 from orchestrator.models.encoder import EncoderConfig
@@ -25,7 +26,7 @@ def test_actor_pool_embeddings_equal_the_local_ones(local_ray, tmp_path):
     card = save_generation(model, method, None, str(tmp_path / "g0"), name="g0")
 
     rows = embed_with_ray_data(gallery, str(tmp_path / "g0"), card.sha256, "g0", 32, mean, std,
-                               EmbeddingSettings(batch_size=128, concurrency=2)).to_pandas()
+                               EmbeddingSpec(batch_size=128, concurrency=2)).to_pandas()
     rows = rows.sort_values("id")
     assert rows["id"].tolist() == sorted(gallery.ids.tolist())  # every item once
     expected, labels = embed_dataset(model, ImageTensorDataset(gallery, 32, mean, std))

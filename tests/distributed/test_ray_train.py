@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from orchestrator.data import channel_statistics, load_digits
-from orchestrator.distributed.train import GenerationJob, ScalingSettings, train_generation_with_ray
+from orchestrator.config.runtime import RaySettings
+from orchestrator.distributed.train import GenerationJob, train_generation_with_ray
 from orchestrator.storage import load_card, load_generation
 from orchestrator.training.generation import GenerationTraining
 from orchestrator.training.seeds import derive_seed
@@ -52,7 +53,7 @@ def parent(local_ray, digits_stats, tmp_path_factory) -> Parent:
     train = load_digits("train")
     old_ids = train.ids[train.labels < 5].tolist()
     metrics = train_generation_with_ray(job("g0", "independent", out, digits_stats, train_ids=old_ids, encoder=CONVNEXT),
-                                        ScalingSettings(num_workers=1), storage_path=str(out / "ray"))
+                                        RaySettings(num_workers=1), storage_path=str(out / "ray"))
     return Parent(str(out / "g0"), load_card(str(out / "g0")).sha256, metrics)
 
 
@@ -73,7 +74,7 @@ def test_parent_and_ddp_child_through_ray_train(local_ray, digits_stats, parent,
 
     child = job("g1", "bct", tmp_path, digits_stats, epochs=1, encoder=CONVNEXT, parent_name="g0",
                 parent_uri=parent.uri, parent_sha256=parent.sha256)
-    metrics = train_generation_with_ray(child, ScalingSettings(num_workers=2), storage_path=str(tmp_path / "ray"))
+    metrics = train_generation_with_ray(child, RaySettings(num_workers=2), storage_path=str(tmp_path / "ray"))
     assert {"loss/base", "loss/influence"} <= set(metrics)
     assert metrics["loss"] == pytest.approx(metrics["loss/base"] + metrics["loss/influence"])
     # two DDP workers each see half of the 1,258 training items (DistributedSampler, 9 full batches)
@@ -91,7 +92,7 @@ def test_a_wrong_parent_hash_fails_the_run(local_ray, digits_stats, parent, tmp_
     bad = job("g1", "l2", tmp_path, digits_stats, epochs=1, encoder=CONVNEXT, parent_name="g0",
               parent_uri=parent.uri, parent_sha256="0" * 64)
     with pytest.raises(RuntimeError, match="g1"):
-        train_generation_with_ray(bad, ScalingSettings(num_workers=1, max_failures=0),
+        train_generation_with_ray(bad, RaySettings(num_workers=1, max_failures=0),
                                   storage_path=str(tmp_path / "ray"))
     assert not (tmp_path / "g1").exists()
 
@@ -106,14 +107,14 @@ def test_local_mode_trains_the_parent_bit_for_bit_in_this_process(local_ray, dig
     threads = torch.get_num_threads()
     metrics = train_generation_with_ray(job("g0", "independent", tmp_path, digits_stats, train_ids=old_ids,
                                             encoder=CONVNEXT),
-                                        ScalingSettings(num_workers=0), storage_path=str(tmp_path / "ray"))
+                                        RaySettings(num_workers=0), storage_path=str(tmp_path / "ray"))
     assert load_card(str(tmp_path / "g0")).sha256 == parent.sha256
     assert metrics == pytest.approx(parent.metrics)
     assert _train_workers() == workers_before and torch.get_num_threads() == threads
     bad = job("g1", "l2", tmp_path, digits_stats, epochs=1, encoder=CONVNEXT, parent_name="g0",
               parent_uri=parent.uri, parent_sha256="0" * 64)
     with pytest.raises(RuntimeError, match="training generation 'g1' failed: .*sha256"):
-        train_generation_with_ray(bad, ScalingSettings(num_workers=0), storage_path=str(tmp_path / "ray"))
+        train_generation_with_ray(bad, RaySettings(num_workers=0), storage_path=str(tmp_path / "ray"))
     assert not (tmp_path / "g1").exists()
 
 
@@ -161,7 +162,7 @@ def test_killed_worker_resumes_from_the_last_epoch_checkpoint(local_ray, digits_
                                args=(storage / "train-g0", killed, time.time() + 240), daemon=True)
     watcher.start()
     metrics = train_generation_with_ray(job("g0", "independent", tmp_path, digits_stats, epochs=6),
-                                        ScalingSettings(num_workers=1, max_failures=2), storage_path=str(storage))
+                                        RaySettings(num_workers=1, max_failures=2), storage_path=str(storage))
     watcher.join(timeout=1)
     assert killed, "no Ray Train worker was found to kill"
     assert metrics["epoch"] == 5
@@ -192,7 +193,7 @@ def test_init_from_parent_and_replacement_start_points(local_ray, digits_stats, 
         return GenerationJob(**{**base.__dict__, "encoder": CONVNEXT, "seed": derive_seed(0, name), **fields})
 
     def run(name, method, **fields):
-        return train_generation_with_ray(spec(name, method, **fields), ScalingSettings(num_workers=1),
+        return train_generation_with_ray(spec(name, method, **fields), RaySettings(num_workers=1),
                                          storage_path=str(tmp_path / "ray"))
 
     def run_here(name, method, **fields):
