@@ -129,7 +129,7 @@ def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, E
     mid-update: ``on_lost(update, error)`` returns the update to run again on a new worker, or
     None to raise the error."""
     import ray
-    from ray.exceptions import RayActorError
+    from ray.exceptions import RayActorError, RayTaskError
 
     if not work:
         return
@@ -176,6 +176,9 @@ def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, E
                     queue.append(again)
                 load[slot], workers[slot] = 0, new_worker()
                 continue
+            except RayTaskError as failed:
+                # the update's own error as the worker raised it; the worker's traceback is chained (-v)
+                raise failed.cause from failed
             yield result
     finally:
         for actor in [*workers, *embedders]:

@@ -2,8 +2,9 @@
 SIGKILLed (with the local Ray it started) while the first generation embeds the shards, and again
 while the second one backfills half of the items; after each kill every item is in at most one
 committed shard, each shard's file matches the lineage, and the next run does only what is left.
-At the end every item is in exactly one shard, with its object key and caption, and the second
-generation holds exactly the planned half."""
+At the end every item is in exactly one shard, with its object key and caption, the second
+generation holds exactly the planned half, and ``verify`` finds no problem. The shards are written by
+the workers, so the kills also hit files written but never committed."""
 from __future__ import annotations
 
 import json
@@ -20,6 +21,7 @@ import pytest
 from orchestrator.gallery import read_shard
 from orchestrator.index import ShardIndex
 from orchestrator.lineage import LineageStore
+from orchestrator.pipeline.verify import verify_storage
 from streamed_gallery import pipeline_config, write_parquet_gallery
 
 pytestmark = pytest.mark.e2e
@@ -108,4 +110,6 @@ def test_a_killed_streamed_backfill_resumes_without_loss_or_duplicates(tmp_path)
         assert (data.labels == -1).all()  # an unlabelled gallery
     keys = [s.key for s in store.steps()]
     assert len(keys) == len(set(keys))
+    verified = verify_storage(store, str(tmp_path / "run"))  # what `orchestrator verify` checks
+    assert verified.ok and verified.checked >= len(store.shards("photos")), verified.lines()
     store.close()
