@@ -5,7 +5,7 @@ An order turns one stored shard into (n,) finite float64 priorities, higher = re
 the planner and the Ray scoring tasks all look orders up here, so a new order is one class.
 
 Orders that need the gallery-wide class means (``needs_class_means``) are scored in two passes:
-per-shard class sums (``class_means.class_sums``), then distances to the combined means.
+per-shard class sums (``metrics.class_means.class_sums``), then distances to the combined means.
 Torch-free: scoring tasks import this without torch.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from orchestrator.backfill.class_means import distances_to_class_means
+from orchestrator.metrics.class_means import distances_to_class_means
 from orchestrator.backfill.compatibility_order import least_compatible_priority
 from orchestrator.backfill.random_order import random_priority
 

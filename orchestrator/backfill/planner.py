@@ -6,7 +6,7 @@ one of the order functions below; a HIGHER score means "re-embed earlier":
 
 - ``uncertainty_priority``: hyperbolic uncertainty of the old Lorentz embedding (HBCT §5, §14);
 - ``class_mean_distance_priority``: distance to the class mean in the forward-transformed space
-  (λ-orthogonality §2.11; the one implementation is ``methods.common.class_mean_distances``);
+  (λ-orthogonality §2.11; the one implementation is ``metrics.class_means``);
 - ``random_priority``: a seeded per-item pseudo-random number (FCT / FastFill's random baseline).
 
 FastFill's own order is NOT provided. FastFill (Jaeckle et al. 2023) orders by the uncertainty that
@@ -155,7 +155,7 @@ def class_mean_distance_priority(
     ``model.adapters[FORWARD_ADAPTER](h_old)``, the slot of ``orchestrator.models.adapters``; for a
     method without a forward map, the old gallery itself), ``labels`` (N,) class ids -> (N,) float64 distances
     (``l2``: ‖F(h_i) − μ_{y_i}‖₂, ``cosine``: 1 − cos). Items least representative of their class
-    are backfilled first. Delegates to ``methods.common.class_mean_distances`` (one implementation,
+    are backfilled first. Delegates to ``metrics.class_means`` through ``methods.common.class_mean_distances`` (one implementation,
     also behind ``lambda_orth.backfill_order``).
     """
     f = torch.as_tensor(forward_embeddings)

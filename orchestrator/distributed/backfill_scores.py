@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.backfill.class_means import class_sums
+from orchestrator.metrics.class_means import class_sums, combine_class_sums
 from orchestrator.backfill.orders import OrderInputs, get_order, shard_priorities
 from orchestrator.backfill.selection import Ask, ScoredShard
 from orchestrator.gallery.shard_files import read_shard, write_selection
@@ -105,7 +105,7 @@ class ScoredGallery:
         means = None
         if get_order(rule.order).needs_class_means:
             task = self._remote(_class_sums)
-            means = _combine_class_sums(ray.get([task.remote(rule, t) for t in targets]))
+            means = combine_class_sums(ray.get([task.remote(rule, t) for t in targets]))
         score = self._remote(_score).options(num_returns=2)
         pairs = [score.remote(rule, t, means) for t in targets]
         self.summaries = ray.get([summary for summary, _ in pairs])
@@ -133,18 +133,3 @@ class ScoredGallery:
 
 def _keys_and_ids(shard: ScoredShard) -> np.ndarray:
     return np.stack([shard.high, shard.low, shard.ids.view(np.uint64)], axis=1)
-
-
-def _combine_class_sums(parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[int, np.ndarray]:
-    """Per-shard (classes, sums, counts) → gallery-wide class means {class: (D,) float64}."""
-    sums: dict[int, np.ndarray] = {}
-    counts: dict[int, int] = {}
-    for classes, part_sums, part_counts in parts:
-        for c, s, n in zip(classes.tolist(), part_sums, part_counts.tolist()):
-            sums[c] = sums[c] + s if c in sums else s.copy()
-            counts[c] = counts.get(c, 0) + n
-    widths = {s.shape[0] for s in sums.values()}
-    if len(widths) > 1:
-        raise ValueError(f"the candidate shards' embeddings have different widths {sorted(widths)}; class means "
-                         "need one space (use order 'random' or 'uncertainty')")
-    return {c: sums[c] / counts[c] for c in sums}

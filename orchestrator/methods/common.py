@@ -12,6 +12,7 @@ from torch import nn
 from orchestrator.geometry.spaces import Space
 from orchestrator.methods.base import CompatibilityMethod, TrainContext
 from orchestrator.methods.descriptions import FlatDescription
+from orchestrator.metrics.class_means import class_mean_distances as whole_gallery_class_mean_distances
 from orchestrator.models.heads import LinearHead, LorentzMLR
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.lifts import build_lift
@@ -59,30 +60,22 @@ def class_means(embeddings: torch.Tensor, labels: torch.Tensor, num_classes: int
 def class_mean_distances(
     forward_old_embeddings: torch.Tensor, labels: torch.Tensor, distance: Literal["l2", "cosine"] = "l2"
 ) -> torch.Tensor:
-    """Per-item distance (N,) of F(h_i^k) to its class mean μ_{y_i} (lambda_orthogonality.md §2.11):
-    the backfill priority.
+    """Per-item distance (N,) float64 of F(h_i^k) to its class mean μ_{y_i} (lambda_orthogonality.md
+    §2.11): the backfill priority, for ``lambda_orth.backfill_order`` and
+    ``backfill.class_mean_distance_priority``.
 
     forward_old_embeddings: (N, n) the forward-adapted gallery F(h_k); labels: (N,) class ids.
-    μ_c = mean of F(h_i^k) over the items of class c (over the whole given gallery); d_i =
-    ‖F(h_i^k) − μ_{y_i}‖₂ (``l2``, the paper's default "MSE") or 1 − cos(F(h_i^k), μ_{y_i})
-    (``cosine``, App. G). The single implementation behind ``lambda_orth.backfill_order`` and
-    ``orchestrator.backfill.class_mean_distance_priority``.
+    The one implementation is ``metrics.class_means`` (also what the shard-by-shard backfill
+    scoring computes); this is its torch face, without gradients.
     """
     if forward_old_embeddings.dim() != 2 or labels.shape != (forward_old_embeddings.shape[0],):
         raise ValueError(
             "forward_old_embeddings must be (N, n) and labels (N,), got "
             f"{tuple(forward_old_embeddings.shape)} and {tuple(labels.shape)}"
         )
-    if distance not in ("l2", "cosine"):
-        raise ValueError(f"distance must be 'l2' or 'cosine', got {distance!r}")
-    classes, index = torch.unique(labels, return_inverse=True)
-    means, _ = class_means(forward_old_embeddings, index, classes.numel())
-    item_means = means[index]
-    if distance == "l2":
-        gap = (forward_old_embeddings - item_means).norm(dim=1)
-    else:
-        gap = 1.0 - F.cosine_similarity(forward_old_embeddings, item_means, dim=1)
-    return gap
+    gap = whole_gallery_class_mean_distances(forward_old_embeddings.detach().double().cpu().numpy(),
+                                             labels.cpu().numpy(), distance)
+    return torch.from_numpy(gap).to(forward_old_embeddings.device)
 
 
 def normalized_class_means(embeddings: torch.Tensor, labels: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor]:

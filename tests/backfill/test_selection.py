@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from orchestrator.backfill import ShardInfo, budget_count, class_mean_distance_priority, plan_backfill
-from orchestrator.backfill.class_means import class_sums, distances_to_class_means
+from orchestrator.metrics.class_means import class_sums, distances_to_class_means
 from orchestrator.backfill.selection import ScoredShard, in_memory_ask, kth_key, priority_keys, select_top
 from orchestrator.config import BackfillPolicy
 
