@@ -29,16 +29,17 @@ def class_sums(features: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np
 def combine_class_sums(parts: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> dict[int, np.ndarray]:
     """Per-shard ``class_sums`` → the gallery-wide class means {class: (D,) float64}; ValueError when
     the shards' features have different widths (no common space)."""
+    parts = list(parts)
+    widths = {part_sums.shape[1] for _classes, part_sums, _counts in parts if len(part_sums)}
+    if len(widths) > 1:
+        raise ValueError(f"the candidate shards' embeddings have different widths {sorted(widths)}; class means "
+                         "need one space (use order 'random' or 'uncertainty')")
     sums: dict[int, np.ndarray] = {}
     counts: dict[int, int] = {}
     for classes, part_sums, part_counts in parts:
         for c, s, n in zip(classes.tolist(), part_sums, part_counts.tolist()):
             sums[c] = sums[c] + s if c in sums else s.copy()
             counts[c] = counts.get(c, 0) + n
-    widths = {s.shape[0] for s in sums.values()}
-    if len(widths) > 1:
-        raise ValueError(f"the candidate shards' embeddings have different widths {sorted(widths)}; class means "
-                         "need one space (use order 'random' or 'uncertainty')")
     return {c: sums[c] / counts[c] for c in sums}
 
 
