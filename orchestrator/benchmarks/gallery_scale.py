@@ -32,7 +32,8 @@ path this process is the Ray driver. For the streamed path the driver's own CPU 
 system, psutil) around plan and execution is ``driver_cpu_s``, and ``driver_cpu_us_per_item`` its
 growth per added item from the next smaller size; ``driver_result_bytes`` is the pickled size of
 what the workers handed back. The workers report when the first embedded batch came
-(``first_batch_s``, after ``first_worker_start_s`` of worker and model start), the steady rate
+(``first_batch_s``: after ``first_worker_constructed_s`` for the plan, the worker process and its
+imports, ``first_model_load_s``, then the first read and batch), the steady rate
 after it, where their time went (``read_s``, ``embed_s`` decode+embed, ``write_s``
 assemble+write+index, summed over workers) and which node wrote how many shards
 (``shards_by_node``). Object-store spill is read from Ray's store stats
@@ -359,8 +360,9 @@ def run_streamed(job: Job) -> dict[str, Any]:
 
 def worker_summary(results, started_unix: float, items: int) -> dict[str, Any]:
     """From the workers' reports (``ShardUpdateResult.timing``): when the first embedded batch came
-    (seconds after the step started) and what came before it (the first worker's start: actor and
-    model load; its first read and batch), the steady rate after it, where the workers' time went
+    (seconds after the step started) and what came before it (the plan and the worker process's
+    start with its imports, ``first_worker_constructed_s``; the model's load; the first read and
+    batch), the steady rate after it, where the workers' time went
     (read / decode+embed / write+index, summed over workers) and which node wrote how many shards."""
     timings = [r.timing for r in results]
     first = min(timings, key=lambda t: t["first_batch"])
@@ -370,6 +372,8 @@ def worker_summary(results, started_unix: float, items: int) -> dict[str, Any]:
         node = t["node"].rsplit(":", 1)[0]  # host:node id (the pid dropped)
         nodes[node] = nodes.get(node, 0) + 1
     return {"first_batch_s": first["first_batch"] - started_unix,
+            "first_worker_constructed_s": first["worker_constructed"] - started_unix,
+            "first_model_load_s": first["model_loaded"] - first["worker_constructed"],
             "first_worker_start_s": first["started"] - started_unix,
             "first_read_and_batch_s": first["first_batch"] - first["started"],
             "steady_items_per_s": items / (finished - first["first_batch"]) if finished > first["first_batch"] else None,

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -95,10 +96,12 @@ class ShardUpdateWorker:
         import ray
         import torch
 
+        constructed = time.time()  # the process is up and this module imported
         torch.set_num_threads(max(1, threads))
         self.model, self.target, self.metadata_columns, self.batch_size = model, target, metadata_columns, batch_size
         self.embedders = list(embedders)
         self.local = None if self.embedders else model.embedder("cpu")
+        self.started = {"worker_constructed": constructed, "model_loaded": time.time()}
         self.node = f"{socket.gethostname()}:{ray.get_runtime_context().get_node_id()[:12]}:{os.getpid()}"
         self.gpus = {"worker_gpus": [str(gpu) for gpu in ray.get_gpu_ids()],
                      "embedder_gpus": sorted({gpu for ids in ray.get([e.gpu_ids.remote() for e in self.embedders])
@@ -117,7 +120,7 @@ class ShardUpdateWorker:
     def run(self, update: ShardUpdate, read: Callable[[], Iterator[pa.Table]]) -> ShardUpdateResult:
         result = run_shard_update(update, read(), self._embed, self.model.name, self.model.space, self.model.curv,
                                   self.metadata_columns, self.target, self.batch_size, node=self.node)
-        result.timing.update(self.gpus)
+        result.timing.update(self.gpus, **self.started)
         return result
 
 
