@@ -56,13 +56,20 @@ class LineageState:
 
     @property
     def snapshot_id(self) -> str:
-        text = json.dumps([self.deployment_id, self.generation, self.shard_map], sort_keys=True)
-        return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+        return snapshot_id(self.deployment_id, self.generation, self.shard_map)
 
     @property
     def uris(self) -> set[str]:
         """The shard files (embeddings and indexes) this state serves."""
         return {uri for s in self.shards for uri in (s.embeddings_uri, s.index_uri) if uri}
+
+
+def snapshot_id(deployment_id: int, generation: str, shard_map: list[dict[str, Any]]) -> str:
+    """The id of a served state: the first 16 hex digits of the sha256 of the deployment id, the
+    serving generation and the non-empty shards' rows (``shard_snapshot``, ordered by shard)."""
+    rows = sorted((row for row in shard_map if row["n_items"]), key=lambda row: row["index"])
+    text = json.dumps([deployment_id, generation, rows], sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 def read_state(store: LineageStore, gallery: str) -> LineageState:
