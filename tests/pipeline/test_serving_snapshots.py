@@ -5,13 +5,11 @@ and refuses bad requests while it keeps serving."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
 
 from orchestrator.config import load_pipeline
 from orchestrator.data import load_digits
@@ -23,21 +21,9 @@ from orchestrator.serving.endpoint import GalleryEndpoint, ServeSettings, token_
 from orchestrator.serving.leases import held_uris
 from orchestrator.storage import join_uri
 from cli_runs import cli_in_process
+from serving_queries import png_files, search_body
 
 pytestmark = pytest.mark.e2e
-
-
-def png_files(folder: Path, n: int) -> list[Path]:
-    """The first n test-split digits as PNG files (query files of `orchestrator search`)."""
-    paths = []
-    for number, image in enumerate(load_digits("test").images[:n]):
-        paths.append(folder / f"q{number}.png")
-        Image.fromarray(image).save(paths[-1])
-    return paths
-
-
-def search_body(paths: list[Path], **fields) -> bytes:
-    return json.dumps({"images": [base64.b64encode(p.read_bytes()).decode() for p in paths], **fields}).encode()
 
 
 def commit_shard_without(store: LineageStore, storage: str, gallery: str, index: int, dropped: np.ndarray,
