@@ -9,7 +9,7 @@ backfills grow the gallery) are left empty.
 
 ``gc`` keeps what the lineage points at now, the shard files of the newest ``keep_deployments``
 deployments (the rollback targets), the files a running ``orchestrator serve`` holds (its leases,
-``serving.leases``), every generation's checkpoint, plans and reports; it removes
+``storage.leases``), every generation's checkpoint, plans and reports; it removes
 other shard files under ``galleries/<gallery>/`` and Ray Train's epoch checkpoints of generations
 whose training committed (their finished checkpoint is saved separately).
 """
@@ -21,7 +21,7 @@ from typing import Any
 
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import DeploymentRecord, ShardAssignment, ShardRecord
-from orchestrator.serving.leases import held_uris
+from orchestrator.storage.leases import held_uris
 from orchestrator.storage import join_uri, read_bytes
 from orchestrator.storage.hashing import sha256_hex
 from orchestrator.storage.filesystem import open_filesystem, remove
@@ -101,7 +101,7 @@ def collect_garbage(store: LineageStore, storage: str, gallery: str, keep_deploy
     for deployment in history[-keep_deployments:]:
         outputs = store.committed_outputs(f"deploy:{deployment.generation}") or {}
         needed |= {row[k] for row in outputs.get("shards", []) for k in ("embeddings_uri", "index_uri") if row[k]}
-    needed |= held_uris(storage)  # what a running `orchestrator serve` holds (orchestrator.serving.leases)
+    needed |= held_uris(storage)  # what a running `orchestrator serve` holds (orchestrator.storage.leases)
     removed: list[str] = []
     fs, root = open_filesystem(join_uri(storage, "galleries", gallery))
     root = root.rstrip("/")

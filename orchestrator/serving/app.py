@@ -10,9 +10,11 @@ thread of the replica, so ``/healthz`` and ``/status`` answer while a search run
 from __future__ import annotations
 
 import asyncio
+import shlex
 import time
 
 from ray import serve
+from ray.serve import Application
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
@@ -47,12 +49,27 @@ class GalleryServer:
             endpoint.close()
 
 
+def app_builder(args: dict[str, str]) -> Application:
+    """The application of ``orchestrator serve``'s arguments, for Serve config files (a KubeRay
+    RayService's ``serveConfigV2``): ``import_path: orchestrator.serving.app:app_builder`` with
+    ``args: {command: "FILE --storage … --token-env NAME"}``, the options of ``orchestrator serve``
+    (``--host``/``--port`` are the config's ``http_options`` there; ``--ray-address`` is unused)."""
+    from orchestrator.serving.cli import parse_serve_arguments, serve_settings
+
+    parsed = parse_serve_arguments(shlex.split(args["command"]))
+    return application(serve_settings(parsed), parsed.replicas)
+
+
+def application(settings: ServeSettings, replicas: int = 1, cpus_per_replica: float = 1.0) -> Application:
+    options = GalleryServer.options(num_replicas=replicas, ray_actor_options={"num_cpus": cpus_per_replica})
+    return options.bind(settings)
+
+
 def start_server(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000, replicas: int = 1,
                  cpus_per_replica: float = 1.0) -> str:
     """Deploy the application on the connected Ray; returns its base URL once it serves."""
     serve.start(http_options={"host": host, "port": port})
-    app = GalleryServer.options(num_replicas=replicas, ray_actor_options={"num_cpus": cpus_per_replica})
-    serve.run(app.bind(settings), name=APP_NAME, route_prefix="/")
+    serve.run(application(settings, replicas, cpus_per_replica), name=APP_NAME, route_prefix="/")
     return f"http://{host}:{port}"
 
 

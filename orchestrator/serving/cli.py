@@ -39,6 +39,13 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     serve.set_defaults(handler=serve_command)
 
 
+def parse_serve_arguments(argv: list[str]) -> argparse.Namespace:
+    """The parsed options of ``orchestrator serve ARGV…`` (exits with a usage error, as the CLI)."""
+    parser = argparse.ArgumentParser(prog="orchestrator")
+    add_serve_command(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["serve", *argv])
+
+
 def serve_command(args: argparse.Namespace) -> int:
     settings = serve_settings(args)
     import signal

@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from orchestrator.serving.requests import BadRequest, Limits, check_width, decode_queries, parse_search
 
 log = logging.getLogger(__name__)
@@ -59,7 +61,7 @@ class GalleryEndpoint:
         from orchestrator.lineage import LineageStore
         from orchestrator.search.queries import decode_image
         from orchestrator.search.service import SearchService, open_router, query_preprocessing
-        from orchestrator.serving.leases import write_lease
+        from orchestrator.storage.leases import write_lease
         from orchestrator.serving.snapshots import SnapshotHolder, read_state
 
         self.settings, self.holder_name = settings, holder_name
@@ -73,7 +75,10 @@ class GalleryEndpoint:
             router = open_router(self.store, self.gallery, generation, metric=settings.metric,
                                  dataset=config.data.eval_split, on_incompatible=settings.on_incompatible,
                                  shards=state.shards)
-            return SearchService(router, size, normalisation)
+            service = SearchService(router, size, normalisation)
+            for route in router.routes:  # read (and check) every shard file now, not on a request
+                service.item_attributes(route.shard.index, np.empty(0, dtype=np.int64))
+            return service
 
         on_held = (lambda uris: write_lease(config.storage, holder_name, uris)) if settings.lease else None
         self.holder = SnapshotHolder(lambda: read_state(self.store, self.gallery), build_service, settings.poll_s,
@@ -84,7 +89,7 @@ class GalleryEndpoint:
         self.responses: collections.Counter[int] = collections.Counter()
 
     def close(self) -> None:
-        from orchestrator.serving.leases import drop_lease
+        from orchestrator.storage.leases import drop_lease
 
         self.holder.stop()
         if self.settings.lease:

@@ -18,7 +18,7 @@ from orchestrator.index import build_index
 from orchestrator.integrity import record_index
 from orchestrator.lineage import LineageStore
 from orchestrator.serving.endpoint import GalleryEndpoint, ServeSettings, token_sha256
-from orchestrator.serving.leases import held_uris
+from orchestrator.storage.leases import held_uris
 from orchestrator.storage import join_uri
 from cli_runs import cli_in_process
 from serving_queries import png_files, search_body

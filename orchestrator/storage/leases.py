@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from orchestrator.storage import join_uri, list_dir, read_json, remove, write_json_atomic
+from orchestrator.storage.filesystem import join_uri, list_dir, read_json, remove, write_json_atomic
 
 LEASE_FOLDER = "serving/leases"
 #: Seconds a lease stays valid after it was written (a server rewrites it every lineage poll).
