@@ -21,16 +21,17 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("file", help="pipeline YAML whose lineage and gallery to serve")
     add_pipeline_options(serve, ("storage", "lineage", "ray_address"))
     serve.add_argument("--host", default="127.0.0.1", help="address the HTTP proxy listens on")
-    serve.add_argument("--port", type=int_at_least(1), default=8000, help="HTTP port")
+    serve.add_argument("--port", type=int_at_least(1), default=8000, help="port the HTTP proxy listens on")
     serve.add_argument("--replicas", type=int_at_least(1), default=1, help="server replicas (each holds the snapshot)")
     serve.add_argument("--token-env", metavar="NAME",
                        help="environment variable holding the bearer token every request but /healthz must carry")
     serve.add_argument("--read-prefix", action="append", default=[], metavar="URI",
                        help="a location below which image queries may be named by URI (repeatable; none: no URIs)")
-    serve.add_argument("--poll", type=float, default=1.0, metavar="SECONDS", help="lineage poll interval")
-    serve.add_argument("--max-queries", type=int_at_least(1), default=256, help="queries per request")
-    serve.add_argument("--max-k", type=int_at_least(1), default=1000, help="hits per query")
-    serve.add_argument("--max-body-mb", type=int_at_least(1), default=8, help="request body size in MiB")
+    serve.add_argument("--poll", type=float, default=1.0, metavar="SECONDS",
+                       help="seconds between two reads of the lineage (deployment and shard map)")
+    serve.add_argument("--max-queries", type=int_at_least(1), default=256, help="most queries in one request")
+    serve.add_argument("--max-k", type=int_at_least(1), default=1000, help="most hits per query a request may ask for (k)")
+    serve.add_argument("--max-body-mb", type=int_at_least(1), default=8, help="largest request body, in MiB")
     serve.add_argument("--criterion-metric", default="map", choices=METRICS,
                        help="recorded metric of the compatibility criterion that admits older shards")
     serve.add_argument("--skip-incompatible", action="store_true",
