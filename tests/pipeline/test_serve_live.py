@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -29,15 +28,9 @@ from orchestrator.serving.snapshots import snapshot_id
 from cli_runs import cli, cli_in_process
 from g0_run import REPO, g0_config, write_pipeline
 from local_ray import start_local_ray
-from serving_queries import png_files, search_body
+from serving_client import free_port, png_files, search_body
 
 pytestmark = pytest.mark.e2e
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def call(url: str, method: str = "GET", body: bytes | None = None, timeout: float = 120) -> tuple[int, dict]:

@@ -21,7 +21,7 @@ from orchestrator.serving.endpoint import GalleryEndpoint, ServeSettings, token_
 from orchestrator.storage.leases import held_uris
 from orchestrator.storage import join_uri
 from cli_runs import cli_in_process
-from serving_queries import png_files, search_body
+from serving_client import png_files, search_body
 
 pytestmark = pytest.mark.e2e
 

@@ -1,9 +1,10 @@
-"""Queries the serving tests send: digits of the test split as PNG files (query files of
-``orchestrator search``) and the ``POST /search`` body of the same files."""
+"""What the serving tests' clients use: digits of the test split as PNG files (query files of
+``orchestrator search``), the ``POST /search`` body of the same files, a free loopback port."""
 from __future__ import annotations
 
 import base64
 import json
+import socket
 from pathlib import Path
 
 from PIL import Image
@@ -22,3 +23,9 @@ def png_files(folder: Path, n: int) -> list[Path]:
 
 def search_body(paths: list[Path], **fields) -> bytes:
     return json.dumps({"images": [base64.b64encode(p.read_bytes()).decode() for p in paths], **fields}).encode()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
