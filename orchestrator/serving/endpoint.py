@@ -133,7 +133,7 @@ class GalleryEndpoint:
 
     def _status(self) -> dict[str, Any]:
         running = [{"shard": b.shard_index, "from": b.from_generation, "to": b.to_generation, "items": b.items}
-                   for b in self.store.backfills(self.gallery) if b.status == "running"]
+                   for b in self.store.backfills(self.gallery) if b.status == "started"]
         return {"gallery": self.gallery, **self.holder.status(), "backfilling": running}
 
     def _metrics(self) -> str:

@@ -102,6 +102,9 @@ class Snapshot:
 
     def service(self, generation: str | None = None) -> Any:
         generation = generation or self.state.generation
+        built = self._services.get(generation)  # requests for a built one never wait for another's build
+        if built is not None:
+            return built
         with self._lock:
             if generation not in self._services:
                 self._services[generation] = self.build_service(self.state, generation)

@@ -94,8 +94,11 @@ def test_the_endpoint_answers_as_orchestrator_search_and_follows_a_committed_sha
     assert not second_files & held_uris(config.storage)
     collected = cli_in_process("gc", str(pipeline), "--keep-deployments", "1", cwd=tmp_path)
     assert collected.returncode == 0 and not any(Path(uri).exists() for uri in second_files)
+    store.upsert_generation("g1", parent="g0-old")  # a next generation starts backfilling shard 2
+    store.start_backfill(gallery, 2, "g1", 5)
     status, fourth = served.handle("GET", "/status", AUTH, b"")
     assert fourth["swaps"] == 2 and fourth["snapshot"] == third["snapshot"] and fourth["items"] == 537
+    assert fourth["backfilling"] == [{"shard": 2, "from": "g0-old", "to": "g1", "items": 5}]
     store.close()
 
 
