@@ -4,7 +4,7 @@
 ``start_server`` starts Serve's proxy on ``host:port`` (127.0.0.1 unless told otherwise) on the Ray
 this process is connected to and deploys the application ``APP_NAME`` at ``/``; it returns when
 every replica has loaded its first snapshot. A request's body is refused (413) from its
-Content-Length before it is read when it is larger than the limit. The search itself runs in a
+Content-Length when it is larger than the limit, and dropped as it arrives, never held. The search itself runs in a
 thread of the replica, so ``/healthz`` and ``/status`` answer while a search runs.
 """
 from __future__ import annotations
@@ -21,6 +21,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from orchestrator.serving.endpoint import GalleryEndpoint, ServeSettings
 
 APP_NAME = "orchestrator"
+#: A refused body is read (and dropped) up to this many times the limit before the answer.
+DISCARD_FACTOR = 4
 
 
 @serve.deployment(name="gallery", max_ongoing_requests=16)
@@ -35,6 +37,7 @@ class GalleryServer:
     async def __call__(self, request: Request) -> Response:
         declared = request.headers.get("content-length", "0")
         if not declared.isdigit() or int(declared) > self.max_body:
+            await self._discard(request)
             return JSONResponse({"error": f"Content-Length {declared!r}: at most {self.max_body} bytes"}, 413)
         body = await request.body() if request.method == "POST" else b""
         status, payload = await asyncio.to_thread(self.endpoint.handle, request.method, request.url.path,
@@ -42,6 +45,15 @@ class GalleryServer:
         if isinstance(payload, str):
             return PlainTextResponse(payload, status, media_type="text/plain; version=0.0.4")
         return JSONResponse(payload, status)
+
+    async def _discard(self, request: Request) -> None:
+        """Read and drop a refused body, up to DISCARD_FACTOR times the limit, so that the client
+        (still sending) gets the 413 instead of a reset connection; a larger one is cut off."""
+        seen = 0
+        async for chunk in request.stream():
+            seen += len(chunk)
+            if seen > DISCARD_FACTOR * self.max_body:
+                break
 
     def __del__(self) -> None:  # Serve calls it when the replica shuts down
         endpoint = getattr(self, "endpoint", None)
