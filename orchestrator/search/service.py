@@ -31,10 +31,13 @@ from orchestrator.search.router import OnIncompatible, SearchResult, SearchRoute
 def open_router(store: LineageStore, gallery: str, serving: str | None = None, *, metric: str = "map",
                 dataset: str | None = None, on_incompatible: OnIncompatible = "refuse",
                 storage_options: Mapping[str, Any] | None = None,
-                shards: Sequence[ShardRecord] | None = None) -> SearchRouter:
+                shards: Sequence[ShardRecord] | None = None,
+                load_index: Callable[[ShardRecord], Any] | None = None) -> SearchRouter:
     """The router of ``gallery`` for ``serving`` (None: the deployed generation); see the module
     docstring. ``shards``: the gallery's shard rows as already read (a server's snapshot); None
-    reads them now. ValueError names what is missing (no deployment, unknown gallery or generation)."""
+    reads them now. ``load_index``: shard row → its index, checked against the lineage's hashes
+    (default ``load_checked_index``; a server reuses the indexes it loaded for an earlier snapshot).
+    ValueError names what is missing (no deployment, unknown gallery or generation)."""
     if serving is None:
         deployment = store.current_deployment()
         if deployment is None:
@@ -57,8 +60,11 @@ def open_router(store: LineageStore, gallery: str, serving: str | None = None, *
         models[name], _card = load_checked_generation(store, records[name], storage_options)
     criterion = CompatibilityCriterion.from_records(store.compatibility_values(dataset), metric, dataset)
     by_uri = {s.index_uri: s for s in shards}
+    if load_index is None:
+        def load_index(shard: ShardRecord) -> Any:
+            return load_checked_index(store, shard, storage_options)
     return SearchRouter(serving, models, parents, shards, criterion,
-                        lambda uri: load_checked_index(store, by_uri[uri], storage_options), on_incompatible,
+                        lambda uri: load_index(by_uri[uri]), on_incompatible,
                         read_embeddings=lambda shard: read_shard(shard.embeddings_uri, expected_sha256=shard.sha256,
                                                                  storage_options=storage_options))
 
@@ -73,7 +79,9 @@ class SearchService:
     router: SearchRouter
     image_size: int
     normalisation: tuple[Sequence[float], Sequence[float]]
-    _stored: dict[int, Any] = field(default_factory=dict, init=False, repr=False)
+    shard_files: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
+    """Shard files already read (sha256 checked), by (URI, sha256); a server shares one dict
+    between the services of its snapshots, so a file is read once while it is served."""
 
     @functools.cached_property
     def width(self) -> int:
@@ -93,10 +101,11 @@ class SearchService:
     def item_attributes(self, shard_index: int, ids: np.ndarray) -> dict[int, dict[str, Any]]:
         """{item id: {"uri": …, metadata…}} of the items ``ids`` of a searched shard, read from its
         file (sha256 checked against the lineage); empty when the shard recorded no attributes."""
-        if shard_index not in self._stored:  # each shard file read (and checked) once per service
-            record = next(r.shard for r in self.router.routes if r.shard.index == shard_index)
-            self._stored[shard_index] = read_shard(record.embeddings_uri, expected_sha256=record.sha256)
-        stored = self._stored[shard_index]
+        record = next(r.shard for r in self.router.routes if r.shard.index == shard_index)
+        key = (record.embeddings_uri, record.sha256)
+        if key not in self.shard_files:  # each shard file read (and checked) once
+            self.shard_files[key] = read_shard(record.embeddings_uri, expected_sha256=record.sha256)
+        stored = self.shard_files[key]
         if stored.attributes is None:
             return {}
         rows = np.flatnonzero(np.isin(stored.ids, ids))

@@ -58,6 +58,7 @@ class GalleryEndpoint:
     """One replica's API over a ``SnapshotHolder`` that follows the pipeline's lineage."""
 
     def __init__(self, settings: ServeSettings, holder_name: str):
+        from orchestrator.integrity import load_checked_index, recorded_index
         from orchestrator.lineage import LineageStore
         from orchestrator.search.queries import decode_image
         from orchestrator.search.service import SearchService, open_router, query_preprocessing
@@ -71,11 +72,25 @@ class GalleryEndpoint:
         size, normalisation = query_preprocessing(config)
         self._decode = lambda data, where: decode_image(data, size, where, settings.limits.max_pixels)
 
+        # what earlier snapshots loaded, reused while the lineage serves the same files: an index by
+        # (URI, the sha256 the lineage holds for it now), a shard file by (URI, sha256)
+        self._indexes: dict[tuple[str, str | None], Any] = {}
+        self._shard_files: dict[tuple[str, str], Any] = {}
+
+        def load_index(shard):
+            key = (shard.index_uri, (recorded_index(self.store, shard.index_uri) or {}).get("sha256"))
+            if key not in self._indexes:
+                self._indexes[key] = load_checked_index(self.store, shard)
+            return self._indexes[key]
+
         def build_service(state, generation: str) -> SearchService:
+            for cache in (self._indexes, self._shard_files):  # drop what no current shard row names
+                for key in [key for key in cache if key[0] not in state.uris]:
+                    cache.pop(key, None)
             router = open_router(self.store, self.gallery, generation, metric=settings.metric,
                                  dataset=config.data.eval_split, on_incompatible=settings.on_incompatible,
-                                 shards=state.shards)
-            service = SearchService(router, size, normalisation)
+                                 shards=state.shards, load_index=load_index)
+            service = SearchService(router, size, normalisation, self._shard_files)
             for route in router.routes:  # read (and check) every shard file now, not on a request
                 service.item_attributes(route.shard.index, np.empty(0, dtype=np.int64))
             return service

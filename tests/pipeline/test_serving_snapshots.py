@@ -74,8 +74,12 @@ def test_the_endpoint_answers_as_orchestrator_search_and_follows_a_committed_sha
     top = answer["results"][0][0]  # query 0's best hit, and its shard
     shard = top["shard"]
     files = lambda: {u for s in store.shards(gallery) if s.index == shard for u in (s.embeddings_uri, s.index_uri)}  # noqa: E731
+    indexes = lambda: {r.shard.index: r.index for r in served.holder.current.service().router.routes}  # noqa: E731
+    before = indexes()
     commit_shard_without(store, config.storage, gallery, shard, np.array([top["id"]]), config.gallery.index)
     assert served.holder.poll()  # the poll sees the commit and swaps
+    after = indexes()  # the unchanged shards' indexes are reused, the rewritten one is loaded
+    assert [after[i] is before[i] for i in sorted(before)] == [i != shard for i in sorted(before)]
     status, second = served.handle("POST", "/search", AUTH, search_body(queries, k=8))
     assert status == 200 and second["snapshot"] != first and second["searched_items"] == 538
     assert top["id"] not in {hit["id"] for hits in second["results"] for hit in hits}
