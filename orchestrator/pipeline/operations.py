@@ -21,10 +21,10 @@ from typing import Any
 
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import DeploymentRecord, ShardAssignment, ShardRecord
-from orchestrator.storage.leases import held_uris
 from orchestrator.storage import join_uri, read_bytes
 from orchestrator.storage.hashing import sha256_hex
 from orchestrator.storage.filesystem import open_filesystem, remove
+from orchestrator.storage.leases import held_uris
 
 SNAPSHOT_FIELDS = ("index", "generation", "embeddings_uri", "index_uri", "sha256", "n_items")
 

@@ -9,8 +9,9 @@ alike, and every response carries it.
 ``SnapshotHolder`` keeps the current snapshot in one reference. A poll (``poll``: the current
 deployment and the gallery's shard rows, two cheap queries, re-read until the deployment did not
 change in between) runs every ``poll_s`` seconds off the request path; when the state differs it
-builds the new snapshot completely (models and indexes loaded and checked against the lineage's
-hashes, ``search.service.open_router``) and only then swaps the reference. A request takes the
+builds the new snapshot completely (models and indexes checked against the lineage's hashes,
+``search.service.open_router``; ``serving.endpoint`` reuses what it loaded for the shards that did
+not change) and only then swaps the reference. A request takes the
 reference once (``use``) and is answered from that snapshot whatever swaps meanwhile. A state the
 router refuses (``IncompatibleShards`` while a backfill writes shards of a generation not deployed
 yet, with ``on_incompatible="refuse"``) or that fails to load is not served: the last snapshot
