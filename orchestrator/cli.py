@@ -26,6 +26,7 @@ from orchestrator.cli_options import (
     pipeline_overrides,
 )
 from orchestrator.search.cli import add_search_command
+from orchestrator.serving.cli import add_serve_command
 
 DEMO_METHODS = ("independent", "l2", "bct", "hot_refresh", "hoc", "hbct")
 DESCRIPTION = ("Train, evaluate, deploy and search backward-compatible embedding-model generations "
@@ -204,6 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_run_commands(commands)
     add_search_command(commands)
+    add_serve_command(commands)
     _add_inspection_commands(commands)
     _add_verify_command(commands)
     for command in commands.choices.values():  # every subcommand, wherever it was defined

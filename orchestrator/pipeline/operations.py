@@ -8,7 +8,8 @@ one lineage transaction; search follows it. Shards added after that deployment (
 backfills grow the gallery) are left empty.
 
 ``gc`` keeps what the lineage points at now, the shard files of the newest ``keep_deployments``
-deployments (the rollback targets), every generation's checkpoint, plans and reports; it removes
+deployments (the rollback targets), the files a running ``orchestrator serve`` holds (its leases,
+``storage.leases``), every generation's checkpoint, plans and reports; it removes
 other shard files under ``galleries/<gallery>/`` and Ray Train's epoch checkpoints of generations
 whose training committed (their finished checkpoint is saved separately).
 """
@@ -23,6 +24,7 @@ from orchestrator.lineage.records import DeploymentRecord, ShardAssignment, Shar
 from orchestrator.storage import join_uri, read_bytes
 from orchestrator.storage.hashing import sha256_hex
 from orchestrator.storage.filesystem import open_filesystem, remove
+from orchestrator.storage.leases import held_uris
 
 SNAPSHOT_FIELDS = ("index", "generation", "embeddings_uri", "index_uri", "sha256", "n_items")
 
@@ -99,6 +101,7 @@ def collect_garbage(store: LineageStore, storage: str, gallery: str, keep_deploy
     for deployment in history[-keep_deployments:]:
         outputs = store.committed_outputs(f"deploy:{deployment.generation}") or {}
         needed |= {row[k] for row in outputs.get("shards", []) for k in ("embeddings_uri", "index_uri") if row[k]}
+    needed |= held_uris(storage)  # what a running `orchestrator serve` holds (orchestrator.storage.leases)
     removed: list[str] = []
     fs, root = open_filesystem(join_uri(storage, "galleries", gallery))
     root = root.rstrip("/")

@@ -51,19 +51,14 @@ def search_command(args: argparse.Namespace) -> int:
 
     config = load_pipeline(args.file, pipeline_overrides(args))
     LineageStore(config.lineage, storage=config.storage, readonly=True).close()  # a missing store: refused before torch
-    from orchestrator.search.service import service_for_pipeline
+    from orchestrator.search.service import search_answer, service_for_pipeline
 
     service = service_for_pipeline(config, args.serving, metric=args.criterion_metric,
                                    on_incompatible="skip" if args.skip_incompatible else "refuse")
     embeddings, labels, ids, names = _queries(args, config, service)
-    result = service.router.search(embeddings, args.k)
-    report: dict[str, Any] = {
-        "serving": result.serving, "gallery": config.gallery.name, "k": args.k, "paths": result.paths,
-        "searched_items": service.router.searchable_items,
-        "not_searched": [s.describe() for s in result.skipped],
-        "queries": names,
-        "results": result.rows(service.item_attributes),
-    }
+    answer = search_answer(service, embeddings, args.k)
+    report: dict[str, Any] = {"serving": answer["serving"], "gallery": config.gallery.name, "k": args.k,
+                              **answer, "queries": names}
     if args.evaluate:
         report["evaluation"] = _evaluate(args, config, service, embeddings, labels, ids)
     text = json.dumps(report, indent=2)

@@ -16,6 +16,7 @@ Loaded with ``allow_pickle=False``: a query file can never run code.
 """
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -133,6 +134,30 @@ def _read_image(path: Path, image_size: int | None = None) -> np.ndarray:
 
     with Image.open(path) as image:
         rgb = image.convert("RGB")
+    return _resized(rgb, image_size)
+
+
+def _resized(rgb, image_size: int | None) -> np.ndarray:
+    """(H, W, 3) uint8 of a PIL RGB image, bilinearly resized to ``image_size`` when it has another size."""
+    from PIL import Image
+
     if image_size is not None and rgb.size != (image_size, image_size):
         rgb = rgb.resize((image_size, image_size), Image.Resampling.BILINEAR)
     return np.asarray(rgb, dtype=np.uint8)
+
+
+def decode_image(data: bytes, image_size: int, where: str, max_pixels: int) -> np.ndarray:
+    """(image_size, image_size, 3) uint8 of encoded image bytes (PNG, JPEG, …), read as a query image
+    file is; ValueError naming ``where`` when the bytes are no image PIL can decode or the image has
+    more than ``max_pixels`` pixels (checked from the header, before decoding)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+            if width * height > max_pixels:
+                raise ValueError(f"{where}: image of {width}x{height} pixels, more than the {max_pixels} allowed")
+            rgb = image.convert("RGB")
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, SyntaxError) as error:
+        raise ValueError(f"{where}: not a decodable image ({type(error).__name__}: {error})") from None
+    return _resized(rgb, image_size)

@@ -11,8 +11,9 @@ embedded) for image queries.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,6 +22,7 @@ import torch
 from orchestrator.gallery import read_shard
 from orchestrator.integrity import load_checked_generation, load_checked_index
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.records import ShardRecord
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.search.admission import CompatibilityCriterion
 from orchestrator.search.router import OnIncompatible, SearchResult, SearchRouter
@@ -28,9 +30,14 @@ from orchestrator.search.router import OnIncompatible, SearchResult, SearchRoute
 
 def open_router(store: LineageStore, gallery: str, serving: str | None = None, *, metric: str = "map",
                 dataset: str | None = None, on_incompatible: OnIncompatible = "refuse",
-                storage_options: Mapping[str, Any] | None = None) -> SearchRouter:
+                storage_options: Mapping[str, Any] | None = None,
+                shards: Sequence[ShardRecord] | None = None,
+                load_index: Callable[[ShardRecord], Any] | None = None) -> SearchRouter:
     """The router of ``gallery`` for ``serving`` (None: the deployed generation); see the module
-    docstring. ValueError names what is missing (no deployment, unknown gallery or generation)."""
+    docstring. ``shards``: the gallery's shard rows as already read (a server's snapshot); None
+    reads them now. ``load_index``: shard row → its index, checked against the lineage's hashes
+    (default ``load_checked_index``; a server reuses the indexes it loaded for an earlier snapshot).
+    ValueError names what is missing (no deployment, unknown gallery or generation)."""
     if serving is None:
         deployment = store.current_deployment()
         if deployment is None:
@@ -41,7 +48,7 @@ def open_router(store: LineageStore, gallery: str, serving: str | None = None, *
         raise ValueError(f"serving generation {serving!r} is not in the lineage (known: {sorted(records)})")
     if gallery not in {g.name for g in store.galleries()}:
         raise ValueError(f"gallery {gallery!r} is not in the lineage (known: {sorted(g.name for g in store.galleries())})")
-    shards = store.shards(gallery)
+    shards = store.shards(gallery) if shards is None else list(shards)
     parents = {name: record.parent for name, record in records.items()}
     needed = {serving} | {s.generation for s in shards if s.generation}
     ancestor = parents.get(serving)
@@ -53,8 +60,11 @@ def open_router(store: LineageStore, gallery: str, serving: str | None = None, *
         models[name], _card = load_checked_generation(store, records[name], storage_options)
     criterion = CompatibilityCriterion.from_records(store.compatibility_values(dataset), metric, dataset)
     by_uri = {s.index_uri: s for s in shards}
+    if load_index is None:
+        def load_index(shard: ShardRecord) -> Any:
+            return load_checked_index(store, shard, storage_options)
     return SearchRouter(serving, models, parents, shards, criterion,
-                        lambda uri: load_checked_index(store, by_uri[uri], storage_options), on_incompatible,
+                        lambda uri: load_index(by_uri[uri]), on_incompatible,
                         read_embeddings=lambda shard: read_shard(shard.embeddings_uri, expected_sha256=shard.sha256,
                                                                  storage_options=storage_options))
 
@@ -69,6 +79,14 @@ class SearchService:
     router: SearchRouter
     image_size: int
     normalisation: tuple[Sequence[float], Sequence[float]]
+    shard_files: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
+    """Shard files already read (sha256 checked), by (URI, sha256); a server shares one dict
+    between the services of its snapshots, so a file is read once while it is served."""
+
+    @functools.cached_property
+    def width(self) -> int:
+        """D, the width of the serving generation's embeddings (of one blank image, encoded)."""
+        return int(self.encode(np.zeros((1, self.image_size, self.image_size, 3), dtype=np.uint8)).shape[1])
 
     def encode(self, images: np.ndarray) -> torch.Tensor:
         """(N, H, W, 3) uint8 images → (N, D) embeddings of the serving generation."""
@@ -84,7 +102,10 @@ class SearchService:
         """{item id: {"uri": …, metadata…}} of the items ``ids`` of a searched shard, read from its
         file (sha256 checked against the lineage); empty when the shard recorded no attributes."""
         record = next(r.shard for r in self.router.routes if r.shard.index == shard_index)
-        stored = read_shard(record.embeddings_uri, expected_sha256=record.sha256)
+        key = (record.embeddings_uri, record.sha256)
+        if key not in self.shard_files:  # each shard file read (and checked) once
+            self.shard_files[key] = read_shard(record.embeddings_uri, expected_sha256=record.sha256)
+        stored = self.shard_files[key]
         if stored.attributes is None:
             return {}
         rows = np.flatnonzero(np.isin(stored.ids, ids))
@@ -92,17 +113,34 @@ class SearchService:
         return {int(stored.ids[row]): {name: values[k] for name, values in table.items()} for k, row in enumerate(rows)}
 
 
+def search_answer(service: SearchService, embeddings: torch.Tensor | np.ndarray, k: int) -> dict[str, Any]:
+    """The top-``k`` hits of the (Q, D) serving-generation ``embeddings`` as ``orchestrator search
+    --json`` and the server's ``POST /search`` return them: the serving generation, each generation's
+    comparison path, the items searched, the shards not searched, and per query its hits (id,
+    distance, shard, generation, the item's source URI and metadata)."""
+    result = service.router.search(embeddings, k)
+    return {"serving": result.serving, "paths": result.paths, "searched_items": service.router.searchable_items,
+            "not_searched": [s.describe() for s in result.skipped], "results": result.rows(service.item_attributes)}
+
+
 def service_for_pipeline(config, serving: str | None = None, *, metric: str = "map",
                          on_incompatible: OnIncompatible = "refuse",
                          train_images: Callable[[], Any] | None = None) -> SearchService:
     """The search service of a validated ``PipelineConfig``: its lineage, gallery, evaluation
     split (the criterion's dataset) and query preprocessing (normalisation of its training split)."""
-    from orchestrator.data import channel_statistics, load_source
-
     store = LineageStore(config.lineage, storage=config.storage, readonly=True)
     router = open_router(store, config.gallery.name, serving, metric=metric, dataset=config.data.eval_split,
                          on_incompatible=on_incompatible)
+    return SearchService(router, *query_preprocessing(config, train_images))
+
+
+def query_preprocessing(config, train_images: Callable[[], Any] | None = None
+                        ) -> tuple[int, tuple[Sequence[float], Sequence[float]]]:
+    """(image size, per-channel (mean, std) of the training split) with which a validated
+    ``PipelineConfig``'s gallery was embedded, and so its image queries are."""
+    from orchestrator.data import channel_statistics, load_source
+
     images = train_images() if train_images is not None else load_source(
         config.data.source, **config.data.loader_kwargs(config.data.train_split))
     size = config.data.image_size or int(images.images.shape[1])
-    return SearchService(router, size, channel_statistics(images))
+    return size, channel_statistics(images)

@@ -17,6 +17,7 @@ CLUSTERS = ROOT / "clusters"
 AWS = CLUSTERS / "aws.yaml"
 RAYCLUSTER = CLUSTERS / "kuberay" / "raycluster.yaml"
 RAYJOB = CLUSTERS / "kuberay" / "rayjob.yaml"
+RAYSERVICE = CLUSTERS / "kuberay" / "rayservice.yaml"
 LOCAL = CLUSTERS / "local_multinode.sh"
 
 
@@ -137,6 +138,25 @@ def test_rayjob_manifest():
     _check_cluster_spec(spec["rayClusterSpec"])
 
 
+def test_rayservice_manifest_serves_the_app_builder_with_valid_serve_options():
+    import shlex
+
+    from orchestrator.cli import build_parser
+
+    doc = load(RAYSERVICE)
+    assert doc["apiVersion"] == "ray.io/v1" and doc["kind"] == "RayService"
+    config = yaml.safe_load(doc["spec"]["serveConfigV2"])
+    (app,) = config["applications"]
+    assert app["import_path"] == "orchestrator.serving.app:app_builder" and app["route_prefix"] == "/"
+    args = build_parser().parse_args(["serve", *shlex.split(app["args"]["command"])])  # the serve command's options
+    assert args.storage.startswith("s3://") and args.token_env == "ORCHESTRATOR_SERVE_TOKEN"
+    cluster = doc["spec"]["rayClusterConfig"]
+    assert _token_auth(cluster)
+    for container in _containers(cluster):
+        env = {e["name"]: e for e in container["env"]}
+        assert "secretKeyRef" in env["ORCHESTRATOR_SERVE_TOKEN"]["valueFrom"], container["name"]
+
+
 # ---------------------------------------------------------------- every file
 
 ALL_FILES = sorted(p for p in CLUSTERS.rglob("*") if p.is_file())
@@ -156,7 +176,7 @@ SECRET_PATTERNS = [
 
 def test_cluster_files_exist():
     names = {p.relative_to(CLUSTERS).as_posix() for p in ALL_FILES}
-    assert {"aws.yaml", "kuberay/raycluster.yaml", "kuberay/rayjob.yaml",
+    assert {"aws.yaml", "kuberay/raycluster.yaml", "kuberay/rayjob.yaml", "kuberay/rayservice.yaml",
             "kuberay/README.md", "local_multinode.sh"} <= names
 
 

@@ -1,0 +1,90 @@
+"""``orchestrator serve FILE``: serve a pipeline's gallery over HTTP on Ray Serve, following its
+lineage live (docs/serving.md).
+
+Binds to 127.0.0.1 unless ``--host`` says otherwise. ``--token-env NAME``: requests need
+``Authorization: Bearer $NAME`` (the token is read from that environment variable, never from the
+command line, where other users of the machine could read it). Image queries by URI read only
+below the ``--read-prefix`` locations. Runs until interrupted (Ctrl-C or SIGTERM).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+from orchestrator.cli_options import add_pipeline_options, int_at_least, pipeline_overrides
+from orchestrator.metrics.names import METRICS
+
+
+def add_serve_command(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser("serve", help="serve the gallery over HTTP on Ray Serve (POST /search, GET /status), "
+                                               "following deployments, backfills and rollbacks live")
+    serve.add_argument("file", help="pipeline YAML whose lineage and gallery to serve")
+    add_pipeline_options(serve, ("storage", "lineage", "ray_address"))
+    serve.add_argument("--host", default="127.0.0.1", help="address the HTTP proxy listens on")
+    serve.add_argument("--port", type=int_at_least(1), default=8000, help="port the HTTP proxy listens on")
+    serve.add_argument("--replicas", type=int_at_least(1), default=1, help="server replicas (each holds the snapshot)")
+    serve.add_argument("--token-env", metavar="NAME",
+                       help="environment variable holding the bearer token every request but /healthz must carry")
+    serve.add_argument("--read-prefix", action="append", default=[], metavar="URI",
+                       help="a location below which image queries may be named by URI (repeatable; none: no URIs)")
+    serve.add_argument("--poll", type=float, default=1.0, metavar="SECONDS",
+                       help="seconds between two reads of the lineage (deployment and shard map)")
+    serve.add_argument("--max-queries", type=int_at_least(1), default=256, help="most queries in one request")
+    serve.add_argument("--max-k", type=int_at_least(1), default=1000, help="most hits per query a request may ask for (k)")
+    serve.add_argument("--max-body-mb", type=int_at_least(1), default=8, help="largest request body, in MiB")
+    serve.add_argument("--criterion-metric", default="map", choices=METRICS,
+                       help="recorded metric of the compatibility criterion that admits older shards")
+    serve.add_argument("--skip-incompatible", action="store_true",
+                       help="serve only the shards the serving generation is compatible with (default: keep the "
+                            "last servable snapshot)")
+    serve.set_defaults(handler=serve_command)
+
+
+def parse_serve_arguments(argv: list[str]) -> argparse.Namespace:
+    """The parsed options of ``orchestrator serve ARGV…`` (exits with a usage error, as the CLI)."""
+    parser = argparse.ArgumentParser(prog="orchestrator")
+    add_serve_command(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(["serve", *argv])
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    settings = serve_settings(args)
+    import signal
+
+    from orchestrator.distributed.runtime import connect
+    from orchestrator.serving.app import serve_until_interrupted, start_server
+
+    connect(settings.config.ray.address)
+    url = start_server(settings, args.host, args.port, args.replicas)
+    print(f"serving gallery {settings.config.gallery.name!r} at {url} (POST /search, GET /status, /healthz, /metrics)",
+          flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+    serve_until_interrupted()
+    return 0
+
+
+def _interrupt(_signal: int, _frame) -> None:
+    raise KeyboardInterrupt
+
+
+def serve_settings(args: argparse.Namespace):
+    """``ServeSettings`` of the parsed arguments: the pipeline loaded with its storage made absolute
+    (replicas may run in another working directory). ValueError naming a bad value."""
+    from orchestrator.config import load_pipeline
+    from orchestrator.pipeline.runner import storage_root
+    from orchestrator.serving.endpoint import ServeSettings, token_sha256
+    from orchestrator.serving.requests import Limits
+
+    if args.poll <= 0:
+        raise ValueError(f"--poll: a positive number of seconds, got {args.poll}")
+    token = None
+    if args.token_env:
+        token = os.environ.get(args.token_env)
+        if not token:
+            raise ValueError(f"--token-env: environment variable {args.token_env} is not set or empty")
+    overrides = pipeline_overrides(args)
+    config = load_pipeline(args.file, overrides)
+    config = load_pipeline(args.file, {**overrides, "storage": storage_root(config.storage)})
+    limits = Limits(max_body_bytes=args.max_body_mb << 20, max_queries=args.max_queries, max_k=args.max_k)
+    return ServeSettings(config, token_sha256(token) if token else None, tuple(args.read_prefix), limits, args.poll,
+                         args.criterion_metric, "skip" if args.skip_incompatible else "refuse")

@@ -1,0 +1,188 @@
+"""The HTTP API of one server replica, without Ray: a request (method, path, headers, body) in,
+a status and a JSON document (or Prometheus text) out. ``serving.app`` puts it behind Ray Serve.
+
+Routes:
+- ``POST /search``: the body of ``serving.requests``; answered from one snapshot
+  (``serving.snapshots``) by ``search.service.search_answer``, the function behind ``orchestrator
+  search --json``: ``{"snapshot", "deployment", "serving", "gallery", "k", "paths", "searched_items",
+  "not_searched", "results": [[{"id", "distance", "shard", "generation", "uri", metadata…}, …], …]}``;
+- ``GET /status``: the served snapshot (deployment, serving generation, shards by generation),
+  the backfills the lineage records as running, and a lineage state not served yet with the reason;
+- ``GET /healthz``: ``{"ok": true, "snapshot"}`` (no token needed);
+- ``GET /metrics``: Prometheus text: the snapshot and serving generation as labels of
+  ``orchestrator_serve_snapshot_info``, the deployment id, snapshot swaps, responses by status.
+
+With a token configured (``token_sha256``: the sha256 of the bearer token, so the secret itself is
+never stored in the application's config), every route but ``/healthz`` needs
+``Authorization: Bearer <token>`` (401 otherwise). Refusals are 4xx with ``{"error": one line}``;
+an unexpected failure answering one request is a 500 with one line, and the replica keeps serving.
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import hmac
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from orchestrator.serving.requests import BadRequest, Limits, check_width, decode_queries, parse_search
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """What every replica needs: the validated pipeline config (absolute storage), the bearer
+    token's sha256 (None: no token), the URI prefixes image queries may name, the request limits,
+    the lineage poll interval and the router's admission settings."""
+
+    config: Any  # orchestrator.config.PipelineConfig
+    token_sha256: str | None = None
+    read_prefixes: tuple[str, ...] = ()
+    limits: Limits = Limits()
+    poll_s: float = 1.0
+    metric: str = "map"
+    on_incompatible: str = "refuse"
+    lease: bool = True
+
+
+def token_sha256(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+class GalleryEndpoint:
+    """One replica's API over a ``SnapshotHolder`` that follows the pipeline's lineage."""
+
+    def __init__(self, settings: ServeSettings, holder_name: str):
+        from orchestrator.integrity import load_checked_index, recorded_index
+        from orchestrator.lineage import LineageStore
+        from orchestrator.search.queries import decode_image
+        from orchestrator.search.service import SearchService, open_router, query_preprocessing
+        from orchestrator.storage.leases import write_lease
+        from orchestrator.serving.snapshots import SnapshotHolder, read_state
+
+        self.settings, self.holder_name = settings, holder_name
+        config = settings.config
+        self.gallery = config.gallery.name
+        self.store = LineageStore(config.lineage, storage=config.storage, readonly=True)
+        size, normalisation = query_preprocessing(config)
+        self._decode = lambda data, where: decode_image(data, size, where, settings.limits.max_pixels)
+
+        # what earlier snapshots loaded, reused while the lineage serves the same files: an index by
+        # (URI, the sha256 the lineage holds for it now), a shard file by (URI, sha256)
+        self._indexes: dict[tuple[str, str | None], Any] = {}
+        self._shard_files: dict[tuple[str, str], Any] = {}
+
+        def load_index(shard):
+            key = (shard.index_uri, (recorded_index(self.store, shard.index_uri) or {}).get("sha256"))
+            if key not in self._indexes:
+                self._indexes[key] = load_checked_index(self.store, shard)
+            return self._indexes[key]
+
+        def build_service(state, generation: str) -> SearchService:
+            for cache in (self._indexes, self._shard_files):  # drop what no current shard row names
+                for key in [key for key in cache if key[0] not in state.uris]:
+                    cache.pop(key, None)
+            router = open_router(self.store, self.gallery, generation, metric=settings.metric,
+                                 dataset=config.data.eval_split, on_incompatible=settings.on_incompatible,
+                                 shards=state.shards, load_index=load_index)
+            service = SearchService(router, size, normalisation, self._shard_files)
+            for route in router.routes:  # read (and check) every shard file now, not on a request
+                service.item_attributes(route.shard.index, np.empty(0, dtype=np.int64))
+            return service
+
+        on_held = (lambda uris: write_lease(config.storage, holder_name, uris)) if settings.lease else None
+        self.holder = SnapshotHolder(lambda: read_state(self.store, self.gallery), build_service, settings.poll_s,
+                                     on_held)
+        if on_held is not None:
+            on_held(self.holder.held_uris())
+        self.holder.start()
+        self.responses: collections.Counter[int] = collections.Counter()
+
+    def close(self) -> None:
+        from orchestrator.storage.leases import drop_lease
+
+        self.holder.stop()
+        if self.settings.lease:
+            drop_lease(self.settings.config.storage, self.holder_name)
+        self.store.close()
+
+    def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> tuple[int, Any]:
+        """(HTTP status, a JSON-able dict or Prometheus text) of one request."""
+        try:
+            status, payload = self._route(method, path, headers, body)
+        except BadRequest as refused:
+            status, payload = refused.status, {"error": refused.reason}
+        except Exception as error:  # one request failed; the replica keeps serving
+            log.exception("request %s %s failed", method, path)
+            status, payload = 500, {"error": f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]}
+        self.responses[status] += 1
+        return status, payload
+
+    def _route(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> tuple[int, Any]:
+        routes = {("GET", "/healthz"): self._healthz, ("GET", "/status"): self._status,
+                  ("GET", "/metrics"): self._metrics, ("POST", "/search"): lambda: self._search(body)}
+        route = routes.get((method, path))
+        if route is None:
+            allowed = sorted(m for m, p in routes if p == path)
+            raise BadRequest(405 if allowed else 404, f"{method} {path}: " + (
+                f"use {' or '.join(allowed)}" if allowed else "no such route (POST /search, GET /status, /healthz, /metrics)"))
+        if path != "/healthz":
+            self._authorise(headers)
+        return 200, route()
+
+    def _authorise(self, headers: Mapping[str, str]) -> None:
+        expected = self.settings.token_sha256
+        if expected is None:
+            return
+        scheme, _, token = (headers.get("authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token_sha256(token.strip()), expected):
+            raise BadRequest(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+
+    def _healthz(self) -> dict[str, Any]:
+        return {"ok": True, "snapshot": self.holder.current.id}
+
+    def _status(self) -> dict[str, Any]:
+        running = [{"shard": b.shard_index, "from": b.from_generation, "to": b.to_generation, "items": b.items}
+                   for b in self.store.backfills(self.gallery) if b.status == "started"]
+        return {"gallery": self.gallery, **self.holder.status(), "backfilling": running}
+
+    def _metrics(self) -> str:
+        status = self.holder.status()
+        labels = f'replica="{self.holder_name}",gallery="{self.gallery}"'
+        lines = ["# TYPE orchestrator_serve_snapshot_info gauge",
+                 f'orchestrator_serve_snapshot_info{{{labels},snapshot="{status["snapshot"]}",'
+                 f'serving="{status["serving"]}"}} 1',
+                 "# TYPE orchestrator_serve_deployment_id gauge",
+                 f"orchestrator_serve_deployment_id{{{labels}}} {status['deployment']}",
+                 "# TYPE orchestrator_serve_items gauge", f"orchestrator_serve_items{{{labels}}} {status['items']}",
+                 "# TYPE orchestrator_serve_snapshot_swaps_total counter",
+                 f"orchestrator_serve_snapshot_swaps_total{{{labels}}} {status['swaps']}",
+                 "# TYPE orchestrator_serve_responses_total counter"]
+        lines += [f'orchestrator_serve_responses_total{{{labels},code="{code}"}} {count}'
+                  for code, count in sorted(self.responses.items())]
+        return "\n".join(lines) + "\n"
+
+    def _search(self, body: bytes) -> dict[str, Any]:
+        from orchestrator.search.service import search_answer
+        from orchestrator.storage import read_bytes
+
+        request = parse_search(body, self.settings.limits)
+        with self.holder.use() as snapshot:  # the one snapshot this request is answered from
+            try:
+                service = snapshot.service(request.generation)
+            except ValueError as refused:  # unknown generation, or one that cannot search these shards
+                raise BadRequest(400, str(refused)) from None
+            if request.embeddings is not None:
+                check_width(request.embeddings, service.width, service.router.serving)
+                queries = request.embeddings
+            else:
+                queries = service.encode(decode_queries(request, read_bytes, self._decode,
+                                                        self.settings.read_prefixes))
+            answer = search_answer(service, queries, request.k)
+            return {"snapshot": snapshot.id, "deployment": snapshot.state.deployment_id, "gallery": self.gallery,
+                    "k": request.k, **answer}

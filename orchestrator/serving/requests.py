@@ -1,0 +1,160 @@
+"""The body of ``POST /search``, read and bounded before any model or index sees it.
+
+A JSON object with exactly one of:
+
+- ``"embeddings"``: a list of Q lists of D numbers, embeddings of the serving generation (D: its
+  embedding width; NaN or infinite values are refused);
+- ``"images"``: a list of Q strings, each an encoded image file (PNG, JPEG, …) in base64;
+- ``"uris"``: a list of Q image locations, each under one of the prefixes the server was started
+  with (``--read-prefix``); nothing else is read, so a request cannot make the server fetch an
+  arbitrary location;
+
+and optionally ``"k"`` (hits per query, 1…``max_k``, default 10) and ``"generation"`` (whose queries
+search; default the deployed one). Every refusal is a ``BadRequest`` with an HTTP status and a
+one-line reason naming the field and the value.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+QUERY_FIELDS = ("embeddings", "images", "uris")
+DEFAULT_K = 10
+
+
+class BadRequest(ValueError):
+    """A request the server refuses: ``status`` (4xx) and a one-line ``reason``."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(reason)
+        self.status, self.reason = status, " ".join(reason.split())
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of one request: body bytes, queries per request, hits per query, pixels per image."""
+
+    max_body_bytes: int = 8 << 20
+    max_queries: int = 256
+    max_k: int = 1000
+    max_pixels: int = 4096 * 4096
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """Exactly one of ``embeddings`` (Q, D) float32, ``images`` (encoded bytes) or ``uris``."""
+
+    k: int
+    generation: str | None
+    embeddings: np.ndarray | None = None
+    images: tuple[bytes, ...] | None = None
+    uris: tuple[str, ...] | None = None
+
+
+def parse_search(body: bytes, limits: Limits) -> SearchRequest:
+    """The ``SearchRequest`` of a request body, or ``BadRequest``."""
+    if len(body) > limits.max_body_bytes:
+        raise BadRequest(413, f"request body of {len(body)} bytes, more than the {limits.max_body_bytes} allowed")
+    try:
+        document = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise BadRequest(400, f"request body is not JSON: {error}") from None
+    if not isinstance(document, dict):
+        raise BadRequest(400, f"request body must be a JSON object, got {type(document).__name__}")
+    unknown = sorted(set(document) - {*QUERY_FIELDS, "k", "generation"})
+    if unknown:
+        raise BadRequest(400, f"unknown field(s) {unknown}; expected one of {list(QUERY_FIELDS)}, 'k', 'generation'")
+    given = [name for name in QUERY_FIELDS if name in document]
+    if len(given) != 1:
+        raise BadRequest(400, f"give exactly one of {list(QUERY_FIELDS)}, got {given or 'none'}")
+    name = given[0]
+    queries = document[name]
+    if not isinstance(queries, list) or not queries:
+        raise BadRequest(400, f"'{name}' must be a non-empty list, got {_describe(queries)}")
+    if len(queries) > limits.max_queries:
+        raise BadRequest(413, f"'{name}' holds {len(queries)} queries, more than the {limits.max_queries} allowed")
+    k = document.get("k", DEFAULT_K)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.max_k:
+        raise BadRequest(400, f"'k' must be an integer from 1 to {limits.max_k}, got {k!r}")
+    generation = document.get("generation")
+    if generation is not None and (not isinstance(generation, str) or not generation):
+        raise BadRequest(400, f"'generation' must be a generation name, got {_describe(generation)}")
+    if name == "embeddings":
+        return SearchRequest(k, generation, embeddings=_embeddings(queries))
+    if not all(isinstance(q, str) for q in queries):
+        raise BadRequest(400, f"'{name}' must be a list of strings")
+    if name == "images":
+        return SearchRequest(k, generation, images=tuple(_base64(q, n) for n, q in enumerate(queries)))
+    return SearchRequest(k, generation, uris=tuple(queries))
+
+
+def check_width(embeddings: np.ndarray, width: int, generation: str) -> None:
+    """BadRequest unless the (Q, D) query embeddings have the serving generation's width D."""
+    if embeddings.shape[1] != width:
+        raise BadRequest(400, f"'embeddings' have {embeddings.shape[1]} values per query; generation {generation!r} "
+                              f"embeds {width}")
+
+
+def allowed_uri(uri: str, prefixes: Sequence[str]) -> str:
+    """``uri`` when it lies below one of ``prefixes`` and has no ``.`` or ``..`` component, query,
+    fragment, backslash or NUL; else BadRequest (403) naming it."""
+    below = any(uri.startswith(prefix.rstrip("/") + "/") for prefix in prefixes)
+    components = uri.split("://", 1)[-1].split("/")
+    if not below or any(c in uri for c in "\\?#\x00") or any(part in (".", "..") for part in components):
+        configured = ", ".join(prefixes) if prefixes else "none configured: --read-prefix"
+        raise BadRequest(403, f"uri {uri!r} is not under a prefix this server reads ({configured})")
+    return uri
+
+
+def decode_queries(request: SearchRequest, read_uri: Callable[[str], bytes],
+                   decode: Callable[[bytes, str], np.ndarray], prefixes: Sequence[str]) -> np.ndarray:
+    """(Q, H, W, 3) uint8 of an ``images`` or ``uris`` request: every image decoded by ``decode``
+    (bytes, where → image, ValueError when undecodable → BadRequest); URIs checked against
+    ``prefixes`` before ``read_uri`` reads them (a missing file → BadRequest 404)."""
+    if request.images is not None:
+        sources = [(data, f"'images'[{n}]") for n, data in enumerate(request.images)]
+    else:
+        sources = []
+        for n, uri in enumerate(request.uris or ()):
+            try:
+                sources.append((read_uri(allowed_uri(uri, prefixes)), f"'uris'[{n}] {uri}"))
+            except FileNotFoundError:
+                raise BadRequest(404, f"'uris'[{n}]: no file at {uri!r}") from None
+    images = []
+    for data, where in sources:
+        try:
+            images.append(decode(data, where))
+        except ValueError as error:
+            raise BadRequest(400, str(error)) from None
+    return np.stack(images)
+
+
+def _embeddings(queries: list) -> np.ndarray:
+    widths = {len(q) if isinstance(q, list) else -1 for q in queries}
+    if -1 in widths or len(widths) != 1 or 0 in widths:
+        raise BadRequest(400, f"'embeddings' must be a list of equally long non-empty lists of numbers, got widths "
+                              f"{sorted(widths)}")
+    if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for q in queries for v in q):
+        raise BadRequest(400, "'embeddings' must hold numbers only")
+    with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, refused below
+        array = np.asarray(queries, dtype=np.float32)
+    if not np.isfinite(array).all() or not all(math.isfinite(v) for q in queries for v in q):
+        raise BadRequest(400, "'embeddings' contain NaN, infinite or out-of-range values")
+    return array
+
+
+def _base64(text: str, number: int) -> bytes:
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest(400, f"'images'[{number}] is not base64") from None
+
+
+def _describe(value) -> str:
+    return f"{type(value).__name__} {value!r}"[:80]

@@ -1,0 +1,29 @@
+"""benchmarks/serve_load.py end to end on a copy of the served g0-old run, small: every measurement
+row is there, no request fails, no response mixes snapshots, and the shard commits were served."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.benchmarks import serve_load
+from serving_client import free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def test_the_load_benchmark_runs_and_its_switches_are_served(copy_g0_run, tmp_path):
+    import ray
+
+    pipeline = copy_g0_run(tmp_path)
+    out = tmp_path / "load.json"
+    try:
+        assert serve_load.main([str(pipeline), "--items", "3000", "--kinds", "flat", "--seconds", "8", "--queries", "20",
+                                "--commits", "2", "--concurrency", "2", "--port", str(free_port()), "--json", str(out)]) == 0
+    finally:
+        ray.shutdown()
+    router, steady, switching = json.loads(out.read_text())
+    assert [r["measure"] for r in (router, steady, switching)] == ["router (one process)", "serve", "serve, 2 shard commits"]
+    assert all(r["items"] == 3000 and r["requests"] > 0 and r["failed"] == 0 and r["mixed"] == 0
+               for r in (router, steady, switching))
+    assert steady["snapshots"] == 1 and switching["snapshots"] >= 2  # the start, then the commits as they are served

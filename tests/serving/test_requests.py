@@ -1,0 +1,102 @@
+"""``POST /search`` bodies: what is accepted exactly as sent, and every refusal a 4xx with one line
+naming the field and the value."""
+import base64
+import io
+import json
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from orchestrator.search.queries import decode_image
+from orchestrator.serving.requests import BadRequest, Limits, allowed_uri, check_width, decode_queries, parse_search
+
+LIMITS = Limits(max_body_bytes=4096, max_queries=3, max_k=50, max_pixels=64 * 64)
+
+
+def body(**fields) -> bytes:
+    return json.dumps(fields).encode()
+
+
+def png(array: np.ndarray) -> bytes:
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, format="PNG")
+    return out.getvalue()
+
+
+def test_embeddings_are_read_as_float32_values_exactly_as_sent():
+    values = np.random.default_rng(0).normal(size=(2, 5)).astype(np.float32)
+    request = parse_search(body(embeddings=values.tolist(), k=7, generation="g1"), LIMITS)
+    assert request.k == 7 and request.generation == "g1" and request.images is None
+    np.testing.assert_array_equal(request.embeddings, values)
+    assert parse_search(body(embeddings=[[1.0, 2.0]]), LIMITS).k == 10  # the default
+
+
+@pytest.mark.parametrize("payload, status, words", [
+    (b"x" * 5000, 413, "5000 bytes, more than the 4096"),
+    (b"{not json", 400, "not JSON"),
+    (b"[1, 2]", 400, "JSON object, got list"),
+    (body(embeddings=[[1.0]], images=["AA=="]), 400, "exactly one of"),
+    (body(k=3), 400, "exactly one of"),
+    (body(embeddings=[[1.0]], color="red"), 400, "unknown field(s) ['color']"),
+    (body(embeddings=[[1.0]] * 4), 413, "4 queries, more than the 3"),
+    (body(embeddings=[]), 400, "non-empty list"),
+    (body(embeddings=[[1.0]], k=0), 400, "'k' must be an integer from 1 to 50, got 0"),
+    (body(embeddings=[[1.0]], k=51), 400, "got 51"),
+    (body(embeddings=[[1.0]], k=True), 400, "got True"),
+    (body(embeddings=[[1.0]], generation=""), 400, "'generation' must be a generation name"),
+    (body(embeddings=[[1.0, 2.0], [1.0]]), 400, "widths [1, 2]"),
+    (body(embeddings=[["a"]]), 400, "numbers only"),
+    (b'{"embeddings": [[NaN]]}', 400, "NaN"),
+    (b'{"embeddings": [[1e300]]}', 400, "out-of-range"),
+    (body(images=["not base64!"]), 400, "'images'[0] is not base64"),
+    (body(uris=[3]), 400, "list of strings"),
+])
+def test_bad_bodies_are_refused_with_a_one_line_reason(payload, status, words):
+    with pytest.raises(BadRequest) as refused:
+        parse_search(payload, LIMITS)
+    assert refused.value.status == status and words in refused.value.reason and "\n" not in refused.value.reason
+
+
+def test_an_embedding_of_the_wrong_width_names_both_widths():
+    with pytest.raises(BadRequest, match="3 values per query; generation 'g1' embeds 32") as refused:
+        check_width(np.zeros((1, 3), np.float32), 32, "g1")
+    assert refused.value.status == 400
+    check_width(np.zeros((2, 32), np.float32), 32, "g1")
+
+
+def test_images_decode_as_query_files_do_and_undecodable_or_huge_ones_are_refused(tmp_path):
+    rgb = np.random.default_rng(1).integers(0, 256, (20, 20, 3), dtype=np.uint8)
+    decode = lambda data, where: decode_image(data, 32, where, LIMITS.max_pixels)  # noqa: E731
+    request = parse_search(body(images=[base64.b64encode(png(rgb)).decode()]), LIMITS)
+    images = decode_queries(request, None, decode, ())
+    expected = np.asarray(Image.fromarray(rgb).resize((32, 32), Image.Resampling.BILINEAR))
+    assert images.shape == (1, 32, 32, 3)
+    np.testing.assert_array_equal(images[0], expected)
+    garbage = parse_search(body(images=[base64.b64encode(b"\x89PNG not really").decode()]), LIMITS)
+    with pytest.raises(BadRequest, match=r"'images'\[0\]: not a decodable image") as refused:
+        decode_queries(garbage, None, decode, ())
+    assert refused.value.status == 400
+    huge = parse_search(body(images=[base64.b64encode(png(np.zeros((65, 64, 3), np.uint8))).decode()]), Limits())
+    with pytest.raises(BadRequest, match="image of 64x65 pixels, more than the 4096 allowed"):
+        decode_queries(huge, None, decode, ())
+
+
+def test_uris_are_read_only_below_the_configured_prefixes(tmp_path):
+    allowed = str(tmp_path / "queries")
+    (tmp_path / "queries").mkdir()
+    (tmp_path / "queries" / "a.png").write_bytes(png(np.full((32, 32, 3), 7, np.uint8)))
+    read = lambda uri: open(uri, "rb").read()  # noqa: E731
+    decode = lambda data, where: decode_image(data, 32, where, LIMITS.max_pixels)  # noqa: E731
+    request = parse_search(body(uris=[f"{allowed}/a.png"]), LIMITS)
+    assert int(decode_queries(request, read, decode, (allowed,))[0, 0, 0, 0]) == 7
+    for uri in (f"{allowed}/../secret.png", f"{allowed}x/a.png", "/etc/passwd", f"{allowed}/./a.png", f"{allowed}/a.png?x"):
+        with pytest.raises(BadRequest, match="is not under a prefix this server reads") as refused:
+            allowed_uri(uri, (allowed,))
+        assert refused.value.status == 403
+    with pytest.raises(BadRequest, match="none configured"):
+        allowed_uri(f"{allowed}/a.png", ())
+    missing = parse_search(body(uris=[f"{allowed}/b.png"]), LIMITS)
+    with pytest.raises(BadRequest, match=r"'uris'\[0\]: no file at") as refused:
+        decode_queries(missing, read, decode, (allowed,))
+    assert refused.value.status == 404

@@ -1,0 +1,24 @@
+"""``orchestrator serve``'s usage errors: one line, exit 2, before any Ray or file is touched."""
+import pytest
+
+from cli_runs import cli_in_process
+from orchestrator.serving.cli import parse_serve_arguments
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["serve", "p.yaml", "--poll", "0"], "--poll: a positive number of seconds, got 0.0"),
+    (["serve", "p.yaml", "--token-env", "ORCHESTRATOR_TEST_UNSET_TOKEN"],
+     "--token-env: environment variable ORCHESTRATOR_TEST_UNSET_TOKEN is not set or empty"),
+])
+def test_bad_serve_options_are_one_line_and_exit_2(argv, message, tmp_path, monkeypatch):
+    monkeypatch.delenv("ORCHESTRATOR_TEST_UNSET_TOKEN", raising=False)
+    result = cli_in_process(*argv, cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr == f"orchestrator: error: {message}\n" and not result.stdout
+
+
+def test_the_serve_config_arguments_parse_as_the_command_line():
+    args = parse_serve_arguments(["p.yaml", "--replicas", "3", "--read-prefix", "s3://b/q", "--read-prefix", "/data/q"])
+    assert (args.file, args.replicas, args.read_prefix, args.host, args.port) == ("p.yaml", 3, ["s3://b/q", "/data/q"],
+                                                                                  "127.0.0.1", 8000)
+    with pytest.raises(SystemExit):
+        parse_serve_arguments(["p.yaml", "--replicas", "0"])
