@@ -34,7 +34,7 @@ from orchestrator.models.outputs import ModelOutput
 class MethodParams(BaseModel):
     """Base class of every method's typed hyperparameters: unknown fields are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 @dataclass

@@ -47,9 +47,11 @@ def add_search_command(commands: argparse._SubParsersAction) -> None:
 
 def search_command(args: argparse.Namespace) -> int:
     from orchestrator.config import load_pipeline
+    from orchestrator.outside import preflight
     from orchestrator.search.service import service_for_pipeline
 
     config = load_pipeline(args.file, pipeline_overrides(args))
+    preflight(config, storage_must_exist=True)
     service = service_for_pipeline(config, args.serving, metric=args.criterion_metric,
                                    on_incompatible="skip" if args.skip_incompatible else "refuse")
     embeddings, labels, ids, names = _queries(args, config, service)
