@@ -139,7 +139,10 @@ def _lineage_command(args: argparse.Namespace) -> int:
         raise ValueError("lineage: give a pipeline file or --lineage URL")
     storage = None  # without a pipeline file: the storage root the lineage recorded
     if args.file is None:
+        from orchestrator.outside import Locations, note
+
         url = args.lineage
+        note(Locations(lineage=url))
     else:
         from orchestrator.config import load_pipeline
         from orchestrator.outside import preflight
@@ -333,7 +336,8 @@ def _reported(error: Exception, verbose: bool) -> ExitCode | None:
     if isinstance(error, LineageBusy):  # another run of the pipeline holds its lock; nothing was done
         print(f"orchestrator: busy: {error}", file=sys.stderr)
         return ExitCode.BUSY
-    if isinstance(error, (ValueError, ImportError)):  # bad input: the message names the file, field and value
+    if isinstance(error, (ValueError, ImportError, LookupError)):  # bad input: the message names the file, field
+        # and value (LookupError: a generation or gallery the lineage does not know, named)
         print(f"orchestrator: error: {error}", file=sys.stderr)
         return ExitCode.USAGE
     if isinstance(error, DeploymentHeld):  # the gate held a generation back: nothing broke, nothing was deployed

@@ -58,12 +58,17 @@ def lineage_location(url: Any) -> str:
         return redact_uri(str(url))
 
 
+def note(locations: Locations) -> None:
+    """Note where this command's outside systems are, for ``explain`` (``preflight`` does)."""
+    _noted.set(locations)
+
+
 def preflight(config, *, storage_must_exist: bool, ray: bool = False) -> None:
     """Check ``config``'s storage, lineage URL and (``ray``) Ray address before anything is created
     (module docstring); note them for ``explain``. A reader (``storage_must_exist``) needs a
     storage that exists."""
     timeout_s = config.ray.connect_timeout_s
-    _noted.set(Locations(config.storage, str(config.lineage), config.ray.address if ray else None))
+    note(Locations(config.storage, str(config.lineage), config.ray.address if ray else None))
     check_storage(config.storage, must_exist=storage_must_exist, timeout_s=timeout_s)
     check_lineage_url(config.lineage)
     if ray:
