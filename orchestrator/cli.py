@@ -196,7 +196,12 @@ def _gc_command(args: argparse.Namespace) -> int:
 def _verify_command(args: argparse.Namespace) -> int:
     from orchestrator.pipeline.verify import adopt_unhashed, verify_storage
 
-    _config, store, storage = _served_store(args, readonly=not args.adopt)  # verify alone changes nothing
+    _config, store, storage = _served_store(args, readonly=not (args.adopt or args.rebuild_lineage))  # verify
+    if args.rebuild_lineage:  # alone changes nothing
+        from orchestrator.pipeline.recover import rebuild_lineage
+
+        for line in rebuild_lineage(store, storage).lines():
+            print(line)
     if args.adopt:
         for uri in adopt_unhashed(store):
             print(f"adopted {uri}")
@@ -217,6 +222,10 @@ def _add_verify_command(commands: argparse._SubParsersAction) -> None:
     verify.add_argument("--adopt", action="store_true",
                         help="first record the hashes a lineage written by an older version lacks, trusting the "
                              "cards and indexes as they are now (weights and shard files are still checked)")
+    verify.add_argument("--rebuild-lineage", action="store_true",
+                        help="first rebuild a lost or emptied lineage from the storage's own files (cards and "
+                             "weights, shard and index files, the last plan), refusing whatever disagrees "
+                             "(docs/troubleshooting.md)")
     verify.set_defaults(handler=_verify_command)
 
 
