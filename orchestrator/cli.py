@@ -101,9 +101,8 @@ def _demo_command(args: argparse.Namespace) -> int:
 
 def _run_command(args: argparse.Namespace) -> int:
     from orchestrator.config import load_pipeline
-    from orchestrator.pipeline.runner import run_pipeline
-
     from orchestrator.outside import preflight
+    from orchestrator.pipeline.runner import run_pipeline
 
     config = load_pipeline(args.file, pipeline_overrides(args))
     preflight(config, storage_must_exist=False, ray=True)  # before the lineage and the lock are created
@@ -196,8 +195,9 @@ def _gc_command(args: argparse.Namespace) -> int:
 def _verify_command(args: argparse.Namespace) -> int:
     from orchestrator.pipeline.verify import adopt_unhashed, verify_storage
 
-    _config, store, storage = _served_store(args, readonly=not (args.adopt or args.rebuild_lineage))  # verify
-    if args.rebuild_lineage:  # alone changes nothing
+    writes = args.adopt or args.rebuild_lineage  # verify alone reads only: it creates and changes nothing
+    _config, store, storage = _served_store(args, readonly=not writes)
+    if args.rebuild_lineage:
         from orchestrator.pipeline.recover import rebuild_lineage
 
         for line in rebuild_lineage(store, storage).lines():

@@ -3,7 +3,8 @@ command creates a lineage or a lock, and their failures told as one line.
 
 ``preflight(config, ...)`` checks a command's inputs up front: the storage (a local folder that
 must exist for a reader, or an S3 bucket that must answer within ``ray.connect_timeout_s``), the lineage URL (a SQLite
-path that names a folder), and the Ray address (a ``host:port`` or ``ray://host:port`` nothing
+path that names a folder), the local data the sources read (an image folder that is not there),
+and the Ray address (a ``host:port`` or ``ray://host:port`` nothing
 answers on fails after ``ray.connect_timeout_s`` instead of Ray's own minutes of retries). It
 also notes these locations, so that a later failure of one of these systems is told by
 ``explain`` as ``OutsideSystemError``: the system, its location (credentials redacted, also in
@@ -71,6 +72,7 @@ def preflight(config, *, storage_must_exist: bool, ray: bool = False) -> None:
     note(Locations(config.storage, str(config.lineage), config.ray.address if ray else None))
     check_storage(config.storage, must_exist=storage_must_exist, timeout_s=timeout_s)
     check_lineage_url(config.lineage)
+    check_data_paths(config)
     if ray:
         check_ray_address(config.ray.address, timeout_s)
 
@@ -113,6 +115,29 @@ def _s3_error(storage: str, error: BaseException) -> OutsideSystemError:
     return OutsideSystemError("S3", redact_uri(storage), f"{redact_uri(_one_line(error))} (endpoint "
                               f"{redact_uri(endpoint)})", "that the endpoint (AWS_ENDPOINT_URL_S3) is up and reachable, "
                               "and the credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE)")
+
+
+def check_data_paths(config) -> None:
+    """ValueError naming the field for a local data folder or file the pipeline's sources read
+    (``EXISTING_DATA_OPTIONS``: image folders, Parquet files) that does not exist."""
+    import os
+
+    from orchestrator.data.registry import EXISTING_DATA_OPTIONS
+
+    data = config.data
+    places = [("data.options", data.source, data.options)]
+    places += [(f"data.split_options.{split}", data.source, {**data.options, **options})
+               for split, options in data.split_options.items()]
+    if config.gallery.source is not None:
+        places.append(("gallery.options", config.gallery.source, config.gallery.options or {}))
+    for where, source, options in places:
+        option = EXISTING_DATA_OPTIONS.get(source)
+        value = options.get(option) if option else None
+        if isinstance(value, (str, os.PathLike)) and is_local(os.fspath(value)):
+            path = os.path.expanduser(os.fspath(value).removeprefix("file://"))
+            if not os.path.exists(path):
+                raise ValueError(f"{where}.{option}: no such file or folder {os.path.abspath(path)} "
+                                 f"(source {source!r})")
 
 
 def check_lineage_url(url: Any) -> None:

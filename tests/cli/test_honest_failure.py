@@ -100,3 +100,14 @@ def test_non_finite_numbers_are_refused_by_field(field, value, tmp_path, capsys)
     named = f"{parts[0]}[{parts[1]}].{'.'.join(parts[2:])}" if parts[0] == "generations" else field
     assert f"{named}: Input should be a finite number" in error, error
     assert files_under(tmp_path) == []
+
+
+def test_a_missing_image_folder_is_refused_before_a_lineage_or_lock_exists(tmp_path, capsys):
+    (tmp_path / "train").mkdir()
+    code = main(["run", str(PIPELINE), "--storage", str(tmp_path / "run"), "--set", "data.source=image_folder",
+                 "--set", "data.options={}", "--set",
+                 f"data.split_options={{train: {{root: {tmp_path / 'train'}}}, test: {{root: {tmp_path / 'nowhere'}}}}}"])
+    assert code == ExitCode.USAGE
+    assert one_error_line(capsys) == (f"orchestrator: error: data.split_options.test.root: no such file or folder "
+                                      f"{tmp_path / 'nowhere'} (source 'image_folder')\n")
+    assert files_under(tmp_path) == [tmp_path / "train"]  # no storage, lineage or lock

@@ -105,6 +105,24 @@ def test_verify_catches_changed_evaluation_embeddings_and_rollback_shards(served
     assert len(mismatches) == 1 and "kept for a rollback" in mismatches[0] and str(old) in mismatches[0]
 
 
+def test_a_changed_file_exits_5_whichever_file(served):
+    pipeline, storage, root = served
+    store = LineageStore(storage / "lineage.db", storage=storage, readonly=True)
+    index = Path(store.shards("digits-test")[1].index_uri)
+    store.close()
+    for changed in (index, storage / "generations" / "g0-old" / "model.safetensors",
+                    storage / "generations" / "g0-old" / "card.json"):
+        saved = changed.read_bytes()
+        flip_last_byte(changed)
+        try:
+            search = cli_in_process("search", str(pipeline), *SEARCH, cwd=root)
+            assert search.returncode == ExitCode.INTEGRITY == 5, (changed, search.stderr)
+            assert search.stderr.startswith("orchestrator: integrity: ") and str(changed) in search.stderr
+        finally:
+            changed.write_bytes(saved)
+    assert cli_in_process("search", str(pipeline), *SEARCH, cwd=root).returncode == 0
+
+
 def test_a_plan_recorded_outside_the_storage_is_reported_not_an_abort(served):
     pipeline, storage, root = served
     with sqlite3.connect(storage / "lineage.db") as db:
