@@ -196,11 +196,11 @@ def _verify_command(args: argparse.Namespace) -> int:
     from orchestrator.pipeline.verify import adopt_unhashed, verify_storage
 
     writes = args.adopt or args.rebuild_lineage  # verify alone reads only: it creates and changes nothing
-    _config, store, storage = _served_store(args, readonly=not writes)
+    config, store, storage = _served_store(args, readonly=not writes)
     if args.rebuild_lineage:
         from orchestrator.pipeline.recover import rebuild_lineage
 
-        for line in rebuild_lineage(store, storage).lines():
+        for line in rebuild_lineage(store, storage, config.data.eval_split).lines():
             print(line)
     if args.adopt:
         for uri in adopt_unhashed(store):

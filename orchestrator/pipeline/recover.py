@@ -14,9 +14,16 @@ Everything served is described by files the storage keeps:
   the name says, and the index holds as many items (the index's hashes are then recorded as they
   are now: ``integrity.index_record``).
 
-What disagrees is refused and listed, and so is what files cannot tell (evaluation results and
-compatibility values, backfill history, sweep candidates): ``Recovery.lines``. The rebuilt
+- the compatibility values between recovered generations from the run's report,
+  ``reports/compatibility.json`` (matrix row: query generation, column: gallery generation), as
+  the report says: the lineage never hashed it (a router refuses to serve a shard of a generation
+  it holds no value for).
+
+What disagrees is refused and listed, and so is what files cannot tell (the evaluate steps,
+backfill history, earlier deployments, sweep candidates): ``Recovery.lines``. The rebuilt
 lineage serves, searches and verifies (the stored evaluation embeddings are listed unreferenced).
+Shards are told apart by generation, which holds for whole-shard backfills; a shard folder with two
+files of one generation (an item-level backfill rewrote it) is refused, naming the shard.
 """
 from __future__ import annotations
 
@@ -38,6 +45,7 @@ class Recovery:
 
     generations: list[str] = field(default_factory=list)
     shards: int = 0
+    compatibility: int = 0
     deployed: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     not_recovered: list[str] = field(default_factory=list)
@@ -46,7 +54,8 @@ class Recovery:
         return ([f"REFUSED {line}" for line in self.refused]
                 + [f"not recovered: {line}" for line in self.not_recovered]
                 + [f"rebuilt: {len(self.generations)} generation(s) ({', '.join(self.generations) or 'none'}), "
-                   f"{self.shards} shard(s), serving {', '.join(self.deployed) or 'nothing'}"])
+                   f"{self.shards} shard(s), {self.compatibility} compatibility value(s), "
+                   f"serving {', '.join(self.deployed) or 'nothing'}"])
 
 
 def _cards(storage: str, recovery: Recovery) -> dict[str, dict]:
@@ -183,9 +192,28 @@ def _record_gallery(store, storage: str, gallery: str, cards: dict[str, dict], o
     recovery.deployed.append(f"{serving} on {gallery}")
 
 
-def rebuild_lineage(store, storage: str) -> Recovery:
+def _record_compatibility(store, storage: str, dataset: str, recovered: list[str], recovery: Recovery) -> None:
+    report = os.path.join(storage, "reports", "compatibility.json")
+    if not os.path.isfile(report):
+        recovery.not_recovered.append("compatibility values (no reports/compatibility.json)")
+        return
+    try:
+        document = json.loads(read_bytes(report))
+        names, matrices = list(document["generations"]), dict(document["matrices"])
+    except (ValueError, KeyError, TypeError) as error:
+        recovery.refused.append(f"{report}: not a compatibility report ({error})")
+        return
+    rows = [(query, gallery, metric, matrix[t][k], dataset)
+            for metric, matrix in matrices.items() for t, query in enumerate(names) for k, gallery in enumerate(names)
+            if query in recovered and gallery in recovered and matrix[t][k] is not None]
+    if rows:
+        recovery.compatibility = store.record_compatibility(rows)
+
+
+def rebuild_lineage(store, storage: str, dataset: str) -> Recovery:
     """Record in the empty lineage ``store`` what the local storage root ``storage`` holds (module
-    docstring). ValueError when the lineage already knows a generation (nothing is changed)."""
+    docstring); compatibility values are recorded for the evaluation split ``dataset``. ValueError
+    when the lineage already knows a generation (nothing is changed)."""
     if store.list_generations():
         raise ValueError(f"the lineage {store.url.render_as_string(hide_password=True)} is not empty; rebuilding "
                          "writes only into a lost (missing or emptied) lineage: move it away first")
@@ -195,10 +223,11 @@ def rebuild_lineage(store, storage: str) -> Recovery:
     for name in order:
         _record_generation(store, storage, cards[name])
         recovery.generations.append(name)
+    _record_compatibility(store, storage, dataset, order, recovery)
     galleries = os.path.join(storage, "galleries")
     for gallery in sorted(os.listdir(galleries)) if os.path.isdir(galleries) else []:
         if not os.path.islink(os.path.join(galleries, gallery)):
             _record_gallery(store, storage, gallery, {n: cards[n] for n in order}, order, recovery)
-    recovery.not_recovered += ["evaluation results and compatibility values (the evaluation embeddings files "
-                               "stay unreferenced)", "backfill history, earlier deployments and sweep candidates"]
+    recovery.not_recovered += ["the evaluate steps (the evaluation embeddings files stay unreferenced)",
+                               "backfill history, earlier deployments and sweep candidates"]
     return recovery

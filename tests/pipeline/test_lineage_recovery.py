@@ -155,8 +155,9 @@ def test_a_deleted_lineage_is_rebuilt_and_search_returns_the_same_hits(served):
     (storage / "lineage.db").unlink()
     rebuilt = cli_in_process("verify", str(pipeline), "--rebuild-lineage", cwd=root)
     assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
-    assert "rebuilt: 1 generation(s) (g0-old), 4 shard(s), serving g0-old on digits-test" in rebuilt.stdout
-    assert "not recovered: evaluation results" in rebuilt.stdout
+    assert ("rebuilt: 1 generation(s) (g0-old), 4 shard(s), 3 compatibility value(s), serving g0-old on "
+            "digits-test") in rebuilt.stdout
+    assert "not recovered: the evaluate steps" in rebuilt.stdout
     after = cli_in_process("search", str(pipeline), *SEARCH, cwd=root)
     assert after.returncode == 0, after.stderr
     assert json.loads(after.stdout) == json.loads(before.stdout)
