@@ -113,8 +113,8 @@ def _s3_error(storage: str, error: BaseException) -> OutsideSystemError:
 
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS's default"
     return OutsideSystemError("S3", redact_uri(storage), f"{redact_uri(_one_line(error))} (endpoint "
-                              f"{redact_uri(endpoint)})", "that the endpoint (AWS_ENDPOINT_URL_S3) is up and reachable, "
-                              "and the credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE)")
+                              f"{redact_uri(endpoint)})", "that the endpoint (AWS_ENDPOINT_URL_S3) is up and "
+                              "reachable, and the credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE)")
 
 
 def check_data_paths(config) -> None:

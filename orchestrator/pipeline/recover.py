@@ -150,7 +150,8 @@ def _record_gallery(store, storage: str, gallery: str, cards: dict[str, dict], o
     plan = json.loads(plan_bytes)
     nearest = _lineage_of(serving, cards)
     assignments, records = [], {}
-    folders = sorted(f for f in os.listdir(root) if _SHARD_FOLDER.fullmatch(f) and not os.path.islink(os.path.join(root, f)))
+    folders = sorted(f for f in os.listdir(root)
+                     if _SHARD_FOLDER.fullmatch(f) and not os.path.islink(os.path.join(root, f)))
     for folder in folders:
         index = int(folder[len("shard-"):])
         files = {}
@@ -182,9 +183,10 @@ def _record_gallery(store, storage: str, gallery: str, cards: dict[str, dict], o
     for index_uri, record in records.items():
         store.commit_step(f"integrity:{index_uri}", record)
     shards = store.assign_shards(gallery, assignments, grow=True)
-    store.commit_step(f"plan:{gallery}:{serving}", {"plan_uri": plan_uri, "entries": len(plan.get("entries", [])),
-                                                    "items": sum(e.get("num_items", 0) for e in plan.get("entries", [])),
-                                                    "sha256": sha256_bytes(plan_bytes)})
+    entries = plan.get("entries", [])
+    store.commit_step(f"plan:{gallery}:{serving}", {"plan_uri": plan_uri, "entries": len(entries), "sha256":
+                                                    sha256_bytes(plan_bytes),
+                                                    "items": sum(e.get("num_items", 0) for e in entries)})
     store.deploy(serving, step=f"deploy:{serving}",
                  step_outputs={"generation": serving, "gate": None, "shards": shard_snapshot(
                      [s for s in shards if s.n_items])})

@@ -74,7 +74,7 @@ def test_a_postgresql_lineage_that_does_not_answer_names_it_without_the_password
     url = f"postgresql+psycopg://ann:hunter2@127.0.0.1:{closed_port()}/lineage"
     assert main(["lineage", "--lineage", url]) == ExitCode.UNREACHABLE
     error = one_error_line(capsys)
-    assert error.startswith(f"orchestrator: unreachable: PostgreSQL at postgresql+psycopg://ann:***@127.0.0.1:")
+    assert error.startswith("orchestrator: unreachable: PostgreSQL at postgresql+psycopg://ann:***@127.0.0.1:")
     assert "check that the server runs" in error and "hunter2" not in error
 
 
@@ -104,9 +104,9 @@ def test_non_finite_numbers_are_refused_by_field(field, value, tmp_path, capsys)
 
 def test_a_missing_image_folder_is_refused_before_a_lineage_or_lock_exists(tmp_path, capsys):
     (tmp_path / "train").mkdir()
+    split_options = f"{{train: {{root: {tmp_path / 'train'}}}, test: {{root: {tmp_path / 'nowhere'}}}}}"
     code = main(["run", str(PIPELINE), "--storage", str(tmp_path / "run"), "--set", "data.source=image_folder",
-                 "--set", "data.options={}", "--set",
-                 f"data.split_options={{train: {{root: {tmp_path / 'train'}}}, test: {{root: {tmp_path / 'nowhere'}}}}}"])
+                 "--set", "data.options={}", "--set", f"data.split_options={split_options}"])
     assert code == ExitCode.USAGE
     assert one_error_line(capsys) == (f"orchestrator: error: data.split_options.test.root: no such file or folder "
                                       f"{tmp_path / 'nowhere'} (source 'image_folder')\n")
