@@ -180,9 +180,10 @@ def explain(error: BaseException) -> OutsideSystemError | None:
     if isinstance(error, OutsideSystemError):
         return error
     noted = _noted.get()
-    from sqlalchemy.exc import InterfaceError, OperationalError
+    from sqlalchemy.exc import DatabaseError, InterfaceError, OperationalError
 
-    if isinstance(error, (OperationalError, InterfaceError)) and noted.lineage is not None:
+    database_unusable = isinstance(error, (OperationalError, InterfaceError)) or type(error) is DatabaseError
+    if database_unusable and noted.lineage is not None:  # not a constraint's or a statement's error
         location = lineage_location(noted.lineage)
         cause = _one_line(getattr(error, "orig", None) or error)
         if location.startswith("sqlite"):
