@@ -112,11 +112,3 @@ def test_a_missing_image_folder_is_refused_before_a_lineage_or_lock_exists(tmp_p
                                       f"{tmp_path / 'nowhere'} (source 'image_folder')\n")
     assert files_under(tmp_path) == [tmp_path / "train"]  # no storage, lineage or lock
 
-
-def test_a_sqlite_lineage_that_is_not_a_database_names_the_file(tmp_path, capsys):
-    database = tmp_path / "lineage.db"
-    database.write_bytes(b"not a database, " * 100)
-    assert main(["lineage", "--lineage", f"sqlite:///{database}"]) == ExitCode.UNREACHABLE
-    error = one_error_line(capsys)
-    assert error.startswith(f"orchestrator: unreachable: SQLite at sqlite:///{database}: file is not a database")
-    assert "check that the file is a lineage database" in error
