@@ -22,7 +22,7 @@
 #                     `status` and `down`. If given, it is created mode 0700 and must not exist
 #                     (or be this script's own). Keep it short: Ray's unix socket paths under it
 #                     must stay below ~107 characters (hence /tmp, not $TMPDIR)
-#   RAY_AUTH_TOKEN_PATH  an existing token file to use; by default `up` generates one (mode 600)
+#   RAY_AUTH_TOKEN_PATH  an existing token file to use (made mode 600); by default `up` generates one (mode 600)
 #
 # `down` stops only this cluster's processes (found by their temp dirs under the state dir), never
 # with `ray stop`, which would stop every Ray on the machine; so `up` does not wait for other Rays
@@ -141,6 +141,7 @@ cmd_up() {
     if [[ ! -s "$RAY_AUTH_TOKEN_PATH" ]]; then
         (umask 077 && python3 -c 'import secrets; print(secrets.token_hex(32))' > "$RAY_AUTH_TOKEN_PATH")
     fi
+    chmod 600 "$RAY_AUTH_TOKEN_PATH"      # private whatever existed before (a given or an older file)
 
     local nodes=$((n + 1)) lines head
     mapfile -t lines < <(pick_ports "$nodes")

@@ -4,7 +4,11 @@ Exit codes (``ExitCode``; docs/cli.md): 0 done; 1 a runtime failure (a failed st
 database error); 2 a usage or configuration error (bad arguments, a bad file or value: nothing was
 started; also a lineage store that does not exist: ``LineageNotFound``); 3 the deployment gate held
 a generation back; 4 busy: another process holds the pipeline's run lock (the message names it,
-nothing was done). Every error is reported before any other
+nothing was done); 5 integrity: a stored file is not what the lineage recorded (a checksum
+mismatch, whichever file; a file it hashes is missing; ``verify`` found a problem or had nothing to
+check); 6 an outside system (S3, PostgreSQL, SQLite, Ray) did not answer or refused: the one line
+names the system, its location (credentials redacted) and what to check (``orchestrator.outside``).
+Every error is reported before any other
 output where it can be checked up front (arguments, files, method names).
 """
 from __future__ import annotations
@@ -41,6 +45,8 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # bad arguments, a bad pipeline / tune file or value: nothing was started
     HELD = 3  # the deployment gate held a generation back (nothing broke, nothing was deployed)
     BUSY = 4  # another process holds the pipeline's run lock (nothing was done)
+    INTEGRITY = 5  # a stored file is not what the lineage recorded (any file), or verify checked nothing
+    UNREACHABLE = 6  # S3, PostgreSQL, SQLite or Ray did not answer or refused (the line names which, and where)
 
 
 def _methods_command(args: argparse.Namespace) -> int:
@@ -96,8 +102,10 @@ def _demo_command(args: argparse.Namespace) -> int:
 
 def _run_command(args: argparse.Namespace) -> int:
     from orchestrator.config import load_pipeline
+    from orchestrator.outside import preflight
 
     config = load_pipeline(args.file, pipeline_overrides(args))  # checked before Ray and torch are imported
+    preflight(config, storage_must_exist=False, ray=True)  # before the lineage and the lock are created
     from orchestrator.pipeline.runner import run_pipeline
 
     result = run_pipeline(config)
@@ -110,6 +118,9 @@ def _tune_command(args: argparse.Namespace) -> int:
     from orchestrator.tuning.config import load_tune_file
 
     tune_file = load_tune_file(args.file, pipeline_overrides(args))  # checked before Ray Tune is imported
+    from orchestrator.outside import preflight
+
+    preflight(tune_file.pipeline, storage_must_exist=False, ray=True)
     from orchestrator.tuning.results import plot_axes
     from orchestrator.tuning.sweep import run_sweep
 
@@ -129,26 +140,35 @@ def _lineage_command(args: argparse.Namespace) -> int:
         raise ValueError("lineage: give a pipeline file or --lineage URL")
     storage = None  # without a pipeline file: the storage root the lineage recorded
     if args.file is None:
+        from orchestrator.outside import Locations, note
+
         url = args.lineage
+        note(Locations(lineage=url))
     else:
         from orchestrator.config import load_pipeline
+        from orchestrator.outside import preflight
 
         config = load_pipeline(args.file, pipeline_overrides(args))
+        preflight(config, storage_must_exist=False)
         url, storage = config.lineage, config.storage
     store = LineageStore(url, storage=storage, readonly=True)
     print(json.dumps(lineage_json(store), indent=2) if args.json else lineage_tree_text(store))
     return 0
 
 
-def _served_store(args: argparse.Namespace):
-    """(config, its lineage store, its absolute storage root) for the operations commands."""
+def _served_store(args: argparse.Namespace, readonly: bool = False):
+    """(config, its lineage store, its absolute storage root) for the operations commands: the
+    storage must exist and the lineage too (``readonly``: opened for reading, nothing created)."""
     from orchestrator.config import load_pipeline
 
     config = load_pipeline(args.file, pipeline_overrides(args))  # checked before the store is opened
     from orchestrator.lineage import LineageStore
+    from orchestrator.outside import preflight
     from orchestrator.pipeline.runner import storage_root
 
-    return config, LineageStore(config.lineage, storage=config.storage), storage_root(config.storage)
+    preflight(config, storage_must_exist=True)
+    store = LineageStore(config.lineage, storage=config.storage, readonly=readonly)
+    return config, store, storage_root(config.storage)
 
 
 def _deploy_command(args: argparse.Namespace) -> int:
@@ -163,9 +183,12 @@ def _deploy_command(args: argparse.Namespace) -> int:
 def _gc_command(args: argparse.Namespace) -> int:
     from orchestrator.pipeline.operations import collect_garbage
 
-    config, store, storage = _served_store(args)
-    with store.run_lock(config.name, "orchestrator gc"):
-        collection = collect_garbage(store, storage, config.gallery.name, args.keep_deployments, args.dry_run)
+    config, store, storage = _served_store(args, readonly=args.dry_run)
+    if args.dry_run:  # reads only: no lock either
+        collection = collect_garbage(store, storage, config.gallery.name, args.keep_deployments, dry_run=True)
+    else:
+        with store.run_lock(config.name, "orchestrator gc"):
+            collection = collect_garbage(store, storage, config.gallery.name, args.keep_deployments, dry_run=False)
     for uri in collection.removed:
         print(f"{'would remove' if args.dry_run else 'removed'} {uri}")
     print(collection.describe())
@@ -173,28 +196,39 @@ def _gc_command(args: argparse.Namespace) -> int:
 
 
 def _verify_command(args: argparse.Namespace) -> int:
-    _config, store, storage = _served_store(args)
+    writes = args.adopt or args.rebuild_lineage  # verify alone reads only: it creates and changes nothing
+    config, store, storage = _served_store(args, readonly=not writes)
     from orchestrator.pipeline.verify import adopt_unhashed, verify_storage
 
+    if args.rebuild_lineage:
+        from orchestrator.pipeline.recover import rebuild_lineage
+
+        for line in rebuild_lineage(store, storage, config.data.eval_split).lines():
+            print(line)
     if args.adopt:
         for uri in adopt_unhashed(store):
             print(f"adopted {uri}")
     result = verify_storage(store, storage)
     for line in result.lines():
         print(line)
-    return 0 if result.ok else 1
+    return ExitCode.OK if result.ok else ExitCode.INTEGRITY
 
 
 def _add_verify_command(commands: argparse._SubParsersAction) -> None:
     """``verify``: check every stored artefact against the hashes in the lineage (like ``git fsck``)."""
     verify = commands.add_parser("verify", help="check every checkpoint, card, shard file and index against the "
                                                  "lineage's hashes; list missing and unreferenced files "
-                                                 "(exit 1 on any mismatch or missing file)")
+                                                 "(exit 5 on any mismatch or missing file, or nothing to "
+                                                 "check); reads only")
     verify.add_argument("file", help="pipeline YAML whose storage and lineage to check")
     add_pipeline_options(verify, ("storage", "lineage"))
     verify.add_argument("--adopt", action="store_true",
                         help="first record the hashes a lineage written by an older version lacks, trusting the "
                              "cards and indexes as they are now (weights and shard files are still checked)")
+    verify.add_argument("--rebuild-lineage", action="store_true",
+                        help="first rebuild a lost or emptied lineage from the storage's own files (cards and "
+                             "weights, shard and index files, the last plan), refusing whatever disagrees "
+                             "(docs/troubleshooting.md)")
     verify.set_defaults(handler=_verify_command)
 
 
@@ -294,16 +328,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _reported(error: Exception, verbose: bool) -> ExitCode | None:
     """Print ``error`` as the one line its kind calls for and return the exit code; None: an error
     of no kind below (or a storage or database error under ``-v``), whose traceback is shown."""
+    from orchestrator.integrity import IntegrityError
     from orchestrator.lineage.errors import LineageBusy, LineageNotFound
+    from orchestrator.outside import explain
     from orchestrator.pipeline.gate import DeploymentHeld
+    from orchestrator.storage import ChecksumMismatch
 
+    outside = explain(error)
+    if outside is not None and not verbose:  # S3, PostgreSQL, SQLite, Ray: the system, where, what to check
+        print(f"orchestrator: unreachable: {outside}", file=sys.stderr)
+        return ExitCode.UNREACHABLE
+    if isinstance(error, (IntegrityError, ChecksumMismatch)):  # a stored file is not what the lineage recorded
+        print(f"orchestrator: integrity: {error}", file=sys.stderr)
+        return ExitCode.INTEGRITY
     if isinstance(error, LineageNotFound):  # a reader never creates a store
         print(f"orchestrator: error: LineageNotFound: {error}", file=sys.stderr)
         return ExitCode.USAGE
     if isinstance(error, LineageBusy):  # another run of the pipeline holds its lock; nothing was done
         print(f"orchestrator: busy: {error}", file=sys.stderr)
         return ExitCode.BUSY
-    if isinstance(error, (ValueError, ImportError)):  # bad input: the message names the file, field and value
+    if isinstance(error, (ValueError, ImportError, LookupError)):  # bad input: the message names the file, field
+        # and value (LookupError: a generation or gallery the lineage does not know, named)
         print(f"orchestrator: error: {error}", file=sys.stderr)
         return ExitCode.USAGE
     if isinstance(error, DeploymentHeld):  # the gate held a generation back: nothing broke, nothing was deployed

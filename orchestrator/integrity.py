@@ -25,6 +25,9 @@ from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, join_uri, load_generat
 
 #: Key of the train step's output holding the card's sha256.
 CARD_SHA256 = "card_sha256"
+#: Key of the ``evaluate:<gen>`` step's outputs holding ``{"uri", "sha256", "items"}`` of the
+#: generation's stored evaluation embeddings.
+EVAL_EMBEDDINGS = "eval_embeddings"
 #: Prefix of the lineage steps that hold an index file's hashes.
 INTEGRITY_PREFIX = "integrity:"
 

@@ -37,6 +37,7 @@ MAX_CPUS = 1_024.0                # CPUs asked for one worker / actor / trial
 MAX_GPUS = 64.0                   # GPUs asked for one worker / actor / trial
 MAX_FAILURES = 1_000              # retries of a failed training run or trial
 MAX_CHECKPOINTS_TO_KEEP = 1_000   # Ray Train epoch checkpoints kept
+MAX_CONNECT_TIMEOUT_S = 3_600     # seconds a command waits for a Ray address or an S3 endpoint to answer
 MAX_EPOCHS = 100_000              # training epochs (also a method's adapter / inner epochs)
 MAX_BATCH_SIZE = 1_048_576        # items per batch (training, embedding, a method's inner batches)
 MAX_IMAGE_SIZE = 4_096            # pixels per side of an image

@@ -82,10 +82,16 @@ class PipelineConfig(StrictModel):
     def _defaults_and_cross_checks(self) -> PipelineConfig:
         if self.storage is None:
             self.storage = f"./runs/{self.name}"
+        from orchestrator.storage.filesystem import redact_uri  # fsspec: imported only when a file is validated
+
+        storage = redact_uri(self.storage)
         problems = []
+        if self.is_remote_storage and storage != self.storage:
+            problems.append(problem(("storage",), "credentials in the URL are never used (nor shown); give them as "
+                                    "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or an AWS profile", storage))
         if self.lineage is None:
             if self.is_remote_storage:
-                problems.append(problem(("lineage",), f"required with remote storage ({self.storage}): SQLite cannot "
+                problems.append(problem(("lineage",), f"required with remote storage ({storage}): SQLite cannot "
                                         "live on object storage; give sqlite:///<volume path> or postgresql+psycopg://..."))
             else:
                 self.lineage = f"sqlite:///{local_path(self.storage).rstrip('/')}/lineage.db"
@@ -227,7 +233,10 @@ class PipelineConfig(StrictModel):
         if tracking.uri is None and not self.is_remote_storage:
             tracking.uri = f"sqlite:///{local_path(self.storage).rstrip('/')}/mlflow.db"
         if tracking.uri is None and tracking.enabled:
-            return [problem(("tracking", "uri"), f"required with remote storage ({self.storage}) when tracking is "
+            from orchestrator.storage.filesystem import redact_uri
+
+            return [problem(("tracking", "uri"), f"required with remote storage ({redact_uri(self.storage)}) when "
+                            "tracking is "
                             "enabled: give sqlite:///<volume path>/mlflow.db, postgresql://... or http(s)://<server>")]
         return []
 

@@ -68,7 +68,7 @@ def problems_from(error: ValidationError, model: type[BaseModel]) -> list[dict[s
 
 
 class StrictModel(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 def fields_at(model: Any, loc: tuple) -> list[str] | None:

@@ -33,6 +33,9 @@ class RaySettings(StrictModel):
                      is saved separately and never deleted.
     dashboard:       a local Ray (address null) starts its dashboard, and the run prints its address
                      (a cluster's dashboard is the cluster's; its address is printed when Ray gives it).
+    connect_timeout_s: seconds a command waits for the Ray address (host:port, ray://) and the S3
+                     storage's endpoint to answer before it stops, naming them (checked before
+                     anything is created).
     """
 
     address: str | None = None
@@ -43,6 +46,7 @@ class RaySettings(StrictModel):
     max_failures: int = Field(2, ge=-1, le=limits.MAX_FAILURES)
     checkpoints_to_keep: int = Field(2, ge=1, le=limits.MAX_CHECKPOINTS_TO_KEEP)
     dashboard: bool = False
+    connect_timeout_s: float = Field(10.0, gt=0, le=limits.MAX_CONNECT_TIMEOUT_S)
 
     @field_validator("address")
     @classmethod

@@ -31,6 +31,12 @@ LOADERS: dict[str, Callable[..., LabeledImages]] = {
     "shapes": load_shapes,
 }
 SOURCE_NAMES = tuple(LOADERS)
+#: The option of each source that names data which must already be there (nothing downloads it):
+#: a command checks a local one exists before it creates anything (``orchestrator.outside``).
+EXISTING_DATA_OPTIONS: dict[str, str] = {
+    "image_folder": "root", "tiny_imagenet": "root", "parquet": "path_or_url",
+    "parquet_dataset": "path", "image_files": "path",
+}
 STREAMED_SOURCES: dict[str, type[GallerySource]] = {"parquet_dataset": ParquetDatasetSource, "image_files": ImageFilesSource}
 # split names of the loaders that take a `split` argument (see orchestrator.data.sources)
 SPLITS: dict[str, tuple[str, ...]] = {

@@ -47,7 +47,7 @@ DEFAULT_TRAINING = TrainConfig(epochs=12, batch_size=64, lr=0.05, augment=False)
 class ExperimentSettings(BaseModel):
     """Sizes and training settings of an update experiment; defaults fit 2 CPU cores."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     arch: str = "test_resnet"
     new_arch: str | None = None

@@ -117,5 +117,8 @@ class StoreLocations(StoreSessions):
     def _read(self, fn):
         return self._resolved(StoreSessions._read(self, fn))
 
+    def _read_as_recorded(self, fn):
+        return StoreSessions._read(self, fn)
+
     def _write(self, fn):
         return self._resolved(StoreSessions._write(self, fn))

@@ -43,12 +43,22 @@ def sqlite_in_memory(url: URL) -> bool:
 
 
 def _readonly_sqlite(url: URL) -> URL:
-    """The URL of an existing SQLite file opened read-only (``mode=ro``); LineageNotFound when
-    there is none: checked before connecting, since connecting would create the file."""
+    """The URL of an existing SQLite file opened read-only; LineageNotFound when there is none:
+    checked before connecting, since connecting would create the file.
+
+    Read-only creates nothing: a WAL database opened ``mode=ro`` would still create its ``-wal``
+    and ``-shm`` files next to it (and leave them). When no ``-wal`` file exists no writer has the
+    database open, and every committed row is in the file itself, so it is opened ``immutable``
+    (no WAL index, no lock files); while a writer has it open (its ``-wal`` exists) the reader
+    shares that writer's WAL index (``mode=ro``), so it sees what the writer committed."""
     path = Path(url.database or "").expanduser()
     if sqlite_in_memory(url) or not path.is_file():
-        raise LineageNotFound(f"no lineage store at {url.render_as_string(hide_password=True)} (no such file)")
-    return url.set(database=f"file:{urllib.parse.quote(str(path.resolve()))}?mode=ro", query={"uri": "true"})
+        where = url.render_as_string(hide_password=True)
+        reason = "a folder, not a database file" if path.is_dir() else "no such file"
+        raise LineageNotFound(f"no lineage store at {where} ({reason})")
+    resolved = path.resolve()
+    mode = "mode=ro" if Path(f"{resolved}-wal").exists() else "mode=ro&immutable=1"
+    return url.set(database=f"file:{urllib.parse.quote(str(resolved))}?{mode}", query={"uri": "true"})
 
 
 def make_engine(url: URL, busy_timeout_s: float, echo: bool, readonly: bool) -> Engine:

@@ -155,9 +155,15 @@ class StepsMixin(StoreLocations):
         return dict(self.commit_step(key, outputs).outputs)
 
     def steps(self, prefix: Optional[str] = None) -> list[StepRecord]:
+        return self._resolved(self.steps_as_recorded(prefix))
+
+    def steps_as_recorded(self, prefix: Optional[str] = None) -> list[StepRecord]:
+        """``steps`` with their locations as recorded (``storage:<path>``, unresolved): for a
+        reader that resolves each step itself (``StorageRoot.resolve_json``), so that one location
+        leaving the storage root is that step's problem, not every step's ValueError."""
         def fn(session: Session) -> list[StepRecord]:
             stmt = select(Step).order_by(Step.id)
             if prefix:
                 stmt = stmt.where(self._key_prefix_filter(prefix))
             return [step_record(row) for row in session.scalars(stmt)]
-        return self._read(fn)
+        return StoreLocations._read_as_recorded(self, fn)

@@ -23,7 +23,7 @@ from orchestrator.geometry.spaces import Space
 class MethodParams(BaseModel):
     """Base class of every method's typed hyperparameters: unknown fields are errors."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class FlatParams(MethodParams):

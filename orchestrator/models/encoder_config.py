@@ -22,7 +22,7 @@ class EncoderConfig(BaseModel):
     drop_rate:       timm's dropout before the (removed) classifier, i.e. on the pooled feature.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     arch: str = "resnet18"
     embed_dim: int = Field(128, gt=0, le=limits.MAX_EMBED_DIM)

@@ -17,13 +17,11 @@ import safetensors.torch
 from torch.utils.data import Dataset
 
 from orchestrator.evaluation import CompatibilityReport, SplitEmbeddings, compare_generations, embed_split
+from orchestrator.integrity import EVAL_EMBEDDINGS  # the key of the step's outputs (verify reads it too)
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.storage import ChecksumMismatch, join_uri, read_bytes, redact_uri, sha256_hex, write_bytes_atomic
 
-#: key of the evaluate step's outputs holding ``{"uri", "sha256", "items"}`` of its embeddings file
-EVAL_EMBEDDINGS = "eval_embeddings"
 _TENSORS = ("embedding", "labels", "ids")
-
 
 def eval_embeddings_uri(storage: str, generation: str, split: str) -> str:
     """Where ``generation``'s embeddings of the evaluation split ``split`` are stored."""

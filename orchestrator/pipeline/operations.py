@@ -16,14 +16,16 @@ whose training committed (their finished checkpoint is saved separately).
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.integrity import IntegrityError
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import DeploymentRecord, ShardAssignment, ShardRecord
 from orchestrator.storage import join_uri, read_bytes
 from orchestrator.storage.hashing import sha256_hex
-from orchestrator.storage.filesystem import open_filesystem, remove
+from orchestrator.storage.filesystem import is_local, open_filesystem, remove
 from orchestrator.storage.leases import held_uris
 
 SNAPSHOT_FIELDS = ("index", "generation", "embeddings_uri", "index_uri", "sha256", "n_items")
@@ -37,7 +39,8 @@ def shard_snapshot(shards: list[ShardRecord]) -> list[dict[str, Any]]:
 def redeploy(store: LineageStore, gallery: str, generation: str | None, rollback: bool,
              say: Callable[[str], None]) -> DeploymentRecord:
     """Serve ``generation`` again (or, with ``rollback``, the generation served before the current
-    one) with the shards its last deployment recorded. ValueError naming what is missing."""
+    one) with the shards its last deployment recorded. ValueError naming what is missing,
+    IntegrityError naming a shard file that is no longer the recorded one."""
     history = store.deployments()
     if not history:
         raise ValueError("nothing has been deployed yet")
@@ -63,7 +66,7 @@ def redeploy(store: LineageStore, gallery: str, generation: str | None, rollback
             raise ValueError(f"shard {row['index']} of {generation!r}: {missing} (collected by gc?); "
                              "it cannot be served again") from None
         if sha256_hex(data) != row["sha256"]:
-            raise ValueError(f"shard {row['index']} of {generation!r}: {row['embeddings_uri']} no longer has its "
+            raise IntegrityError(f"shard {row['index']} of {generation!r}: {row['embeddings_uri']} no longer has its "
                              f"recorded sha256 {row['sha256'][:12]}…; it cannot be served again")
     restored = [ShardAssignment(**row) for row in snapshot]
     kept = {row["index"] for row in snapshot}
@@ -79,21 +82,25 @@ def redeploy(store: LineageStore, gallery: str, generation: str | None, rollback
 
 @dataclasses.dataclass
 class Collection:
-    """What ``collect_garbage`` removed (or, in a dry run, would remove)."""
+    """What ``collect_garbage`` removed (or, in a dry run, would remove), and the links it left."""
 
     removed: list[str]
     kept: int
     dry_run: bool
+    links: list[str] = dataclasses.field(default_factory=list)
 
     def describe(self) -> str:
         verb = "would remove" if self.dry_run else "removed"
-        return f"gc: {verb} {len(self.removed)} file(s) / folder(s), kept {self.kept} referenced shard file(s)"
+        left = f"; left {len(self.links)} link(s) alone (gc never follows or removes links)" if self.links else ""
+        return f"gc: {verb} {len(self.removed)} file(s) / folder(s), kept {self.kept} referenced shard file(s){left}"
 
 
 def collect_garbage(store: LineageStore, storage: str, gallery: str, keep_deployments: int,
                     dry_run: bool) -> Collection:
     """Remove shard files and Ray Train epoch checkpoints that nothing retained needs (module
-    docstring); never a file the lineage points at."""
+    docstring); never a file the lineage points at, never a link (nor anything behind one).
+    Everything to remove is listed and checked first (each a plain file, each epoch-checkpoint
+    folder a real folder); a RuntimeError naming what changed removes nothing."""
     if keep_deployments < 1:
         raise ValueError(f"keep_deployments: at least 1 (the serving deployment), got {keep_deployments}")
     needed = {uri for s in store.shards(gallery) for uri in (s.embeddings_uri, s.index_uri) if uri}
@@ -102,22 +109,51 @@ def collect_garbage(store: LineageStore, storage: str, gallery: str, keep_deploy
         outputs = store.committed_outputs(f"deploy:{deployment.generation}") or {}
         needed |= {row[k] for row in outputs.get("shards", []) for k in ("embeddings_uri", "index_uri") if row[k]}
     needed |= held_uris(storage)  # what a running `orchestrator serve` holds (orchestrator.storage.leases)
-    removed: list[str] = []
-    fs, root = open_filesystem(join_uri(storage, "galleries", gallery))
-    root = root.rstrip("/")
-    stored = sorted(p for p in (fs.find(root) if fs.exists(root) else []) if p[len(root):].startswith("/shard-"))
-    protocol = "" if "://" not in storage else storage.split("://", 1)[0] + "://"
-    unneeded = [protocol + p for p in stored if (protocol + p) not in needed and p not in needed]
-    removed += unneeded
+    stored, links = _shard_files(join_uri(storage, "galleries", gallery))
+    unneeded = [uri for uri in stored if uri not in needed]
     trained = {s.key.split(":", 1)[1] for s in store.steps("train:") if s.status == "committed"}
     ray_root = join_uri(storage, "ray")
+    ray_runs: list[str] = []
     ray_fs, ray_path = open_filesystem(ray_root)
     if ray_fs.exists(ray_path):
         for run in ray_fs.ls(ray_path, detail=False):
             name = str(run).rstrip("/").rsplit("/", 1)[-1]  # train-<generation>-<config sha prefix>
             if name.startswith("train-") and name[len("train-"):].rsplit("-", 1)[0] in trained:
-                removed.append(join_uri(ray_root, name))
+                uri = join_uri(ray_root, name)
+                (links if is_local(uri) and os.path.islink(uri) else ray_runs).append(uri)
+    removed = unneeded + ray_runs
     if not dry_run:
+        _check_removable(unneeded, ray_runs)
         for uri in removed:
-            remove(uri, recursive=uri.startswith(ray_root), missing_ok=True)
-    return Collection(removed, len(stored) - len(unneeded), dry_run)
+            remove(uri, recursive=uri in ray_runs, missing_ok=True)
+    return Collection(removed, len(stored) - len(unneeded), dry_run, links)
+
+
+def _shard_files(gallery_uri: str) -> tuple[list[str], list[str]]:
+    """(the files under ``gallery_uri``'s ``shard-*`` folders, the links met there, never followed)."""
+    if is_local(gallery_uri):
+        root = gallery_uri.removeprefix("file://")
+        files, links = [], []
+        for directory, dirs, names in os.walk(root):  # os.walk does not descend into linked folders
+            for name in sorted(dirs + names):
+                path = os.path.join(directory, name)
+                if os.path.islink(path):
+                    links.append(path)
+                elif name in names and path[len(root):].startswith("/shard-"):
+                    files.append(path)
+        return sorted(files), sorted(links)
+    fs, root = open_filesystem(gallery_uri)
+    root = root.rstrip("/")
+    protocol = gallery_uri.split("://", 1)[0] + "://"
+    found = fs.find(root) if fs.exists(root) else []
+    return sorted(protocol + p for p in found if p[len(root):].startswith("/shard-")), []
+
+
+def _check_removable(files: list[str], folders: list[str]) -> None:
+    """RuntimeError, before anything is removed, unless each of ``files`` is still a plain file and
+    each of ``folders`` a real folder (nothing turned into a link or changed kind meanwhile)."""
+    wrong = [uri for uri in files if is_local(uri) and (os.path.islink(uri) or not os.path.isfile(uri))]
+    wrong += [uri for uri in folders if is_local(uri) and (os.path.islink(uri) or not os.path.isdir(uri))]
+    if wrong:
+        raise RuntimeError(f"gc: {len(wrong)} path(s) changed kind since they were listed (e.g. {wrong[0]}); "
+                           "nothing was removed")

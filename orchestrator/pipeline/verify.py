@@ -1,9 +1,12 @@
 """Storage against lineage: ``orchestrator verify`` (like ``git fsck``) and the run's guards.
 
-``verify_storage`` checks every file the lineage serves from against the hashes it holds
-(``orchestrator.integrity``): each trained generation's card and weights, each shard's Parquet
-file (sha256, and its id set against the one its index was built from) and index file (sha256
-of the whole file, header included), and each committed gallery plan. It also lists *orphans* (files the lineage names that are
+``verify_storage`` checks every file the lineage hashes against the hashes it holds
+(``orchestrator.integrity``): each trained generation's card and weights and its stored
+evaluation embeddings, each shard's Parquet file (sha256, and its id set against the one its
+index was built from) and index file (sha256 of the whole file, header included), the shard files
+of earlier deployments kept for a rollback, and each committed gallery plan (which must lie in
+the storage). A step whose recorded location would leave the storage root is a problem, not an
+abort. A lineage that hashes no file verifies nothing: not ``ok``. It also lists *orphans* (files the lineage names that are
 missing) and *unreferenced* files (under ``generations/`` or ``galleries/`` of the storage, named
 nowhere in the lineage). Mismatches and orphans are errors; unreferenced files are listed only.
 
@@ -15,11 +18,13 @@ way of a step's first attempt).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from orchestrator.integrity import (
+    EVAL_EMBEDDINGS,
     INTEGRITY_PREFIX,
     IntegrityError,
     check_checkpoint,
@@ -32,7 +37,8 @@ from orchestrator.integrity import (
     sha256_bytes,
     trained_outputs,
 )
-from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, join_uri, read_bytes, read_json
+from orchestrator.lineage.locations import StorageRoot
+from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, join_uri, read_bytes, read_json, redact_uri
 from orchestrator.storage.overwrite import UnknownArtefact, refuse_file_on_first_attempt
 
 #: Folders of the storage root that hold artefacts the lineage must know.
@@ -49,10 +55,15 @@ class Verification:
 
     @property
     def ok(self) -> bool:
-        return not self.problems
+        """No problem, and something checked: a lineage that hashes no file verifies nothing."""
+        return not self.problems and self.checked > 0
 
     def lines(self) -> list[str]:
-        return ([f"MISMATCH {p}" for p in self.problems] + [f"unreferenced {u}" for u in self.unreferenced]
+        nothing = [] if self.checked else [
+            "NOTHING CHECKED: the lineage hashes no stored file"
+            + (f", but the storage holds {len(self.unreferenced)} artefact file(s): a lost or emptied lineage "
+               "(`orchestrator verify FILE --rebuild-lineage` rebuilds it from them)" if self.unreferenced else "")]
+        return ([f"MISMATCH {p}" for p in self.problems] + [f"unreferenced {u}" for u in self.unreferenced] + nothing
                 + [f"{self.checked} file(s) checked, {len(self.problems)} problem(s), "
                    f"{len(self.unreferenced)} unreferenced file(s)"])
 
@@ -77,26 +88,43 @@ def stored_files(storage: str) -> list[str]:
     return sorted(found)
 
 
-def known_files(store) -> set[str]:
+def known_files(store, steps=None) -> set[str]:
     """Every path the lineage names: checkpoints, shard files, and any path in a step's outputs
-    or in a plan file a step names (selection files)."""
+    or in a plan file a step names (selection files). ``steps``: the lineage's steps, resolved
+    (``resolved_steps``; default: all of them)."""
     known: set[str] = set()
     root = store.storage_root
     for record in store.list_generations():
         if record.checkpoint_uri:
             known |= {join_uri(record.checkpoint_uri, CARD_FILE), join_uri(record.checkpoint_uri, WEIGHTS_FILE)}
-    for step in store.steps():
+    for step in store.steps() if steps is None else steps:
         if step.key.startswith(INTEGRITY_PREFIX):
             known.add(step.key[len(INTEGRITY_PREFIX):])
         known |= set(_strings(step.outputs))
         plan = step.outputs.get("plan_uri")
         if step.status == "committed" and isinstance(plan, str) and os.path.exists(plan):
-            plan_json = read_json(plan)
+            try:
+                plan_json = read_json(plan)
+            except ValueError:  # an unreadable plan: verify reports its hash
+                continue
             known |= set(_strings(plan_json if root is None else root.resolve_json(plan_json)))
     for gallery in store.galleries():
         for shard in store.shards(gallery.name):
             known |= {uri for uri in (shard.embeddings_uri, shard.index_uri) if uri}
     return known
+
+
+def resolved_steps(store, root: StorageRoot) -> tuple[list, list[str]]:
+    """(the lineage's steps with their locations resolved against ``root``, a problem line for
+    each step whose recorded location would leave the root: that step is left out, not every one)."""
+    steps, problems = [], []
+    for step in store.steps_as_recorded():
+        try:
+            steps.append(dataclasses.replace(step, key=root.resolve_key(step.key),
+                                             outputs=root.resolve_json(step.outputs)))
+        except ValueError as error:
+            problems.append(f"step {step.key}: {error}")
+    return steps, problems
 
 
 def _check(result: Verification, what: str, check) -> None:
@@ -107,6 +135,17 @@ def _check(result: Verification, what: str, check) -> None:
         result.problems.append(f"{what}: missing (orphan): {missing}")
     except (IntegrityError, ValueError) as error:  # ValueError: ChecksumMismatch, an unreadable file
         result.problems.append(f"{what}: {error}")
+
+
+def _check_sha256(uri: str, expected: str, what: str) -> None:
+    actual = sha256_bytes(read_bytes(uri))
+    if actual != expected:
+        raise IntegrityError(f"{redact_uri(uri)}: {what} changed since it was written: sha256 {actual}, "
+                             f"the lineage holds {expected}")
+
+
+def _check_index_file(store, uri: str, n_items: int | None) -> None:
+    check_index_bytes(read_bytes(uri), uri, recorded_index(store, uri), n_items)
 
 
 def _check_shard(store, shard) -> None:
@@ -120,28 +159,61 @@ def _check_shard(store, shard) -> None:
                              f"file {shard.embeddings_uri} holds")
 
 
-def _check_plan(outputs: dict[str, Any]) -> None:
-    actual = sha256_bytes(read_bytes(outputs["plan_uri"]))
-    if actual != outputs["sha256"]:
-        raise IntegrityError(f"{outputs['plan_uri']}: sha256 {actual}, the lineage holds {outputs['sha256']}")
+def _check_plan(outputs: dict[str, Any], root: StorageRoot) -> None:
+    plan = outputs["plan_uri"]
+    if root.relative(plan) == plan:
+        raise IntegrityError(f"{redact_uri(plan)}: the plan's recorded location lies outside the storage "
+                             f"{redact_uri(root.uri)}")
+    _check_sha256(plan, outputs["sha256"], "plan file")
 
 
 def verify_storage(store, storage: str) -> Verification:
     """Check the storage at (local) root ``storage`` against ``store``; see the module docstring."""
     result = Verification()
+    root = StorageRoot(storage)
+    steps, result.problems = resolved_steps(store, root)
+    committed = [step for step in steps if step.status == "committed"]
     for record in store.list_generations():
         if record.checkpoint_uri and record.status == "trained":
             _check(result, f"generation {record.name} checkpoint", lambda r=record: check_checkpoint(store, r))
+    current: set[str] = set()
     for gallery in store.galleries():
         for shard in store.shards(gallery.name):
             if shard.n_items and shard.embeddings_uri:
+                current |= {shard.embeddings_uri, shard.index_uri}
                 _check(result, f"gallery {gallery.name} shard {shard.index}", lambda s=shard: _check_shard(store, s))
-    for step in store.steps("plan:"):
-        if step.status == "committed" and "sha256" in step.outputs:
-            _check(result, f"plan {step.key}", lambda o=step.outputs: _check_plan(o))
-    known = known_files(store)
+    for step in committed:
+        evaluation = step.outputs.get(EVAL_EMBEDDINGS) if step.key.startswith("evaluate:") else None
+        if isinstance(evaluation, dict) and "sha256" in evaluation:
+            _check(result, f"{step.key} evaluation embeddings",
+                   lambda e=evaluation: _check_sha256(e["uri"], e["sha256"], "evaluation embeddings"))
+        if step.key.startswith("plan:") and "sha256" in step.outputs:
+            _check(result, f"plan {step.key}", lambda o=step.outputs: _check_plan(o, root))
+    _check_superseded(store, committed, current, result)
+    known = known_files(store, steps)
     result.unreferenced = [path for path in stored_files(storage) if path not in known]
     return result
+
+
+def _check_superseded(store, committed: list, current: set[str], result: Verification) -> None:
+    """The shard files a deployment recorded that no shard serves now (kept for a rollback) and
+    any other index file the lineage hashed: each one still stored must be the one recorded (one
+    gc collected is not a problem: ``deploy`` refuses to serve it again, naming it)."""
+    seen = set(current)
+    for step in committed:
+        if step.key.startswith(("deploy:", "redeploy:")):
+            for row in step.outputs.get("shards") or []:
+                if not row.get("n_items") or row["embeddings_uri"] in seen or not os.path.exists(row["embeddings_uri"]):
+                    continue
+                seen.add(row["embeddings_uri"])
+                _check(result, f"{step.key} shard {row['index']} (kept for a rollback)",
+                       lambda r=row: _check_sha256(r["embeddings_uri"], r["sha256"], "shard file"))
+    for step in committed:
+        uri = step.key[len(INTEGRITY_PREFIX):] if step.key.startswith(INTEGRITY_PREFIX) else None
+        if uri and uri not in seen and os.path.exists(uri):
+            seen.add(uri)
+            _check(result, f"index {uri} (kept for a rollback)",
+                   lambda u=uri, o=step.outputs: _check_index_file(store, u, o.get("n_items")))
 
 
 def adopt_unhashed(store) -> list[str]:

@@ -48,8 +48,10 @@ def add_search_command(commands: argparse._SubParsersAction) -> None:
 def search_command(args: argparse.Namespace) -> int:
     from orchestrator.config import load_pipeline
     from orchestrator.lineage import LineageStore
+    from orchestrator.outside import preflight
 
     config = load_pipeline(args.file, pipeline_overrides(args))
+    preflight(config, storage_must_exist=True)
     LineageStore(config.lineage, storage=config.storage, readonly=True).close()  # a missing store: refused before torch
     from orchestrator.search.service import search_answer, service_for_pipeline
 

@@ -74,7 +74,7 @@ TRAINING_STATE_FILE = "training_state.json"
 class MethodSpec(BaseModel):
     """``CompatibilityMethod.describe()``: the method's registry name, space and parameter values."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str
     space: str
@@ -101,7 +101,7 @@ class CheckpointCard(BaseModel):
     extra:          caller's JSON metadata (metrics, data scenario, ...).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     format_version: int = CARD_FORMAT_VERSION
     name: str

@@ -29,7 +29,7 @@ class TrainConfig(BaseModel):
                     settings give the same weights.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     epochs: int = Field(10, ge=1, le=limits.MAX_EPOCHS)
     batch_size: int = Field(128, ge=2, le=limits.MAX_BATCH_SIZE)

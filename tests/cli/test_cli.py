@@ -110,10 +110,11 @@ def test_run_rejects_a_bad_file_with_one_line_naming_file_field_and_value(tmp_pa
 def test_a_garbled_lineage_database_is_one_line_not_a_traceback(tmp_path, capsys):
     database = tmp_path / "lineage.db"
     database.write_bytes(b"not a database at all\n" * 64)
-    assert main(["lineage", "--lineage", f"sqlite:///{database}"]) == 1
+    assert main(["lineage", "--lineage", f"sqlite:///{database}"]) == ExitCode.UNREACHABLE  # issue 27: names it
     error = capsys.readouterr().err
-    assert error.count("\n") == 1 and error.startswith("orchestrator: error: DatabaseError: ")
-    assert "file is not a database" in error and "Traceback" not in error
+    assert error.count("\n") == 1 and error.startswith(f"orchestrator: unreachable: SQLite at sqlite:///{database}: "
+                                                         "file is not a database; check that the file is a lineage")
+    assert "Traceback" not in error
     with pytest.raises(Exception, match="file is not a database"):
         main(["-v", "lineage", "--lineage", f"sqlite:///{database}"])  # -v: the real exception
 
@@ -264,7 +265,8 @@ def test_a_generation_held_by_the_gate_exits_3(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_run_command", held)
     assert main(["run", "pipelines/lifelong.yaml"]) == ExitCode.HELD == 3
     assert capsys.readouterr().err.startswith("orchestrator: held: gate of g2")
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4]  # 4: busy (tests/cli/test_cli_lineage_store.py)
+    # 4: busy (tests/cli/test_cli_lineage_store.py); 5, 6: tests/cli/test_honest_failure.py, test_lineage_recovery.py
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 5, 6]
 
 
 def test_schema_prints_the_json_schema_and_the_reference(capsys):

@@ -308,3 +308,29 @@ def test_local_multinode_up_status_down_keep_the_state_private(tmp_path):
         assert again.returncode == 1 and "no local cluster from this script" in again.stderr
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_local_multinode_up_makes_an_existing_token_file_private(tmp_path):
+    """A token file that existed before `up` (given as RAY_AUTH_TOKEN_PATH, mode 644) is used and
+    left private (600), like the one `up` writes (issue 27, finding 7)."""
+    stubs = tmp_path / "bin"
+    stubs.mkdir()
+    (stubs / "ray").write_text(RAY_STUB)
+    (stubs / "pgrep").write_text("#!/usr/bin/env bash\nexit 1\n")
+    for stub in stubs.iterdir():
+        stub.chmod(0o755)
+    token = tmp_path / "my_token"
+    token.write_text("0" * 64 + "\n")
+    token.chmod(0o644)
+    env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RAY_DIR", "XDG_STATE_HOME")}
+    env.update(HOME=str(tmp_path), PATH=f"{stubs}:{env['PATH']}", RAY_STUB_LOG=str(tmp_path / "ray.log"),
+               RAY_AUTH_TOKEN_PATH=str(token))
+    up = subprocess.run(["bash", str(LOCAL), "up", "1"], env=env, capture_output=True, text=True, timeout=60)
+    assert up.returncode == 0, up.stderr
+    state = Path(re.search(r"its state \(token, logs\) is in (\S+) \(private\)", up.stdout).group(1))
+    try:
+        assert token.stat().st_mode & 0o777 == 0o600
+        assert token.read_text() == "0" * 64 + "\n"  # used as it was, not replaced
+    finally:
+        subprocess.run(["bash", str(LOCAL), "down"], env=env, capture_output=True, text=True, timeout=60)
+        shutil.rmtree(state, ignore_errors=True)

@@ -167,7 +167,8 @@ def test_a_changed_plan_file_is_reported(gallery):
     assert verify_storage(store, str(storage)).ok
     plan.write_text('{"entries": [1]}')
     result = verify_storage(store, str(storage))
-    assert len(result.problems) == 1 and result.problems[0].startswith(f"plan plan:{GALLERY}:g0: {plan}: sha256")
+    assert len(result.problems) == 1 and result.problems[0].startswith(
+        f"plan plan:{GALLERY}:g0: {plan}: plan file changed since it was written: sha256")
 
 
 def test_adopt_records_the_index_hashes_an_older_lineage_lacks(gallery):

@@ -14,6 +14,7 @@ final gallery holds shards of g0, g1 and g2. Then:
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +113,27 @@ def test_the_gate_predicts_no_backfill_as_the_backfilling_curve_measures_it_and_
         assert (f"gate of {generation}: the planned backfill serves mAP {gate['predicted']:.4f}, below the "
                 f"{gate['no_backfill']:.4f} of re-embedding nothing") in stdout
     store.close()
+
+
+def test_a_lost_lineage_of_the_mixed_gallery_is_rebuilt_and_searches_the_same(served, tmp_path):
+    """Issue 27: a copy of the run loses its lineage; ``verify --rebuild-lineage`` rebuilds the
+    three generations, the shards of g0, g1 and g2 and their compatibility values, and ``search``
+    returns the same hits as before (every hit's generation and shard included)."""
+    root, _config, _stdout = served
+    shutil.copytree(root / "run", tmp_path / "run")
+    search = ("search", str(PIPELINE), "--storage", str(tmp_path / "run"), "--split", "test", "--limit", "40",
+              "-k", "5", "--json")
+    before = cli_in_process(*search, cwd=tmp_path)
+    assert before.returncode == 0, before.stderr
+    (tmp_path / "run" / "lineage.db").unlink()
+    rebuilt = cli_in_process("verify", str(PIPELINE), "--storage", str(tmp_path / "run"), "--rebuild-lineage",
+                             cwd=tmp_path)
+    assert rebuilt.returncode == 0, rebuilt.stdout + rebuilt.stderr
+    assert "rebuilt: 3 generation(s) (g0, g1, g2), 4 shard(s), 18 compatibility value(s), serving g2" in rebuilt.stdout
+    after = cli_in_process(*search, cwd=tmp_path)
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout) == json.loads(before.stdout)
+    assert {hit["generation"] for hits in json.loads(after.stdout)["results"] for hit in hits} == {"g0", "g1", "g2"}
 
 
 def test_orchestrator_search_serves_g2_over_all_three_generations(served):
