@@ -24,7 +24,10 @@ sha256-checked and feed it ``to_model_input``.
             commits each shard to a SQLite lineage;
   plain     a single-process loop written here: pyarrow reads file by file, batch by batch →
             the encoder (one torch thread) → every ``--items-per-shard`` items a shard file
-            (``write_shard``) and its flat FAISS index (``build_index``).
+            (``write_shard``) and its flat FAISS index (``build_index``);
+  plain x2  two plain loops at once, each over every other file: what two busy cores give the
+            plain loop (on a VM two vCPUs may not give twice one), the fair baseline of the
+            2-worker streamed path (``vs x2``: the streamed steady rate ÷ theirs).
 
 Each path runs in a process of its own (so the peak RSS of one path is not inherited by the next);
 a thread samples that process's RSS (psutil, every 50 ms) and reports the peak: for the streamed
@@ -178,6 +181,7 @@ class Job:
     num_cpus: int = 2
     address: str | None = None
     lineage: str = ""
+    part: tuple[int, int] = (0, 1)  # the plain loop reads the files whose number % part[1] == part[0]
 
 
 class ProgressClock:
@@ -216,12 +220,16 @@ def run_in_process(function, job: Job) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the plain loop
 
 
-def plain_batches(gallery: str, batch_size: int, side: int) -> Iterator[tuple[np.ndarray, list[str], np.ndarray]]:
-    """(ids, keys, uint8 images (B, side, side, 3)) of every Parquet file under ``gallery``, file by file."""
+def plain_batches(gallery: str, batch_size: int, side: int,
+                  part: tuple[int, int] = (0, 1)) -> Iterator[tuple[np.ndarray, list[str], np.ndarray]]:
+    """(ids, keys, uint8 images (B, side, side, 3)) of the Parquet files under ``gallery``, file by
+    file: every file, or (``part`` (k, n)) those whose number in the sorted listing is k modulo n."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(gallery)
-    for path in sorted(p for p in fs.find(root) if p.endswith(".parquet")):
+    for number, path in enumerate(sorted(p for p in fs.find(root) if p.endswith(".parquet"))):
+        if number % part[1] != part[0]:
+            continue
         with fs.open(path, "rb") as handle:
             for batch in pq.ParquetFile(handle).iter_batches(batch_size=batch_size, columns=["id", "key", "image"]):
                 pixels = batch.column("image").flatten().to_numpy().reshape(-1, side, side, 3).copy()  # writable
@@ -242,7 +250,7 @@ def run_plain(job: Job) -> dict[str, Any]:
         model, _card = load_generation(job.checkpoint_uri, expected_sha256=job.sha256)
         geometry = Geometry(model.space, model.curv)
         writer = PlainShardWriter(job.storage, job.items_per_shard, geometry)
-        for ids, keys, pixels in plain_batches(job.gallery, job.batch_size, job.image_side):
+        for ids, keys, pixels in plain_batches(job.gallery, job.batch_size, job.image_side, job.part):
             embedding = model.encoder(to_model_input(pixels, job.image_side, MEAN, STD)).embedding.float()
             writer.add(ids, keys, embedding.numpy(), geometry.uncertainty(embedding).numpy())
             clock.items_out(len(ids))
@@ -251,6 +259,22 @@ def run_plain(job: Job) -> dict[str, Any]:
     return {"path": "plain", "items": writer.items, "shards": writer.shards, "cores": 1, "wall_s": wall, **steady,
             "start_rss_mb": rss.start_mb, "peak_rss_mb": rss.peak_mb, "spilled_mb": None, "spilled_objects": None,
             "shard_uris": writer.uris}
+
+
+def run_plain_pair(job: Job) -> dict[str, Any]:
+    """Two plain loops at once in two processes, each over every other file (no Ray, no lineage):
+    what the machine's two cores give the plain loop together, the baseline of a 2-worker path
+    when two busy cores do not deliver twice one core (shared caches, memory bandwidth, a VM's
+    hyperthreads). Wall is the slower loop's; the steady rate is the sum of theirs."""
+    halves = [Job(**{**asdict(job), "storage": f"{job.storage}/{k}", "part": (k, 2)}) for k in range(2)]
+    with ProcessPoolExecutor(max_workers=2, mp_context=get_context("spawn")) as pool:
+        done = [future.result() for future in [pool.submit(run_plain, half) for half in halves]]
+    steady = [d["steady_items_per_s"] for d in done]
+    return {"path": "plain x2", "items": sum(d["items"] for d in done), "shards": sum(d["shards"] for d in done),
+            "cores": 2, "wall_s": max(d["wall_s"] for d in done), "first_batch_s": min(d["first_batch_s"] or 0 for d in done),
+            "steady_items_per_s": None if None in steady else sum(steady),
+            "start_rss_mb": max(d["start_rss_mb"] for d in done), "peak_rss_mb": max(d["peak_rss_mb"] for d in done),
+            "spilled_mb": None, "spilled_objects": None}
 
 
 class PlainShardWriter:
@@ -437,7 +461,12 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = [dict(r, items_per_s=r["items"] / r["wall_s"], per_core=r["items"] / r["wall_s"] / r["cores"])
             for r in records]
     plain = {(r["where"], r["size"]): r for r in rows if r["path"] == "plain"}
+    pairs = {(r["where"], r["size"]): r for r in rows if r["path"] == "plain x2"}
     for row in rows:
+        pair = pairs.get((row["where"], row["size"]))
+        row["ratio_vs_plain_x2"] = None if pair is None else row["items_per_s"] / pair["items_per_s"]
+        steady = None if pair is None else (row.get("steady_items_per_s"), pair.get("steady_items_per_s"))
+        row["steady_ratio_vs_plain_x2"] = steady[0] / steady[1] if steady and None not in steady else None
         base = plain.get((row["where"], row["size"]))
         row["ratio_per_core"] = None if base is None else row["per_core"] / base["per_core"]
         steady = None if base is None else (row.get("steady_items_per_s"), base.get("steady_items_per_s"))
@@ -461,6 +490,7 @@ def verdicts(rows: list[dict[str, Any]], where: str = "local") -> dict[str, dict
     """The issue's targets on the streamed rows of ``where``: value, limit and met (None: needs
     two sizes)."""
     streamed = sorted((r for r in rows if r["path"] == "streamed" and r["where"] == where), key=lambda r: r["size"])
+    against_pair = [r["steady_ratio_vs_plain_x2"] for r in streamed if r.get("steady_ratio_vs_plain_x2") is not None]
     ratios = [r["ratio_per_core"] for r in streamed if r["ratio_per_core"] is not None]
     steady = [r["steady_ratio_per_core"] for r in streamed if r["steady_ratio_per_core"] is not None]
     driver = [r["driver_cpu_us_per_item"] for r in streamed if r.get("driver_cpu_us_per_item") is not None]
@@ -477,6 +507,9 @@ def verdicts(rows: list[dict[str, Any]], where: str = "local") -> dict[str, dict
                                 "met": min(ratios) >= TARGET_THROUGHPUT if ratios else None},
         "steady_throughput_per_core": {"value": min(steady) if steady else None, "limit": TARGET_THROUGHPUT,
                                        "met": min(steady) >= TARGET_THROUGHPUT if steady else None},
+        "steady_throughput_vs_plain_x2": {"value": min(against_pair) if against_pair else None,
+                                          "limit": TARGET_THROUGHPUT,
+                                          "met": min(against_pair) >= TARGET_THROUGHPUT if against_pair else None},
         "driver_cpu_us_per_item": {"value": max(driver) if driver else None, "limit": TARGET_DRIVER_US_PER_ITEM,
                                    "met": max(driver) <= TARGET_DRIVER_US_PER_ITEM if driver else None},
         "time_linear": {"value": max(growth) if growth else None, "limit": TARGET_GROWTH,
@@ -487,14 +520,14 @@ def verdicts(rows: list[dict[str, Any]], where: str = "local") -> dict[str, dict
 def format_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a text table, then the targets of every place measured."""
     header = (f"{'where':<16}{'path':<10}{'items':>11}{'cores':>6}{'wall s':>9}{'items/s':>10}{'/core':>9}"
-              f"{'ratio':>7}{'steady':>8}{'x/10x':>7}{'RSS start MB':>13}{'peak MB':>8}{'spill MB':>9}"
+              f"{'ratio':>7}{'steady':>8}{'vs x2':>7}{'x/10x':>7}{'RSS start MB':>13}{'peak MB':>8}{'spill MB':>9}"
               f"{'drv CPU s':>10}{'us/item':>8}{'B/update':>9}{'1st s':>7}{'load':>6}")
     lines = [header, "-" * len(header)]
     show = lambda value, fmt: "-" if value is None else format(value, fmt)  # noqa: E731
     for r in rows:
         lines.append(f"{r['where']:<16}{r['path']:<10}{r['items']:>11d}{r['cores']:>6}{r['wall_s']:>9.1f}"
                      f"{r['items_per_s']:>10.0f}{r['per_core']:>9.0f}{show(r['ratio_per_core'], '.3f'):>7}"
-                     f"{show(r.get('steady_ratio_per_core'), '.3f'):>8}"
+                     f"{show(r.get('steady_ratio_per_core'), '.3f'):>8}{show(r.get('steady_ratio_vs_plain_x2'), '.3f'):>7}"
                      f"{show(r['growth_per_10x'], '.2f'):>7}{r['start_rss_mb']:>13.0f}{r['peak_rss_mb']:>8.0f}{show(r['spilled_mb'], '.0f'):>9}"
                      f"{show(r.get('driver_cpu_s'), '.2f'):>10}{show(r.get('driver_cpu_us_per_item'), '.3f'):>8}"
                      f"{show(r['driver_result_bytes'] / r['shards'] if r.get('driver_result_bytes') else None, '.0f'):>9}"
@@ -514,15 +547,15 @@ def measure_size(where: str, size: int, gallery: str, storage: str, folder: Path
     """Both paths over one gallery (plain, then streamed), their outputs compared; each record
     says where, the size and the load average (1, 5, 15 min) when the path started."""
     records = []
-    for path, function in (("plain", run_plain), ("streamed", run_streamed)):
-        job = Job(**{**asdict(base), "gallery": gallery, "storage": f"{storage}/{path}",
+    for path, function in (("plain", run_plain), ("plain x2", run_plain_pair), ("streamed", run_streamed)):
+        job = Job(**{**asdict(base), "gallery": gallery, "storage": f"{storage}/{path.replace(' ', '-')}",
                      "lineage": str(folder / "lineage.db")})
         load = os.getloadavg()
         record = run_in_process(function, job)
         records.append({"where": where, "size": size, "load": load, **record})
         print(f"  {where} {size:>9d} {path:<9} {record['wall_s']:8.1f} s  peak RSS {record['peak_rss_mb']:.0f} MB  "
               f"(load {load[0]:.2f})", flush=True)
-    compared = compare_outputs(records[0].pop("shard_uris"), records[1].pop("shard_uris"))
+    compared = compare_outputs(records[0].pop("shard_uris"), records[2].pop("shard_uris"))
     if compared["items"] != size:
         raise RuntimeError(f"{where} {size}: the paths embedded {compared['items']} items, not {size}")
     for record in records:

@@ -161,6 +161,21 @@ def test_table_arithmetic_against_a_computation_written_out():
     assert "local time_linear: 13.333 (limit 12.5): NOT met" in table and "s3 time_linear: - " in table
 
 
+def test_two_plain_halves_read_every_file_once_and_the_pair_is_the_two_core_baseline(gallery):
+    halves = [np.concatenate([ids for ids, _keys, _pixels in bench.plain_batches(str(gallery), 256, 8, (k, 2))])
+              for k in range(2)]
+    assert np.array_equal(np.sort(np.concatenate(halves)), bench.ID_BASE + np.arange(ITEMS))
+    assert [h.size for h in halves] == [700 + 600, 700]  # files 0 and 2, file 1
+    records = [dict(record("plain", 10**6, 50.0, 1, 900.0), steady_items_per_s=21000.0),
+               dict(record("plain x2", 10**6, 40.0, 2, 900.0), steady_items_per_s=26000.0),
+               dict(record("streamed", 10**6, 45.0, 2, 900.0), steady_items_per_s=24700.0)]
+    rows = {r["path"]: r for r in bench.summarise(records)}
+    assert rows["plain x2"]["ratio_per_core"] == pytest.approx((10**6 / 80.0) / (10**6 / 50.0))  # 2 cores: 1.25x
+    assert rows["streamed"]["ratio_vs_plain_x2"] == pytest.approx(40.0 / 45.0)
+    assert rows["streamed"]["steady_ratio_vs_plain_x2"] == pytest.approx(24700.0 / 26000.0)  # 0.95
+    assert bench.verdicts(list(rows.values()))["steady_throughput_vs_plain_x2"]["met"] is True
+
+
 def test_the_drivers_marginal_cpu_per_item_is_the_growth_between_two_sizes():
     records = [dict(record("streamed", 10**5, 40.0, 2, 900.0), driver_cpu_s=2.0),
                dict(record("streamed", 10**6, 300.0, 2, 900.0), driver_cpu_s=2.9),
