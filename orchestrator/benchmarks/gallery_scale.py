@@ -590,7 +590,7 @@ class MotoS3:
         """The Parquet files of ``folder`` copied to the bucket; returns their s3:// prefix."""
         import s3fs
 
-        fs = s3fs.S3FileSystem()
+        fs = s3fs.S3FileSystem(skip_instance_cache=True)  # this server, not one an earlier run started
         for file in sorted(folder.glob("*.parquet")):
             fs.put_file(str(file), f"{self.bucket}/gallery/{file.name}")
         return f"s3://{self.bucket}/gallery"
