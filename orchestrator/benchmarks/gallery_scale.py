@@ -637,8 +637,9 @@ def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
                 prefix = s3.upload(gallery)
                 folder = runs / f"s3-{encoder}-{args.s3_items}"
                 folder.mkdir()
-                records += measure_size(f"s3/{encoder}", args.s3_items, prefix, f"s3://{s3.bucket}/runs", folder,
-                                        base)
+                # moto keeps one store per process, whichever server: each encoder writes a prefix of its own
+                records += measure_size(f"s3/{encoder}", args.s3_items, prefix, f"s3://{s3.bucket}/runs-{encoder}",
+                                        folder, base)
     shutil.rmtree(runs)
     return records
 
