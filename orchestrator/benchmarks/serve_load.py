@@ -94,19 +94,16 @@ def _write(store, storage: str, gallery: str, index: int, template, ids: np.ndar
     and the index's hashes in the lineage, as the pipeline writes a shard; (uri, index uri, sha256, n)."""
     import pyarrow as pa
 
-    from orchestrator.gallery import shard_file_uris, write_shard
-    from orchestrator.index import build_index
     from orchestrator.integrity import record_index
+    from orchestrator.shard_update import ShardTarget, write_shard_files
     from orchestrator.storage import join_uri
 
     shard = dataclasses.replace(template, ids=ids, labels=np.zeros(len(ids), np.int64), embeddings=embeddings,
                                 uncertainty=np.zeros(len(ids), np.float32), rows=ids,
                                 attributes=pa.table({"uri": [f"synthetic#{i}" for i in ids]}))
-    uri, index_uri = shard_file_uris(join_uri(storage, "galleries", gallery), index, shard.generation, ids)
-    digest = write_shard(uri, shard)
-    build_index(shard.embeddings, shard.space, kind, ids, curv=shard.curv).save(index_uri)
-    record_index(store, index_uri, ids)
-    return uri, index_uri, digest, len(ids)
+    written = write_shard_files(index, shard, ShardTarget(join_uri(storage, "galleries", gallery), kind), "bench", True)
+    record_index(store, written.index_uri, written.index_record)
+    return written.embeddings_uri, written.index_uri, written.sha256, len(ids)
 
 
 def measure_router(service, queries: np.ndarray, seconds: float) -> Load:

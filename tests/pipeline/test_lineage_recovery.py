@@ -18,7 +18,7 @@ import pytest
 
 from orchestrator.cli import ExitCode
 from orchestrator.gallery import read_shard
-from orchestrator.integrity import record_index
+from orchestrator.integrity import index_record, record_index
 from orchestrator.lineage import LineageStore
 from orchestrator.storage import sha256_hex
 from cli_runs import cli_in_process
@@ -93,7 +93,8 @@ def test_verify_catches_changed_evaluation_embeddings_and_rollback_shards(served
     new = old.with_name("g0-old.000000000000.parquet")
     shutil.copyfile(old, new)
     shutil.copyfile(shard.index_uri, new.with_suffix(".index"))
-    record_index(store, str(new.with_suffix(".index")), read_shard(str(new)).ids)
+    record_index(store, str(new.with_suffix(".index")),
+                 index_record(new.with_suffix(".index").read_bytes(), read_shard(str(new)).ids))
     store.assign_shard("digits-test", 0, "g0-old", str(new), str(new.with_suffix(".index")),
                        sha256_hex(new.read_bytes()), shard.n_items)
     store.close()

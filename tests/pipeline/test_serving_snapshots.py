@@ -13,11 +13,11 @@ import pytest
 
 from orchestrator.config import load_pipeline
 from orchestrator.data import load_digits
-from orchestrator.gallery import read_shard, shard_file_uris, write_shard
-from orchestrator.index import build_index
+from orchestrator.gallery import read_shard
 from orchestrator.integrity import record_index
 from orchestrator.lineage import LineageStore
 from orchestrator.serving.endpoint import GalleryEndpoint, ServeSettings, token_sha256
+from orchestrator.shard_update import ShardTarget, write_shard_files
 from orchestrator.storage.leases import held_uris
 from orchestrator.storage import join_uri
 from cli_runs import cli_in_process
@@ -32,11 +32,10 @@ def commit_shard_without(store: LineageStore, storage: str, gallery: str, index:
     without ``dropped`` under new names, the index hashed into the lineage, the row moved."""
     record = store.shards(gallery)[index]
     shard = read_shard(record.embeddings_uri, expected_sha256=record.sha256).without(dropped)
-    uri, index_uri = shard_file_uris(join_uri(storage, "galleries", gallery), index, shard.generation, shard.ids)
-    digest = write_shard(uri, shard)
-    build_index(shard.embeddings, shard.space, kind, shard.ids, curv=shard.curv).save(index_uri)
-    record_index(store, index_uri, shard.ids)
-    store.assign_shard(gallery, index, shard.generation, uri, index_uri, digest, len(shard))
+    written = write_shard_files(index, shard, ShardTarget(join_uri(storage, "galleries", gallery), kind), "test", True)
+    record_index(store, written.index_uri, written.index_record)
+    store.assign_shard(gallery, index, shard.generation, written.embeddings_uri, written.index_uri, written.sha256,
+                       len(shard))
 
 
 @pytest.fixture
