@@ -328,7 +328,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _reported(error: Exception, verbose: bool) -> ExitCode | None:
     """Print ``error`` as the one line its kind calls for and return the exit code; None: an error
     of no kind below (or a storage or database error under ``-v``), whose traceback is shown."""
-    from orchestrator.integrity import IntegrityError
     from orchestrator.lineage.errors import LineageBusy, LineageNotFound
     from orchestrator.outside import explain
     from orchestrator.pipeline.gate import DeploymentHeld
@@ -338,7 +337,8 @@ def _reported(error: Exception, verbose: bool) -> ExitCode | None:
     if outside is not None and not verbose:  # S3, PostgreSQL, SQLite, Ray: the system, where, what to check
         print(f"orchestrator: unreachable: {outside}", file=sys.stderr)
         return ExitCode.UNREACHABLE
-    if isinstance(error, (IntegrityError, ChecksumMismatch)):  # a stored file is not what the lineage recorded
+    integrity_error = getattr(sys.modules.get("orchestrator.integrity"), "IntegrityError", ())  # none unless imported
+    if isinstance(error, (integrity_error, ChecksumMismatch)):  # a stored file is not what the lineage recorded
         print(f"orchestrator: integrity: {error}", file=sys.stderr)
         return ExitCode.INTEGRITY
     if isinstance(error, LineageNotFound):  # a reader never creates a store

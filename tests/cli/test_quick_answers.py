@@ -48,7 +48,7 @@ def cached_env(tmp_path, monkeypatch):
     (["tune", TUNE, "--set", "generations.0.training.epochs=0"], 2, "generations[0].training.epochs"),
     (["lineage", PIPELINE, "--storage", "{missing}"], 2, "LineageNotFound"),
     (["lineage", "--lineage", "sqlite:///{missing}/lineage.db"], 2, "LineageNotFound"),
-    (["search", PIPELINE, "--storage", "{missing}", "--split", "test"], 2, "LineageNotFound"),
+    (["search", PIPELINE, "--storage", "{missing}", "--split", "test"], 2, "no such folder (nothing was run there)"),
     (["verify", "{missing}/pipeline.yaml"], 2, "file not found"),
     (["schema"], 0, ""),
     (["methods"], 0, ""),
