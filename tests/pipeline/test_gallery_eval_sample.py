@@ -112,7 +112,7 @@ def test_a_labelled_streamed_gallery_is_scored_on_its_sample(tmp_path):
     loaded, _card = load_generation(uri, expected_sha256=card.sha256)
     loaded.eval()
     queries, query_labels, _ids = embed_dataset_with_ids(
-        loaded, ImageTensorDataset(digits, updater.image_size, updater.mean, updater.std))
+        loaded, ImageTensorDataset(digits, updater.ctx.image_size, updater.ctx.mean, updater.ctx.std))
     expected = _mean_average_precision(queries.embedding.numpy(), query_labels.numpy(), gallery, labels)
     assert outputs["mixed"]["map"] == pytest.approx(expected, abs=1e-4)
     assert outputs["full_backfill"]["map"] == pytest.approx(expected, abs=1e-4)  # one generation: the same
