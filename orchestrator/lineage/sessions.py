@@ -42,7 +42,7 @@ def sqlite_in_memory(url: URL) -> bool:
     return database in ("", ":memory:") or "mode=memory" in database
 
 
-def _readonly_sqlite(url: URL) -> URL:
+def _readonly_sqlite(url: URL, follows_writers: bool = False) -> URL:
     """The URL of an existing SQLite file opened read-only; LineageNotFound when there is none:
     checked before connecting, since connecting would create the file.
 
@@ -50,18 +50,20 @@ def _readonly_sqlite(url: URL) -> URL:
     and ``-shm`` files next to it (and leave them). When no ``-wal`` file exists no writer has the
     database open, and every committed row is in the file itself, so it is opened ``immutable``
     (no WAL index, no lock files); while a writer has it open (its ``-wal`` exists) the reader
-    shares that writer's WAL index (``mode=ro``), so it sees what the writer committed."""
+    shares that writer's WAL index (``mode=ro``), so it sees what the writer committed. A reader that
+    ``follows_writers`` (a server reading a lineage that runs write to for as long as it runs) is
+    always opened ``mode=ro``: an immutable connection would never see a later commit."""
     path = Path(url.database or "").expanduser()
     if sqlite_in_memory(url) or not path.is_file():
         where = url.render_as_string(hide_password=True)
         reason = "a folder, not a database file" if path.is_dir() else "no such file"
         raise LineageNotFound(f"no lineage store at {where} ({reason})")
     resolved = path.resolve()
-    mode = "mode=ro" if Path(f"{resolved}-wal").exists() else "mode=ro&immutable=1"
+    mode = "mode=ro" if follows_writers or Path(f"{resolved}-wal").exists() else "mode=ro&immutable=1"
     return url.set(database=f"file:{urllib.parse.quote(str(resolved))}?{mode}", query={"uri": "true"})
 
 
-def make_engine(url: URL, busy_timeout_s: float, echo: bool, readonly: bool) -> Engine:
+def make_engine(url: URL, busy_timeout_s: float, echo: bool, readonly: bool, follows_writers: bool = False) -> Engine:
     """The engine for ``url``: SQLite with its pragmas and our own BEGIN, or PostgreSQL (read-only sessions
     when ``readonly``)."""
     if not url.get_backend_name() == "sqlite":
@@ -71,7 +73,7 @@ def make_engine(url: URL, busy_timeout_s: float, echo: bool, readonly: bool) -> 
     in_memory = sqlite_in_memory(url)
     kwargs: dict[str, Any] = {"echo": echo, "connect_args": {"timeout": busy_timeout_s}}
     if readonly:
-        url = _readonly_sqlite(url)
+        url = _readonly_sqlite(url, follows_writers)
     elif in_memory:
         # One shared connection, or every pooled connection would see its own empty database.
         kwargs["poolclass"] = StaticPool

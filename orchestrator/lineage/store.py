@@ -90,10 +90,11 @@ class LineageStore(StepsMixin, GenerationsMixin, GalleriesMixin, CandidatesMixin
     """
 
     def __init__(self, url: str | os.PathLike | URL, *, storage: str | os.PathLike | None = None,
-                 readonly: bool = False, busy_timeout_s: float = 30.0, echo: bool = False):
+                 readonly: bool = False, follows_writers: bool = False, busy_timeout_s: float = 30.0,
+                 echo: bool = False):
         self.url = normalise_url(url)
         self.readonly = readonly
-        self.engine = make_engine(self.url, busy_timeout_s, echo, readonly)
+        self.engine = make_engine(self.url, busy_timeout_s, echo, readonly, follows_writers)
         self._write_engine = self.engine.execution_options(**{WRITE_OPTION: True})
         self._read_sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write_sessions = sessionmaker(self._write_engine, expire_on_commit=False)

@@ -68,7 +68,8 @@ class GalleryEndpoint:
         self.settings, self.holder_name = settings, holder_name
         config = settings.config
         self.gallery = config.gallery.name
-        self.store = LineageStore(config.lineage, storage=config.storage, readonly=True)
+        # a reader for as long as the server runs: it must see what runs commit meanwhile
+        self.store = LineageStore(config.lineage, storage=config.storage, readonly=True, follows_writers=True)
         size, normalisation = query_preprocessing(config)
         self._decode = lambda data, where: decode_image(data, size, where, settings.limits.max_pixels)
 

@@ -31,3 +31,14 @@ def test_a_reader_creates_nothing_and_a_writer_s_commits_are_seen(tmp_path):
             assert [g.name for g in reader.list_generations()] == ["g0", "g1", "g2"]
     finally:
         writer.close()
+
+
+def test_a_reader_that_follows_writers_sees_commits_of_a_writer_that_came_after_it(tmp_path):
+    database = tmp_path / "lineage.db"
+    with LineageStore(database) as writer:
+        writer.upsert_generation("g0", method="l2")
+    with LineageStore(database, readonly=True, follows_writers=True) as server:  # opened with no writer about
+        assert [g.name for g in server.list_generations()] == ["g0"]
+        with LineageStore(database) as writer:  # a run starts later, commits, and ends
+            writer.upsert_generation("g1", method="l2")
+        assert [g.name for g in server.list_generations()] == ["g0", "g1"]
