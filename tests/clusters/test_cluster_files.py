@@ -276,16 +276,23 @@ if [[ "$1" == status ]]; then printf 'Active:\\n 1 node_a\\n 1 node_b\\n 1 node_
 """
 
 
-def test_local_multinode_up_status_down_keep_the_state_private(tmp_path):
-    """The whole `up` → `status` → `down` flow with stand-ins for `ray` (records its calls) and
-    `pgrep` (no Ray runs), so no cluster starts: where the token and state go, and that `down`
-    finds them again without LOCAL_RAY_DIR."""
+
+def ray_stubs(tmp_path: Path) -> Path:
+    """A folder of stand-ins for `ray` (records its calls, ``RAY_STUB``) and `pgrep` (no Ray runs),
+    to put first on PATH: the cluster script's flow runs without starting a cluster."""
     stubs = tmp_path / "bin"
     stubs.mkdir()
     (stubs / "ray").write_text(RAY_STUB)
     (stubs / "pgrep").write_text("#!/usr/bin/env bash\nexit 1\n")
     for stub in stubs.iterdir():
         stub.chmod(0o755)
+    return stubs
+
+def test_local_multinode_up_status_down_keep_the_state_private(tmp_path):
+    """The whole `up` → `status` → `down` flow with stand-ins for `ray` (records its calls) and
+    `pgrep` (no Ray runs), so no cluster starts: where the token and state go, and that `down`
+    finds them again without LOCAL_RAY_DIR."""
+    stubs = ray_stubs(tmp_path)
     log = tmp_path / "ray.log"
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RAY_DIR", "XDG_STATE_HOME", "RAY_AUTH_TOKEN_PATH")}
     env.update(HOME=str(tmp_path), PATH=f"{stubs}:{env['PATH']}", RAY_STUB_LOG=str(log))
@@ -313,12 +320,7 @@ def test_local_multinode_up_status_down_keep_the_state_private(tmp_path):
 def test_local_multinode_up_makes_an_existing_token_file_private(tmp_path):
     """A token file that existed before `up` (given as RAY_AUTH_TOKEN_PATH, mode 644) is used and
     left private (600), like the one `up` writes (issue 27, finding 7)."""
-    stubs = tmp_path / "bin"
-    stubs.mkdir()
-    (stubs / "ray").write_text(RAY_STUB)
-    (stubs / "pgrep").write_text("#!/usr/bin/env bash\nexit 1\n")
-    for stub in stubs.iterdir():
-        stub.chmod(0o755)
+    stubs = ray_stubs(tmp_path)
     token = tmp_path / "my_token"
     token.write_text("0" * 64 + "\n")
     token.chmod(0o644)
