@@ -169,11 +169,9 @@ def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, E
             except RayActorError as lost:
                 # the worker is gone with whatever else it held: each of its updates runs again
                 # (as a new attempt: it may have written some of its files)
-                dead = [update] + [other for ref, (other, other_slot) in list(in_flight.items()) if other_slot == slot]
-                for ref in [ref for ref, (_other, other_slot) in in_flight.items() if other_slot == slot]:
-                    in_flight.pop(ref)
-                for update in dead:
-                    again = on_lost(update, lost)
+                held = [ref for ref, (_other, other_slot) in in_flight.items() if other_slot == slot]
+                for lost_update in [update] + [in_flight.pop(ref)[0] for ref in held]:
+                    again = on_lost(lost_update, lost)
                     if again is None:
                         raise
                     queue.append(again)
