@@ -12,6 +12,8 @@ from orchestrator.models.outputs import ModelOutput
 
 #: State-dict prefix of the training-only modules (``CompatibleModel.auxiliary``).
 AUXILIARY_PREFIX = "auxiliary."
+#: The buffer of the class ids a generation was trained on (its own, never taken from another model).
+SEEN_CLASSES = "seen_classes"
 
 
 class CompatibleModel(nn.Module):
@@ -45,7 +47,7 @@ class CompatibleModel(nn.Module):
         self.encoder = encoder
         self.head = head
         self.register_buffer(
-            "seen_classes", torch.as_tensor(list(seen_classes) if not torch.is_tensor(seen_classes)
+            SEEN_CLASSES, torch.as_tensor(list(seen_classes) if not torch.is_tensor(seen_classes)
                                             else seen_classes, dtype=torch.long).flatten().clone()
         )
         self.adapters = nn.ModuleDict(dict(adapters or {}))
@@ -77,10 +79,13 @@ class CompatibleModel(nn.Module):
         return {k: v for k, v in self.state_dict().items() if not k.startswith(AUXILIARY_PREFIX)}
 
     def load_generation_weights(self, state: Mapping[str, torch.Tensor]) -> None:
-        """Load a deployed generation's weights (``deployable_state_dict`` of another model) strictly,
-        except that this model's own ``auxiliary`` modules keep their initialisation (e.g. a new
-        AdvBCT generation started from its parent's weights keeps its fresh discriminator)."""
-        missing, unexpected = self.load_state_dict(state, strict=False)
-        missing = [k for k in missing if not k.startswith(AUXILIARY_PREFIX)]
+        """Start from a deployed generation's weights (``deployable_state_dict`` of another model,
+        e.g. the parent of a fine-tuned generation), strictly, except that this model keeps its own
+        ``seen_classes`` (the classes IT trains on: a fine-tuned generation usually sees more than
+        its parent) and its own ``auxiliary`` modules' initialisation (e.g. a new AdvBCT generation
+        started from its parent's weights keeps its fresh discriminator)."""
+        weights = {k: v for k, v in state.items() if k != SEEN_CLASSES}
+        missing, unexpected = self.load_state_dict(weights, strict=False)
+        missing = [k for k in missing if not k.startswith(AUXILIARY_PREFIX) and k != SEEN_CLASSES]
         if missing or unexpected:
             raise RuntimeError(f"load_generation_weights: missing keys {missing}, unexpected keys {list(unexpected)}")
