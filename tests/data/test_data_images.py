@@ -170,3 +170,29 @@ def test_dataloader_collates_batches():
     assert images.shape == (4, 3, 16, 16) and images.dtype == torch.float32
     assert labels.tolist() == [0, 1, 2, 0] and ids.tolist() == [100, 101, 102, 103]
     assert float(images.min()) >= -1.0 - 1e-6 and float(images.max()) <= 1.0 + 1e-6
+
+
+@pytest.mark.parametrize("size", [8, 16])  # stored size, then a resize to 16
+@pytest.mark.parametrize("augment", [False, True])
+def test_a_batch_fetch_yields_what_item_by_item_fetches_yield(size, augment):
+    """A DataLoader asks ``__getitems__`` for a whole batch: the same tensors as ``__getitem__``
+    item by item (with augmentation: the same crops and flips from the same generator state)."""
+    data = make_images(n=7, size=size, seed=3)
+    dataset = ImageTensorDataset(data, 16, (0.4, 0.5, 0.6), (0.2, 0.3, 0.4), augment=augment)
+    indices = [5, 0, 3, 3, 6]
+    torch.manual_seed(11)
+    batch = dataset.__getitems__(indices)
+    torch.manual_seed(11)
+    one_by_one = [dataset[i] for i in indices]
+    assert len(batch) == len(indices)
+    for got, expected in zip(batch, one_by_one):
+        assert all(torch.equal(a, b) and a.dtype == b.dtype for a, b in zip(got, expected))
+
+
+def test_a_dataloader_batch_is_the_stack_of_the_items():
+    data = make_images(n=7, size=8, seed=3)
+    dataset = ImageTensorDataset(data, 16, (0.4, 0.5, 0.6), (0.2, 0.3, 0.4))
+    indices = [5, 0, 3, 3, 6]
+    images, labels, ids = next(iter(DataLoader(dataset, batch_size=5, sampler=indices)))
+    assert torch.equal(images, torch.stack([dataset[i][0] for i in indices]))
+    assert labels.tolist() == data.labels[indices].tolist() and ids.tolist() == data.ids[indices].tolist()
