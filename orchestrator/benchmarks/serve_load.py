@@ -19,12 +19,22 @@ Three measurements, one after the other in one run:
 - ``serve``: ``--concurrency`` clients (asyncio, aiohttp), each sending its next request when the
   previous one is answered (a closed loop), for ``--seconds`` against a server with ``--replicas``
   replicas on a local Ray, on 127.0.0.1 only: queries/s, p50, p99, failed requests;
-- ``serve, switching``: the same load while ``--commits`` shard updates commit (each shard
-  rewritten without one queried item, as a backfill commits a shard; each is a new snapshot the
-  server builds and swaps in): failed requests; responses mixing snapshots (from a snapshot the
-  lineage never held, or returning a queried item the response's snapshot no longer holds); p99 against
-  the steady one. The e2e test (tests/pipeline/test_serve_live.py) runs a real deployment and
-  rollback under load; here every switch is a shard commit (the same rebuild and swap).
+- ``serve, switching``: the same load while the lineage switches, in this order: ``--commits``
+  shard updates commit (each shard rewritten without one queried item, as a backfill commits a
+  shard), a new generation deploys (with a full backfill's shards: the gallery relabelled to it in
+  the deployment's transaction), and ``orchestrator deploy --rollback`` (``operations.redeploy``)
+  serves the first generation again with the shards its deployment recorded. Each is a new
+  snapshot the server builds and swaps in. Failed requests; responses mixing snapshots (from a
+  snapshot the lineage never held, or whose serving generation, hit generations or hit items are
+  not that snapshot's: a hit of an item the snapshot no longer holds, or outside its shard); p99
+  over the whole window and over the requests in flight while a switch was being built and
+  swapped in (from its commit until the first response from its snapshot), against the steady one.
+
+The two generations are twins of the run's deployed one (``twin_generation``: the same checkpoint
+and card under another name), so the deploy loads a model the encoder does not hold under that
+name, and the gallery's items and distances stay comparable across the switches. The server runs
+with ``--replicas`` ingress replicas, an encoder replica and ``--search-replicas`` shard-search
+replicas (0: every ingress replica searches in its own process), ``--replica-cpus`` CPUs each.
 """
 from __future__ import annotations
 
@@ -53,18 +63,25 @@ class Load:
     seconds: float
     mixed: int = 0
     snapshots: set[str] = dataclasses.field(default_factory=set)
+    answered: list[tuple[float, float, str]] = dataclasses.field(default_factory=list)
+    """(start, end, snapshot) of each answered request, perf_counter seconds."""
+
+    def during(self, windows: list[tuple[float, float]]) -> "Load":
+        """The answered requests in flight during any of ``windows`` (start, end)."""
+        picked = [(a, b) for a, b, _snapshot in self.answered if any(a < end and b > start for start, end in windows)]
+        return Load([b - a for a, b in picked], 0, sum(end - start for start, end in windows))
 
     def row(self, name: str, n: int, kind: str) -> dict[str, Any]:
-        ordered = sorted(self.latencies)
+        ordered = sorted(self.latencies) or [float("nan")]
         return {"items": n, "kind": kind, "measure": name, "qps": len(ordered) / self.seconds,
                 "p50_ms": 1000 * ordered[len(ordered) // 2], "p99_ms": 1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))],
-                "requests": len(ordered), "failed": self.failed, "mixed": self.mixed, "snapshots": len(self.snapshots)}
+                "requests": len(self.latencies), "failed": self.failed, "mixed": self.mixed, "snapshots": len(self.snapshots)}
 
 
 def synthetic_gallery(store, storage: str, gallery: str, n: int, shards: int, kind: str, noise: float,
-                      rng: np.random.Generator) -> np.ndarray:
+                      rng: np.random.Generator, generation: str) -> np.ndarray:
     """Replace ``gallery``'s shards by ``n`` synthetic items of the deployed generation's space
-    (module docstring); returns the (n, D) float32 embeddings (row = item id)."""
+    (module docstring), rows of ``generation``; returns the (n, D) float32 embeddings (row = item id)."""
     from orchestrator.gallery import read_shard
     from orchestrator.lineage.records import ShardAssignment
 
@@ -81,8 +98,8 @@ def synthetic_gallery(store, storage: str, gallery: str, n: int, shards: int, ki
     assignments = []
     for index, rows in enumerate(np.array_split(np.arange(n), shards)):
         written = _write(store, storage, gallery, index, template, rows.astype(np.int64), embeddings[rows], kind)
-        assignments.append(ShardAssignment(index, template.generation, *written))
-    assignments += [ShardAssignment(s.index, template.generation, None, None, None, 0)
+        assignments.append(ShardAssignment(index, generation, *written))
+    assignments += [ShardAssignment(s.index, generation, None, None, None, 0)
                     for s in store.shards(gallery) if s.index >= shards]
     store.assign_shards(gallery, assignments, grow=True)
     return embeddings
@@ -145,7 +162,9 @@ async def closed_loop(url: str, queries: np.ndarray, seconds: float, concurrency
             if not ok:
                 load.failed += 1
             else:
-                load.latencies.append(time.perf_counter() - begin)
+                end = time.perf_counter()
+                load.latencies.append(end - begin)
+                load.answered.append((begin, end, answer["snapshot"]))
                 load.snapshots.add(answer["snapshot"])
                 if check is not None and not check(query, answer):
                     load.mixed += 1
@@ -158,13 +177,62 @@ async def closed_loop(url: str, queries: np.ndarray, seconds: float, concurrency
     return load
 
 
+def twin_generation(store, source: str, name: str) -> None:
+    """Record generation ``name``: ``source``'s definition, checkpoint and card hash under another
+    name (the same model, so the gallery's embeddings are its own)."""
+    record = store.get_generation(source)
+    store.upsert_generation(name, parent=record.parent, method=record.method, params=record.params, arch=record.arch,
+                            space=record.space, curv=record.curv)
+    store.mark_generation_trained(name, record.checkpoint_uri, record.sha256, step=f"train:{name}",
+                                  step_outputs=store.committed_outputs(f"train:{source}"))
+
+
+def deploy_with_shards(store, gallery: str, generation: str) -> None:
+    """Deploy ``generation`` with the gallery's current shards relabelled to it, in one
+    transaction (a full backfill's shards and its deployment), recording them as
+    ``deploy:<generation>`` as the pipeline does."""
+    from orchestrator.lineage.records import ShardAssignment
+    from orchestrator.pipeline.operations import SNAPSHOT_FIELDS, shard_snapshot
+
+    rows = [{**row, "generation": generation} for row in shard_snapshot(store.shards(gallery)) if row["n_items"]]
+    store.deploy(generation, step=f"deploy:{generation}", step_outputs={"generation": generation, "shards": rows},
+                 restore=(gallery, [ShardAssignment(**{name: row[name] for name in SNAPSHOT_FIELDS}) for row in rows]))
+
+
+@dataclasses.dataclass(frozen=True)
+class Served:
+    """What a snapshot serves, for the consistency check: its serving generation, its shards'
+    generation, and the items removed from the gallery."""
+
+    serving: str
+    generation: str
+    removed: frozenset[int]
+
+
+def consistent(answer: dict, served: dict[str, Served], starts: np.ndarray, n: int) -> bool:
+    """True when ``answer`` is wholly from a snapshot the lineage held: known id, its serving
+    generation, and every hit an item that snapshot holds, in its shard, of its generation."""
+    snapshot = served.get(answer["snapshot"])
+    if snapshot is None or answer["serving"] != snapshot.serving:
+        return False
+    for hits in answer["results"]:
+        for hit in hits:
+            item = hit["id"]
+            shard = int(np.searchsorted(starts, item, side="right") - 1)
+            if (not 0 <= item < n or item in snapshot.removed or hit["shard"] != shard
+                    or hit["generation"] != snapshot.generation):
+                return False
+    return True
+
+
 def run_size(pipeline: str, n: int, kind: str, args, scratch: Path) -> list[dict[str, Any]]:
     from orchestrator.config import load_pipeline
     from orchestrator.lineage import LineageStore
-    from orchestrator.serving.app import start_server
+    from orchestrator.pipeline.operations import redeploy
+    from orchestrator.pipeline.runner import storage_root
+    from orchestrator.serving.app import Pools, start_server
     from orchestrator.serving.endpoint import GalleryEndpoint, ServeSettings
     from orchestrator.serving.snapshots import read_state
-    from orchestrator.pipeline.runner import storage_root
 
     source = storage_root(load_pipeline(pipeline).storage)
     storage = scratch / f"{n}-{kind}"
@@ -172,9 +240,14 @@ def run_size(pipeline: str, n: int, kind: str, args, scratch: Path) -> list[dict
     config = load_pipeline(pipeline, {"storage": str(storage)})
     store = LineageStore(config.lineage, storage=config.storage)
     gallery = config.gallery.name
+    deployed = store.current_deployment().generation
+    first, second = "bench-a", "bench-b"
+    for twin in (first, second):
+        twin_generation(store, deployed, twin)
     rng = np.random.default_rng(args.seed)
     started = time.perf_counter()
-    embeddings = synthetic_gallery(store, str(storage), gallery, n, args.shards, kind, args.noise, rng)
+    embeddings = synthetic_gallery(store, str(storage), gallery, n, args.shards, kind, args.noise, rng, first)
+    deploy_with_shards(store, gallery, first)
     print(f"{n} items, {kind}: gallery written in {time.perf_counter() - started:.0f} s", flush=True)
     queried = rng.choice(n, size=args.queries, replace=False)
     queries = embeddings[queried]
@@ -184,33 +257,55 @@ def run_size(pipeline: str, n: int, kind: str, args, scratch: Path) -> list[dict
     rows = [measure_router(local.holder.current.service(), queries, args.seconds).row("router (one process)", n, kind)]
     local.close()
 
-    url = start_server(settings, port=args.port, replicas=args.replicas)
+    pools = Pools(args.replicas, 1, args.search_replicas, args.replica_cpus)
+    url = start_server(settings, port=args.port, pools=pools)
     asyncio.run(closed_loop(url, queries, min(5.0, args.seconds), args.concurrency))  # warm-up
     rows.append(asyncio.run(closed_loop(url, queries, args.seconds, args.concurrency)).row("serve", n, kind))
 
-    removed: dict[str, set[int]] = {read_state(store, gallery).snapshot_id: set()}
+    starts = _starts(n, args.shards)
+    served = {read_state(store, gallery).snapshot_id: Served(first, first, frozenset())}
+    switches: list[tuple[float, str]] = []  # (when committed, the snapshot it makes)
 
-    def consistent(query: int, answer: dict) -> bool:
-        """False when the response's snapshot is none the lineage held, or it returns an item
-        that snapshot no longer holds (an approximate index may miss a held one: not counted)."""
-        gone = removed.get(answer["snapshot"])
-        return gone is not None and not (int(queried[query]) in gone and
-                                         int(queried[query]) in {hit["id"] for hit in answer["results"][0]})
+    def switch(change, serving: str, generation: str, removed: frozenset[int]) -> None:
+        began = time.perf_counter()
+        change()
+        state = read_state(store, gallery)
+        served[state.snapshot_id] = Served(serving, generation, removed)
+        switches.append((began, state.snapshot_id))
 
     async def switching() -> Load:
-        load = asyncio.create_task(closed_loop(url, queries, args.seconds, args.concurrency, consistent))
+        load = asyncio.create_task(closed_loop(url, queries, args.seconds, args.concurrency,
+                                               lambda _query, answer: consistent(answer, served, starts, n)))
         gone: set[int] = set()
+        steps = args.commits + 2
         for commit in range(args.commits):
-            await asyncio.sleep(args.seconds / (args.commits + 1))
+            await asyncio.sleep(args.seconds / (steps + 1))
             item = int(queried[commit % len(queried)])
-            number = int(np.searchsorted(_starts(n, args.shards), item, side="right") - 1)
+            number = int(np.searchsorted(starts, item, side="right") - 1)
             shard = next(s for s in store.shards(gallery) if s.index == number)
-            await asyncio.to_thread(_rewrite_without, store, str(storage), gallery, shard, item, kind)
             gone.add(item)
-            removed[read_state(store, gallery).snapshot_id] = set(gone)
+            await asyncio.to_thread(switch, lambda: _rewrite_without(store, str(storage), gallery, shard, item, kind),
+                                    first, first, frozenset(gone))
+        await asyncio.sleep(args.seconds / (steps + 1))
+        await asyncio.to_thread(switch, lambda: deploy_with_shards(store, gallery, second), second, second,
+                                frozenset(gone))
+        await asyncio.sleep(args.seconds / (steps + 1))
+        # the rollback serves the first generation with the shards its deployment recorded: the
+        # gallery before the commits
+        await asyncio.to_thread(switch, lambda: redeploy(store, gallery, None, True, lambda _line: None), first, first,
+                                frozenset())
         return await load
 
-    rows.append(asyncio.run(switching()).row(f"serve, {args.commits} shard commits", n, kind))
+    during = asyncio.run(switching())
+    name = f"serve, {args.commits} shard commits + deploy + rollback"
+    rows.append(during.row(name, n, kind))
+    windows = []
+    for began, snapshot in switches:
+        seen = [end for _start, end, answered in during.answered if answered == snapshot and end > began]
+        windows.append((began, min(seen) if seen else during.answered[-1][1]))
+    rows.append(during.during(windows).row(f"{name}: requests in flight during a switch", n, kind))
+    rows[-1].update(failed=during.failed, mixed=during.mixed, snapshots=len(during.snapshots),
+                    switches=len(switches), served_switches=sum(1 for _b, s in switches if s in during.snapshots))
     from ray import serve
 
     serve.delete("orchestrator")
@@ -231,7 +326,7 @@ def _rewrite_without(store, storage: str, gallery: str, shard, item: int, kind: 
     stored = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)
     kept = stored.without(np.array([item]))
     written = _write(store, storage, gallery, shard.index, kept, kept.ids, kept.embeddings, kind)
-    store.assign_shards(gallery, [ShardAssignment(shard.index, kept.generation, *written)])
+    store.assign_shards(gallery, [ShardAssignment(shard.index, shard.generation, *written)])
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -252,7 +347,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--replicas", type=int, default=1)
+    parser.add_argument("--replicas", type=int, default=1, help="ingress replicas")
+    parser.add_argument("--search-replicas", type=int, default=2, help="shard-search replicas (0: one process)")
+    parser.add_argument("--replica-cpus", type=float, default=0.5, help="CPUs of each encoder and search replica")
     parser.add_argument("--commits", type=int, default=4)
     parser.add_argument("--noise", type=float, default=0.25)
     parser.add_argument("--port", type=int, default=8765)
@@ -271,9 +368,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(table(rows), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
-    print("\nsteady p99 vs p99 while switching: " + ", ".join(
-        f"{a['items']:,} {a['kind']}: {b['p99_ms'] / a['p99_ms']:.2f}x"
-        for a, b in zip(rows[1::3], rows[2::3])))
+    print("\np99 while switching / steady p99: " + ", ".join(
+        f"{steady['items']:,} {steady['kind']}: whole window {whole['p99_ms'] / steady['p99_ms']:.2f}x, "
+        f"in flight during a switch {during['p99_ms'] / steady['p99_ms']:.2f}x"
+        for steady, whole, during in zip(rows[1::4], rows[2::4], rows[3::4])))
     return 0
 
 

@@ -10,6 +10,7 @@ from orchestrator.lazy_exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "admission": ["CompatibilityCriterion", "Verdict"],
-    "router": ["IncompatibleShards", "SearchResult", "SearchRouter", "SkippedShard", "merge_top_k"],
-    "service": ["SearchService", "open_router", "service_for_pipeline"],
+    "router": ["IncompatibleShards", "RoutePlan", "SearchResult", "SearchRouter", "ShardHits", "SkippedShard", "merge_top_k",
+               "plan_routes", "search_merged", "search_shards"],
+    "service": ["SearchService", "open_plan", "open_router", "service_for_pipeline"],
 })

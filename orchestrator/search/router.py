@@ -17,6 +17,11 @@ and merges the per-shard top-k lists into one global top-k (``merge_top_k``). Ev
 distances of its space (``orchestrator.index``), so one sort ranks them all: the same rule as the
 mixed-gallery evaluation, which ranks all items by their path's distance.
 
+The router is three separate steps, each a function that a server whose shards live in other
+processes calls too (``orchestrator.serving``): ``plan_routes`` (admission and comparison paths,
+no index loaded), ``search_shards`` (the per-shard top-k lists of some of the routes) and
+``search_merged`` (the queries in chunks, each chunk's per-shard lists merged by ``merge_top_k``).
+
 Admission: a shard whose generation is not the serving one is searched only if the compatibility
 criterion holds (``admission.CompatibilityCriterion``) and a comparison path exists. Otherwise
 ``on_incompatible="refuse"`` (the default) raises ``IncompatibleShards`` naming every such shard
@@ -90,7 +95,110 @@ class ShardRoute:
 
     @property
     def note(self) -> str:
-        return f"{self.path.note}; {IN_MEMORY_NOTE}" if self.path.maps_gallery else self.path.note
+        return route_note(self.path)
+
+
+def route_note(path: ComparisonPath) -> str:
+    """How a generation's shards are searched along ``path`` (what ``paths()`` reports)."""
+    return f"{path.note}; {IN_MEMORY_NOTE}" if path.maps_gallery else path.note
+
+
+@dataclass(frozen=True)
+class RoutePlan:
+    """Which shards the serving generation searches and along which path, before any index is
+    loaded (``plan_routes``): ``admitted`` (shard row, path) by shard index, ``skipped`` the rest."""
+
+    serving: str
+    gallery: str
+    admitted: tuple[tuple[ShardRecord, ComparisonPath], ...]
+    skipped: tuple[SkippedShard, ...]
+
+    @property
+    def searchable_items(self) -> int:
+        return sum(int(shard.n_items) for shard, _path in self.admitted)
+
+    def paths(self) -> dict[str, str]:
+        """Generation → how its shards are searched (``same``, ``direct``, ``queries mapped by …``,
+        ``gallery mapped by …; in-memory flat index …``)."""
+        return {shard.generation: route_note(path) for shard, path in self.admitted}
+
+    def result(self, distances: np.ndarray, ids: np.ndarray, shards: np.ndarray) -> "SearchResult":
+        """The ``SearchResult`` of merged (Q, k) distances, ids and shard indexes over this plan."""
+        return SearchResult(self.serving, ids, distances, shards,
+                            {shard.index: shard.generation for shard, _path in self.admitted}, self.paths(),
+                            list(self.skipped))
+
+
+def plan_routes(serving: str, models: Mapping[str, CompatibleModel], parents: Mapping[str, str | None],
+                shards: Sequence[ShardRecord], criterion: CompatibilityCriterion | None,
+                on_incompatible: OnIncompatible = "refuse") -> RoutePlan:
+    """Admission (``SearchRouter``'s arguments, module docstring): every non-empty shard admitted
+    with its comparison path, or skipped with the reason; ``IncompatibleShards`` when a shard is
+    skipped and ``on_incompatible == "refuse"``, or when none is admitted."""
+    if on_incompatible not in ("refuse", "skip"):
+        raise ValueError(f"on_incompatible must be 'refuse' or 'skip', got {on_incompatible!r}")
+    shards = [s for s in shards if s.n_items and s.generation is not None]
+    if not shards:
+        raise ValueError("the gallery has no embedded shards to search")
+    gallery = shards[0].gallery
+    paths = {generation: _path(serving, generation, models, parents, criterion)
+             for generation in sorted({s.generation for s in shards})}
+    admitted, skipped = [], []
+    for shard in sorted(shards, key=lambda s: s.index):
+        path = paths[shard.generation]
+        if isinstance(path, str):
+            skipped.append(SkippedShard(shard.gallery, shard.index, shard.generation, int(shard.n_items), path))
+        else:
+            admitted.append((shard, path))
+    if (skipped and on_incompatible == "refuse") or not admitted:
+        raise IncompatibleShards(serving, gallery, skipped)
+    return RoutePlan(serving, gallery, tuple(admitted), tuple(skipped))
+
+
+def _path(serving: str, generation: str, models, parents, criterion: CompatibilityCriterion | None
+          ) -> ComparisonPath | str:
+    """The comparison path from ``serving``'s queries to ``generation``'s shards, or the reason
+    they are not searched."""
+    if criterion is not None:
+        verdict = criterion.verdict(serving, generation)
+        if not verdict.admitted:
+            return verdict.reason
+    try:
+        return comparison_path(serving, generation, models, parents)
+    except IncomparableGenerations as error:
+        return error.reason
+
+
+def load_route(shard: ShardRecord, path: ComparisonPath, load_index: Callable[[str], Any],
+               read_embeddings: Callable[[ShardRecord], ShardEmbeddings] | None = None) -> ShardRoute:
+    """An admitted shard with its index: the stored one (``load_index(uri)``, its size checked
+    against the lineage's row), or on a ``forward`` path the in-memory flat index of its stored
+    embeddings (``read_embeddings``) mapped into the serving space."""
+    if path.maps_gallery:
+        return ShardRoute(shard, path, _mapped_index(shard, path, read_embeddings or _read_shard_file))
+    if shard.index_uri is None:
+        raise ValueError(f"gallery {shard.gallery!r} shard {shard.index} ({shard.generation}) has no index file "
+                         "in the lineage")
+    index = load_index(shard.index_uri)
+    if int(index.ntotal) != int(shard.n_items):
+        raise ValueError(f"gallery {shard.gallery!r} shard {shard.index} ({shard.generation}): its index "
+                         f"{shard.index_uri} holds {index.ntotal} items, the lineage's shard "
+                         f"{shard.n_items}; refusing to serve it (run `orchestrator verify FILE`)")
+    return ShardRoute(shard, path, index)
+
+
+def _mapped_index(shard: ShardRecord, path: ComparisonPath,
+                  read_embeddings: Callable[[ShardRecord], ShardEmbeddings]) -> Any:
+    """The in-memory flat index, in ``path.space``, of the shard's stored embeddings (N, D_g)
+    mapped by ``path.map_gallery`` (N, D_q), with the shard's item ids."""
+    if shard.embeddings_uri is None:
+        raise ValueError(f"gallery {shard.gallery!r} shard {shard.index} ({shard.generation}) has no embeddings "
+                         f"file in the lineage; its {path.note} needs the stored embeddings")
+    stored = read_embeddings(shard)
+    vectors = torch.from_numpy(np.ascontiguousarray(stored.embeddings))
+    mapped = torch.cat([path.map_gallery(part).float() for part in vectors.split(MAP_GALLERY_CHUNK)])
+    geometry = Geometry(path.space, path.curv)
+    return build_index(mapped.numpy(), geometry.space, "flat", stored.ids, curv=geometry.curv)
 
 
 @dataclass
@@ -166,24 +274,78 @@ def merge_top_k(distances: Sequence[np.ndarray], ids: Sequence[np.ndarray], sour
 EXACT_KINDS = ("flat", "ivf", "hnsw")
 
 
-def _check_one_distance_unit(gallery: str, routes: Sequence["ShardRoute"]) -> None:
+def check_one_distance_unit(gallery: str, kinds: Sequence[tuple[ShardRecord, str]]) -> None:
     """Refuse to merge shards whose indexes return distances in different units.
 
-    The exact kinds (``EXACT_KINDS``) all return the space's distance; every other kind (bit-plane
-    Hamming, product quantisation) has units of its own, so a gallery must not mix it with another
-    kind. This happens when ``gallery.index`` changes between generations of one lineage, or when a
-    forward-path shard (searched in an exact in-memory index) meets compressed shards.
+    kinds: (shard row, its index's kind) of every admitted shard. The exact kinds (``EXACT_KINDS``)
+    all return the space's distance; every other kind (bit-plane Hamming, product quantisation) has
+    units of its own, so a gallery must not mix it with another kind. This happens when
+    ``gallery.index`` changes between generations of one lineage, or when a forward-path shard
+    (searched in an exact in-memory index) meets compressed shards.
     """
     units: dict[str, list[str]] = {}
-    for route in routes:
-        kind = route.index.kind
+    for shard, kind in kinds:
         unit = "exact" if kind in EXACT_KINDS else kind
-        units.setdefault(unit, []).append(f"shard {route.shard.index} ({route.shard.generation}, {kind})")
+        units.setdefault(unit, []).append(f"shard {shard.index} ({shard.generation}, {kind})")
     if len(units) > 1:
         listing = "; ".join(", ".join(names) for names in units.values())
         raise ValueError(f"gallery {gallery!r}: its shard indexes return distances in different units and cannot be "
                          f"merged into one ranking: {listing}. Keep one gallery.index for the whole lineage "
                          "(re-embed the other shards with a full backfill to change it)")
+
+
+@dataclass
+class ShardHits:
+    """Per-shard top-k lists of Q queries: ``distances[s]``, ``ids[s]`` (Q, k_s) of shard
+    ``sources[s]``, each row ascending (+inf / −1 = none); what ``merge_top_k`` merges."""
+
+    distances: list[np.ndarray] = field(default_factory=list)
+    ids: list[np.ndarray] = field(default_factory=list)
+    sources: list[int] = field(default_factory=list)
+
+    def extend(self, other: "ShardHits") -> None:
+        self.distances += other.distances
+        self.ids += other.ids
+        self.sources += other.sources
+
+
+def search_shards(routes: Sequence[ShardRoute], queries: torch.Tensor, k: int) -> ShardHits:
+    """The top-``k`` of each of the (Q, D) serving-generation ``queries`` in each route's index,
+    the queries mapped along each route's path once per (generation, index width)."""
+    mapped: dict[tuple[str, int], np.ndarray] = {}
+    hits = ShardHits()
+    for route in routes:
+        key = (route.shard.generation, int(route.index.dim))
+        if key not in mapped:
+            mapped[key] = route.path.map_queries(queries, key[1]).double().numpy()
+        found_distances, found_ids = route.index.search(mapped[key], min(k, max(route.index.ntotal, 1)))
+        hits.distances.append(found_distances)
+        hits.ids.append(found_ids)
+        hits.sources.append(route.shard.index)
+    return hits
+
+
+def search_merged(queries: torch.Tensor | np.ndarray, k: int, n_routes: int,
+                  search_chunk: Callable[[torch.Tensor], ShardHits]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The global top-``k`` (distances, ids, shards; each (Q, k)) of the (Q, D) ``queries`` over
+    ``n_routes`` shards: the queries in chunks small enough for the merge buffers, each chunk's
+    per-shard lists (``search_chunk``: ``search_shards`` here or in the processes holding the
+    shards) merged by ``merge_top_k``."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    queries = torch.as_tensor(queries)
+    if queries.ndim != 2:
+        raise ValueError(f"queries must be a (Q, D) matrix of serving-generation embeddings, got shape "
+                         f"{tuple(queries.shape)}")
+    chunk = max(1, min(MAX_QUERY_CHUNK, MERGE_BUDGET_BYTES // (24 * k * max(n_routes, 1))))
+    parts = []
+    for start in range(0, len(queries), chunk):
+        hits = search_chunk(queries[start:start + chunk])
+        parts.append(merge_top_k(hits.distances, hits.ids, hits.sources, k))
+    if not parts:
+        parts = [(np.zeros((0, k)), np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.int64))]
+    distances, ids, shards = (np.concatenate([p[i] for p in parts]) for i in range(3))
+    return distances, ids, shards
 
 
 class SearchRouter:
@@ -205,65 +367,24 @@ class SearchRouter:
                  shards: Sequence[ShardRecord], criterion: CompatibilityCriterion | None,
                  load_index: Callable[[str], Any], on_incompatible: OnIncompatible = "refuse",
                  read_embeddings: Callable[[ShardRecord], ShardEmbeddings] | None = None):
-        if on_incompatible not in ("refuse", "skip"):
-            raise ValueError(f"on_incompatible must be 'refuse' or 'skip', got {on_incompatible!r}")
-        shards = [s for s in shards if s.n_items and s.generation is not None]
-        if not shards:
-            raise ValueError("the gallery has no embedded shards to search")
-        self.serving, self.models = serving, models
-        self.gallery = shards[0].gallery
-        self.routes: list[ShardRoute] = []
-        self.skipped: list[SkippedShard] = []
-        paths: dict[str, ComparisonPath | str] = {}
-        for generation in sorted({s.generation for s in shards}):
-            paths[generation] = self._path(generation, models, parents, criterion)
-        for shard in sorted(shards, key=lambda s: s.index):
-            path = paths[shard.generation]
-            if isinstance(path, str):
-                self.skipped.append(SkippedShard(shard.gallery, shard.index, shard.generation, int(shard.n_items), path))
-                continue
-            if path.maps_gallery:
-                index = self._mapped_index(shard, path, read_embeddings or _read_shard_file)
-            elif shard.index_uri is None:
-                raise ValueError(f"gallery {shard.gallery!r} shard {shard.index} ({shard.generation}) has no index file "
-                                 "in the lineage")
-            else:
-                index = load_index(shard.index_uri)
-                if int(index.ntotal) != int(shard.n_items):
-                    raise ValueError(f"gallery {shard.gallery!r} shard {shard.index} ({shard.generation}): its index "
-                                     f"{shard.index_uri} holds {index.ntotal} items, the lineage's shard "
-                                     f"{shard.n_items}; refusing to serve it (run `orchestrator verify FILE`)")
-            self.routes.append(ShardRoute(shard, path, index))
-        if self.skipped and on_incompatible == "refuse":
-            raise IncompatibleShards(serving, self.gallery, self.skipped)
-        if not self.routes:
-            raise IncompatibleShards(serving, self.gallery, self.skipped)
-        _check_one_distance_unit(self.gallery, self.routes)
+        self._load(plan_routes(serving, models, parents, shards, criterion, on_incompatible), models, load_index,
+                   read_embeddings)
 
-    def _path(self, generation: str, models, parents, criterion: CompatibilityCriterion | None) -> ComparisonPath | str:
-        """The comparison path to ``generation``'s shards, or the reason they are not searched."""
-        if criterion is not None:
-            verdict = criterion.verdict(self.serving, generation)
-            if not verdict.admitted:
-                return verdict.reason
-        try:
-            return comparison_path(self.serving, generation, models, parents)
-        except IncomparableGenerations as error:
-            return error.reason
+    @classmethod
+    def of_plan(cls, plan: RoutePlan, models: Mapping[str, CompatibleModel], load_index: Callable[[str], Any],
+                read_embeddings: Callable[[ShardRecord], ShardEmbeddings] | None = None) -> "SearchRouter":
+        """The router of a ``plan_routes`` plan: its admitted shards' indexes loaded."""
+        router = cls.__new__(cls)
+        router._load(plan, models, load_index, read_embeddings)
+        return router
 
-    @staticmethod
-    def _mapped_index(shard: ShardRecord, path: ComparisonPath,
-                      read_embeddings: Callable[[ShardRecord], ShardEmbeddings]) -> Any:
-        """The in-memory flat index, in ``path.space``, of the shard's stored embeddings (N, D_g)
-        mapped by ``path.map_gallery`` (N, D_q), with the shard's item ids."""
-        if shard.embeddings_uri is None:
-            raise ValueError(f"gallery {shard.gallery!r} shard {shard.index} ({shard.generation}) has no embeddings "
-                             f"file in the lineage; its {path.note} needs the stored embeddings")
-        stored = read_embeddings(shard)
-        vectors = torch.from_numpy(np.ascontiguousarray(stored.embeddings))
-        mapped = torch.cat([path.map_gallery(part).float() for part in vectors.split(MAP_GALLERY_CHUNK)])
-        geometry = Geometry(path.space, path.curv)
-        return build_index(mapped.numpy(), geometry.space, "flat", stored.ids, curv=geometry.curv)
+    def _load(self, plan: RoutePlan, models: Mapping[str, CompatibleModel], load_index: Callable[[str], Any],
+              read_embeddings: Callable[[ShardRecord], ShardEmbeddings] | None) -> None:
+        self.plan, self.serving, self.models, self.gallery = plan, plan.serving, models, plan.gallery
+        self.skipped: list[SkippedShard] = list(plan.skipped)
+        self.routes: list[ShardRoute] = [load_route(shard, path, load_index, read_embeddings)
+                                         for shard, path in plan.admitted]
+        check_one_distance_unit(self.gallery, [(route.shard, route.index.kind) for route in self.routes])
 
     @property
     def model(self) -> CompatibleModel:
@@ -272,37 +393,13 @@ class SearchRouter:
 
     @property
     def searchable_items(self) -> int:
-        return sum(int(r.shard.n_items) for r in self.routes)
+        return self.plan.searchable_items
 
     def paths(self) -> dict[str, str]:
-        """Generation → how its shards are searched (``same``, ``direct``, ``queries mapped by …``,
-        ``gallery mapped by …; in-memory flat index …``)."""
-        return {r.shard.generation: r.note for r in self.routes}
+        """Generation → how its shards are searched (``RoutePlan.paths``)."""
+        return self.plan.paths()
 
     def search(self, queries: torch.Tensor | np.ndarray, k: int) -> SearchResult:
         """Global top-``k`` of each of the (Q, D) serving-generation query embeddings."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}")
-        chunk = max(1, min(MAX_QUERY_CHUNK, MERGE_BUDGET_BYTES // (24 * k * len(self.routes))))
-        queries = torch.as_tensor(queries)
-        if queries.ndim != 2:
-            raise ValueError(f"queries must be a (Q, D) matrix of {self.serving!r} embeddings, got shape {tuple(queries.shape)}")
-        parts = [self._search_chunk(queries[start:start + chunk], k) for start in range(0, len(queries), chunk)]
-        if not parts:
-            parts = [(np.zeros((0, k)), np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.int64))]
-        distances, ids, shards = (np.concatenate([p[i] for p in parts]) for i in range(3))
-        return SearchResult(self.serving, ids, distances, shards,
-                            {r.shard.index: r.shard.generation for r in self.routes}, self.paths(), list(self.skipped))
-
-    def _search_chunk(self, queries: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        mapped: dict[tuple[str, int], np.ndarray] = {}  # once per (generation, index width)
-        distances, ids, sources = [], [], []
-        for route in self.routes:
-            key = (route.shard.generation, int(route.index.dim))
-            if key not in mapped:
-                mapped[key] = route.path.map_queries(queries, key[1]).double().numpy()
-            found_distances, found_ids = route.index.search(mapped[key], min(k, max(route.index.ntotal, 1)))
-            distances.append(found_distances)
-            ids.append(found_ids)
-            sources.append(route.shard.index)
-        return merge_top_k(distances, ids, sources, k)
+        return self.plan.result(*search_merged(queries, k, len(self.routes),
+                                               lambda chunk: search_shards(self.routes, chunk, k)))

@@ -22,22 +22,21 @@ import torch
 from orchestrator.gallery import read_shard
 from orchestrator.integrity import load_checked_generation, load_checked_index
 from orchestrator.lineage import LineageStore
-from orchestrator.lineage.records import ShardRecord
+from orchestrator.lineage.records import GenerationRecord, ShardRecord
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.search.admission import CompatibilityCriterion
-from orchestrator.search.router import OnIncompatible, SearchResult, SearchRouter
+from orchestrator.search.router import OnIncompatible, RoutePlan, SearchResult, SearchRouter, plan_routes
 
 
-def open_router(store: LineageStore, gallery: str, serving: str | None = None, *, metric: str = "map",
-                dataset: str | None = None, on_incompatible: OnIncompatible = "refuse",
-                storage_options: Mapping[str, Any] | None = None,
-                shards: Sequence[ShardRecord] | None = None,
-                load_index: Callable[[ShardRecord], Any] | None = None) -> SearchRouter:
-    """The router of ``gallery`` for ``serving`` (None: the deployed generation); see the module
-    docstring. ``shards``: the gallery's shard rows as already read (a server's snapshot); None
-    reads them now. ``load_index``: shard row → its index, checked against the lineage's hashes
-    (default ``load_checked_index``; a server reuses the indexes it loaded for an earlier snapshot).
-    ValueError names what is missing (no deployment, unknown gallery or generation)."""
+def open_plan(store: LineageStore, gallery: str, serving: str | None = None, *, metric: str = "map",
+              dataset: str | None = None, on_incompatible: OnIncompatible = "refuse",
+              storage_options: Mapping[str, Any] | None = None, shards: Sequence[ShardRecord] | None = None,
+              load_model: Callable[[GenerationRecord], CompatibleModel] | None = None
+              ) -> tuple[RoutePlan, dict[str, CompatibleModel]]:
+    """The route plan of ``gallery`` for ``serving`` (None: the deployed generation) and the models
+    it needs (the serving generation's, every shard generation's, their ancestors'); see
+    ``open_router``. ``load_model``: generation row → its model, checked against the lineage's
+    hashes (default ``load_checked_generation``; a server reuses the models it already holds)."""
     if serving is None:
         deployment = store.current_deployment()
         if deployment is None:
@@ -55,18 +54,36 @@ def open_router(store: LineageStore, gallery: str, serving: str | None = None, *
     while ancestor is not None:  # an adapter path runs through the serving generation's ancestors
         needed.add(ancestor)
         ancestor = parents.get(ancestor)
-    models: dict[str, CompatibleModel] = {}
-    for name in sorted(needed):
-        models[name], _card = load_checked_generation(store, records[name], storage_options)
+    if load_model is None:
+        def load_model(record: GenerationRecord) -> CompatibleModel:
+            return load_checked_generation(store, record, storage_options)[0]
+    models = {name: load_model(records[name]) for name in sorted(needed)}
     criterion = CompatibilityCriterion.from_records(store.compatibility_values(dataset), metric, dataset)
-    by_uri = {s.index_uri: s for s in shards}
+    return plan_routes(serving, models, parents, shards, criterion, on_incompatible), models
+
+
+def open_router(store: LineageStore, gallery: str, serving: str | None = None, *, metric: str = "map",
+                dataset: str | None = None, on_incompatible: OnIncompatible = "refuse",
+                storage_options: Mapping[str, Any] | None = None,
+                shards: Sequence[ShardRecord] | None = None,
+                load_index: Callable[[ShardRecord], Any] | None = None,
+                load_model: Callable[[GenerationRecord], CompatibleModel] | None = None) -> SearchRouter:
+    """The router of ``gallery`` for ``serving`` (None: the deployed generation); see the module
+    docstring. ``shards``: the gallery's shard rows as already read (a server's snapshot); None
+    reads them now. ``load_index``: shard row → its index, checked against the lineage's hashes
+    (default ``load_checked_index``; a server reuses the indexes it loaded for an earlier snapshot);
+    ``load_model`` likewise for models (``open_plan``).
+    ValueError names what is missing (no deployment, unknown gallery or generation)."""
+    plan, models = open_plan(store, gallery, serving, metric=metric, dataset=dataset, on_incompatible=on_incompatible,
+                             storage_options=storage_options, shards=shards, load_model=load_model)
+    by_uri = {shard.index_uri: shard for shard, _path in plan.admitted}
     if load_index is None:
         def load_index(shard: ShardRecord) -> Any:
             return load_checked_index(store, shard, storage_options)
-    return SearchRouter(serving, models, parents, shards, criterion,
-                        lambda uri: load_index(by_uri[uri]), on_incompatible,
-                        read_embeddings=lambda shard: read_shard(shard.embeddings_uri, expected_sha256=shard.sha256,
-                                                                 storage_options=storage_options))
+    return SearchRouter.of_plan(plan, models, lambda uri: load_index(by_uri[uri]),
+                                read_embeddings=lambda shard: read_shard(shard.embeddings_uri,
+                                                                         expected_sha256=shard.sha256,
+                                                                         storage_options=storage_options))
 
 
 @dataclass
@@ -95,8 +112,17 @@ class SearchService:
         mean, std = self.normalisation
         return encode_images(self.router.model, images, self.image_size, mean, std)
 
+    @property
+    def serving(self) -> str:
+        """The generation whose queries this service searches."""
+        return self.router.serving
+
     def search_images(self, images: np.ndarray, k: int) -> SearchResult:
         return self.router.search(self.encode(images), k)
+
+    def answer(self, embeddings: torch.Tensor | np.ndarray, k: int) -> dict[str, Any]:
+        """``search_answer`` of this service (what a server's snapshot answers a request with)."""
+        return search_answer(self, embeddings, k)
 
     def item_attributes(self, shard_index: int, ids: np.ndarray) -> dict[int, dict[str, Any]]:
         """{item id: {"uri": …, metadata…}} of the items ``ids`` of a searched shard, read from its
@@ -105,22 +131,33 @@ class SearchService:
         key = (record.embeddings_uri, record.sha256)
         if key not in self.shard_files:  # each shard file read (and checked) once
             self.shard_files[key] = read_shard(record.embeddings_uri, expected_sha256=record.sha256)
-        stored = self.shard_files[key]
-        if stored.attributes is None:
-            return {}
-        rows = np.flatnonzero(np.isin(stored.ids, ids))
-        table = stored.attributes.take(rows).to_pydict()
-        return {int(stored.ids[row]): {name: values[k] for name, values in table.items()} for k, row in enumerate(rows)}
+        return hit_attributes(self.shard_files[key], ids)
+
+
+def hit_attributes(stored: Any, ids: np.ndarray) -> dict[int, dict[str, Any]]:
+    """{item id: {"uri": …, metadata…}} of the items ``ids`` of one shard's file (a
+    ``ShardEmbeddings``); empty when the shard recorded no attributes."""
+    if stored.attributes is None:
+        return {}
+    rows = np.flatnonzero(np.isin(stored.ids, ids))
+    table = stored.attributes.take(rows).to_pydict()
+    return {int(stored.ids[row]): {name: values[k] for name, values in table.items()} for k, row in enumerate(rows)}
 
 
 def search_answer(service: SearchService, embeddings: torch.Tensor | np.ndarray, k: int) -> dict[str, Any]:
     """The top-``k`` hits of the (Q, D) serving-generation ``embeddings`` as ``orchestrator search
-    --json`` and the server's ``POST /search`` return them: the serving generation, each generation's
-    comparison path, the items searched, the shards not searched, and per query its hits (id,
-    distance, shard, generation, the item's source URI and metadata)."""
-    result = service.router.search(embeddings, k)
-    return {"serving": result.serving, "paths": result.paths, "searched_items": service.router.searchable_items,
-            "not_searched": [s.describe() for s in result.skipped], "results": result.rows(service.item_attributes)}
+    --json`` and the server's ``POST /search`` return them (``answer_document``)."""
+    return answer_document(service.router.search(embeddings, k), service.router.searchable_items,
+                           service.item_attributes)
+
+
+def answer_document(result: SearchResult, searchable_items: int,
+                    attributes: Callable[[int, np.ndarray], Mapping[int, dict[str, Any]]]) -> dict[str, Any]:
+    """A search's answer: the serving generation, each generation's comparison path, the items
+    searched, the shards not searched, and per query its hits (id, distance, shard, generation, the
+    item's source URI and metadata from ``attributes``: (shard index, hit ids) → {id: {...}})."""
+    return {"serving": result.serving, "paths": result.paths, "searched_items": searchable_items,
+            "not_searched": [s.describe() for s in result.skipped], "results": result.rows(attributes)}
 
 
 def service_for_pipeline(config, serving: str | None = None, *, metric: str = "map",

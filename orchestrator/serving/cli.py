@@ -22,7 +22,16 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     add_pipeline_options(serve, ("storage", "lineage", "ray_address"))
     serve.add_argument("--host", default="127.0.0.1", help="address the HTTP proxy listens on")
     serve.add_argument("--port", type=int_at_least(1), default=8000, help="port the HTTP proxy listens on")
-    serve.add_argument("--replicas", type=int_at_least(1), default=1, help="server replicas (each holds the snapshot)")
+    serve.add_argument("--replicas", type=int_at_least(1), default=1,
+                       help="ingress replicas: HTTP, lineage following, merge (with --search-replicas 0 each also "
+                            "holds the whole snapshot)")
+    serve.add_argument("--encoder-replicas", type=int_at_least(1), default=1,
+                       help="replicas that hold the models and embed image queries")
+    serve.add_argument("--search-replicas", type=int_at_least(0), default=1,
+                       help="shard-search replicas, replica i holding the shards i mod N (0: one process searches, "
+                            "each ingress replica holding the whole snapshot)")
+    serve.add_argument("--replica-cpus", type=positive_float, default=1.0, metavar="CPUS",
+                       help="CPUs Ray reserves for each replica that embeds or searches")
     serve.add_argument("--token-env", metavar="NAME",
                        help="environment variable holding the bearer token every request but /healthz must carry")
     serve.add_argument("--read-prefix", action="append", default=[], metavar="URI",
@@ -47,6 +56,20 @@ def parse_serve_arguments(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(["serve", *argv])
 
 
+def positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"a positive number, got {text}")
+    return value
+
+
+def pools_of(args: argparse.Namespace):
+    """The ``serving.app.Pools`` of the parsed arguments."""
+    from orchestrator.serving.app import Pools
+
+    return Pools(args.replicas, args.encoder_replicas, args.search_replicas, args.replica_cpus)
+
+
 def serve_command(args: argparse.Namespace) -> int:
     settings = serve_settings(args)
     import signal
@@ -55,7 +78,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from orchestrator.serving.app import serve_until_interrupted, start_server
 
     connect(settings.config.ray.address)
-    url = start_server(settings, args.host, args.port, args.replicas)
+    url = start_server(settings, args.host, args.port, pools_of(args))
     print(f"serving gallery {settings.config.gallery.name!r} at {url} (POST /search, GET /status, /healthz, /metrics)",
           flush=True)
     signal.signal(signal.SIGTERM, _interrupt)

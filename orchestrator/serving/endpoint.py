@@ -3,9 +3,10 @@ a status and a JSON document (or Prometheus text) out. ``serving.app`` puts it b
 
 Routes:
 - ``POST /search``: the body of ``serving.requests``; answered from one snapshot
-  (``serving.snapshots``) by ``search.service.search_answer``, the function behind ``orchestrator
-  search --json``: ``{"snapshot", "deployment", "serving", "gallery", "k", "paths", "searched_items",
-  "not_searched", "results": [[{"id", "distance", "shard", "generation", "uri", metadata…}, …], …]}``;
+  (``serving.snapshots``) by ``search.service.answer_document``, the function behind ``orchestrator
+  search --json``, in this process or over the replica pools (``serving.pooled``): ``{"snapshot",
+  "deployment", "serving", "gallery", "k", "paths", "searched_items", "not_searched",
+  "results": [[{"id", "distance", "shard", "generation", "uri", metadata…}, …], …]}``;
 - ``GET /status``: the served snapshot (deployment, serving generation, shards by generation),
   the backfills the lineage records as running, and a lineage state not served yet with the reason;
 - ``GET /healthz``: ``{"ok": true, "snapshot"}`` (no token needed);
@@ -23,11 +24,9 @@ import collections
 import hashlib
 import hmac
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-import numpy as np
 
 from orchestrator.serving.requests import BadRequest, Limits, check_width, decode_queries, parse_search
 
@@ -55,15 +54,22 @@ def token_sha256(token: str) -> str:
 
 
 class GalleryEndpoint:
-    """One replica's API over a ``SnapshotHolder`` that follows the pipeline's lineage."""
+    """One replica's API over a ``SnapshotHolder`` that follows the pipeline's lineage.
 
-    def __init__(self, settings: ServeSettings, holder_name: str):
-        from orchestrator.integrity import load_checked_index, recorded_index
+    build_service: (``LineageState``, generation) → what answers a snapshot's requests (``.serving``,
+    ``.width``, ``.encode(images)``, ``.answer(embeddings, k)``): by default a ``SearchService``
+    built in this process (``serving.local``); the replica pools' ingress passes
+    ``serving.pooled.PooledServices.build``, whose services call the encoder and shard-search replicas.
+    """
+
+    def __init__(self, settings: ServeSettings, holder_name: str,
+                 build_service: Callable[[Any, str], Any] | None = None):
         from orchestrator.lineage import LineageStore
         from orchestrator.search.queries import decode_image
-        from orchestrator.search.service import SearchService, open_router, query_preprocessing
-        from orchestrator.storage.leases import write_lease
+        from orchestrator.search.service import query_preprocessing
+        from orchestrator.serving.local import LocalServices
         from orchestrator.serving.snapshots import SnapshotHolder, read_state
+        from orchestrator.storage.leases import write_lease
 
         self.settings, self.holder_name = settings, holder_name
         config = settings.config
@@ -72,30 +78,8 @@ class GalleryEndpoint:
         self.store = LineageStore(config.lineage, storage=config.storage, readonly=True, follows_writers=True)
         size, normalisation = query_preprocessing(config)
         self._decode = lambda data, where: decode_image(data, size, where, settings.limits.max_pixels)
-
-        # what earlier snapshots loaded, reused while the lineage serves the same files: an index by
-        # (URI, the sha256 the lineage holds for it now), a shard file by (URI, sha256)
-        self._indexes: dict[tuple[str, str | None], Any] = {}
-        self._shard_files: dict[tuple[str, str], Any] = {}
-
-        def load_index(shard):
-            key = (shard.index_uri, (recorded_index(self.store, shard.index_uri) or {}).get("sha256"))
-            if key not in self._indexes:
-                self._indexes[key] = load_checked_index(self.store, shard)
-            return self._indexes[key]
-
-        def build_service(state, generation: str) -> SearchService:
-            for cache in (self._indexes, self._shard_files):  # drop what no current shard row names
-                for key in [key for key in cache if key[0] not in state.uris]:
-                    cache.pop(key, None)
-            router = open_router(self.store, self.gallery, generation, metric=settings.metric,
-                                 dataset=config.data.eval_split, on_incompatible=settings.on_incompatible,
-                                 shards=state.shards, load_index=load_index)
-            service = SearchService(router, size, normalisation, self._shard_files)
-            for route in router.routes:  # read (and check) every shard file now, not on a request
-                service.item_attributes(route.shard.index, np.empty(0, dtype=np.int64))
-            return service
-
+        if build_service is None:
+            build_service = LocalServices(settings, self.store, size, normalisation).build
         on_held = (lambda uris: write_lease(config.storage, holder_name, uris)) if settings.lease else None
         self.holder = SnapshotHolder(lambda: read_state(self.store, self.gallery), build_service, settings.poll_s,
                                      on_held)
@@ -169,7 +153,6 @@ class GalleryEndpoint:
         return "\n".join(lines) + "\n"
 
     def _search(self, body: bytes) -> dict[str, Any]:
-        from orchestrator.search.service import search_answer
         from orchestrator.storage import read_bytes
 
         request = parse_search(body, self.settings.limits)
@@ -179,11 +162,11 @@ class GalleryEndpoint:
             except ValueError as refused:  # unknown generation, or one that cannot search these shards
                 raise BadRequest(400, str(refused)) from None
             if request.embeddings is not None:
-                check_width(request.embeddings, service.width, service.router.serving)
+                check_width(request.embeddings, service.width, service.serving)
                 queries = request.embeddings
             else:
                 queries = service.encode(decode_queries(request, read_bytes, self._decode,
                                                         self.settings.read_prefixes))
-            answer = search_answer(service, queries, request.k)
+            answer = service.answer(queries, request.k)
             return {"snapshot": snapshot.id, "deployment": snapshot.state.deployment_id, "gallery": self.gallery,
                     "k": request.k, **answer}

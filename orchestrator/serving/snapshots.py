@@ -9,9 +9,10 @@ alike, and every response carries it.
 ``SnapshotHolder`` keeps the current snapshot in one reference. A poll (``poll``: the current
 deployment and the gallery's shard rows, two cheap queries, re-read until the deployment did not
 change in between) runs every ``poll_s`` seconds off the request path; when the state differs it
-builds the new snapshot completely (models and indexes checked against the lineage's hashes,
-``search.service.open_router``; ``serving.endpoint`` reuses what it loaded for the shards that did
-not change) and only then swaps the reference. A request takes the
+builds the new snapshot completely (models and indexes checked against the lineage's hashes;
+what an earlier snapshot loaded for the models and shards that did not change is reused), for the
+deployed generation and for the other generations requests named lately (at most
+``MAX_OTHER_GENERATIONS``), and only then swaps the reference. A request takes the
 reference once (``use``) and is answered from that snapshot whatever swaps meanwhile. A state the
 router refuses (``IncompatibleShards`` while a backfill writes shards of a generation not deployed
 yet, with ``on_incompatible="refuse"``) or that fails to load is not served: the last snapshot
@@ -23,6 +24,7 @@ server's lease keeps from ``gc``) until its last in-flight request has finished.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import json
@@ -41,6 +43,8 @@ log = logging.getLogger(__name__)
 
 #: Seconds before a lineage state that failed to load is tried again.
 RETRY_FAILED_S = 30.0
+#: Generations besides the deployed one whose services a snapshot holds (and prebuilds) at most.
+MAX_OTHER_GENERATIONS = 3
 
 
 @dataclass(frozen=True)
@@ -88,13 +92,18 @@ def read_state(store: LineageStore, gallery: str) -> LineageState:
 
 @dataclass
 class Snapshot:
-    """A lineage state and what answers from it: ``service(generation)`` builds (once) the search
-    service of any generation over exactly this state's shards; the deployed one is built first."""
+    """A lineage state and what answers from it: ``service(generation)``, the search service of any
+    generation over exactly this state's shards; the deployed one is built first, and the others
+    (``build_others``) before the snapshot is served. A generation no one built for this snapshot
+    is built on the request that first names it (and, through ``on_built``, prebuilt for the next
+    snapshots). At most ``1 + MAX_OTHER_GENERATIONS`` services are held, the other generation built
+    first dropped first."""
 
     state: LineageState
     build_service: Callable[[LineageState, str], Any]
+    on_built: Callable[[str], None] = lambda generation: None
     in_flight: int = 0
-    _services: dict[str, Any] = field(default_factory=dict)
+    _services: collections.OrderedDict = field(default_factory=collections.OrderedDict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -104,12 +113,28 @@ class Snapshot:
     def service(self, generation: str | None = None) -> Any:
         generation = generation or self.state.generation
         built = self._services.get(generation)  # requests for a built one never wait for another's build
-        if built is not None:
-            return built
-        with self._lock:
-            if generation not in self._services:
-                self._services[generation] = self.build_service(self.state, generation)
-            return self._services[generation]
+        if built is None:
+            with self._lock:
+                if generation not in self._services:
+                    self._services[generation] = self.build_service(self.state, generation)
+                    while len(self._services) > 1 + MAX_OTHER_GENERATIONS:
+                        oldest = next(g for g in self._services if g != self.state.generation)
+                        del self._services[oldest]
+                built = self._services[generation]
+        if generation != self.state.generation:
+            self.on_built(generation)
+        return built
+
+    def build_others(self, generations: list[str]) -> None:
+        """Build the services of ``generations`` now (a generation that fails is left to its next
+        request, which then gets the error)."""
+        for generation in generations:
+            if generation == self.state.generation:
+                continue
+            try:
+                self.service(generation)
+            except Exception as error:  # a request naming it gets the error
+                log.warning("snapshot %s: generation %s not prebuilt: %s", self.id, generation, error)
 
 
 class SnapshotHolder:
@@ -129,12 +154,22 @@ class SnapshotHolder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.swaps = 0
+        self._others: collections.OrderedDict[str, None] = collections.OrderedDict()  # most recently named last
         self._current = self._build(self._read())
 
     def _build(self, state: LineageState) -> Snapshot:
-        snapshot = Snapshot(state, self._build_service)
+        snapshot = Snapshot(state, self._build_service, self._named)
         snapshot.service()  # the deployed generation's models and indexes, before it can be served
+        snapshot.build_others(list(self._others))  # the other generations requests named lately
         return snapshot
+
+    def _named(self, generation: str) -> None:
+        """A request was answered for ``generation`` (not the deployed one): prebuild it from now on."""
+        with self._lock:
+            self._others[generation] = None
+            self._others.move_to_end(generation)
+            while len(self._others) > MAX_OTHER_GENERATIONS:
+                self._others.popitem(last=False)
 
     @contextlib.contextmanager
     def use(self) -> Iterator[Snapshot]:

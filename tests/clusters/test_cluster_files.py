@@ -151,6 +151,9 @@ def test_rayservice_manifest_serves_the_app_builder_with_valid_serve_options():
     args = build_parser().parse_args(["serve", *shlex.split(app["args"]["command"])])  # the serve command's options
     assert args.storage.startswith("s3://") and args.token_env == "ORCHESTRATOR_SERVE_TOKEN"
     cluster = doc["spec"]["rayClusterConfig"]
+    workers = sum(int(group["replicas"]) * float(container["resources"]["requests"]["cpu"])
+                  for group in cluster["workerGroupSpecs"] for container in group["template"]["spec"]["containers"])
+    assert (args.encoder_replicas + args.search_replicas) * args.replica_cpus <= workers  # the pools fit the workers
     assert _token_auth(cluster)
     for container in _containers(cluster):
         env = {e["name"]: e for e in container["env"]}

@@ -1,7 +1,9 @@
 """``orchestrator serve`` on Ray Serve, end to end (the serving issue's "done when").
 
-The server runs on this test's local Ray over a copy of the served g0-old run. Its ``/search``
-answers as ``orchestrator search`` does; bad requests over real HTTP get a 4xx with one line and it
+The server runs on this test's local Ray over a copy of the served g0-old run, with its replica
+pools: an ingress, an encoder replica and two shard-search replicas (each holding every other
+shard), called through Serve's deployment handles. Its ``/search`` answers as ``orchestrator
+search`` does; bad requests over real HTTP get a 4xx with one line and it
 keeps serving. Then a client keeps querying while the pipeline, extended by g1, runs in another
 process (g1 trains, its partial backfill commits shards, g1 deploys) and ``orchestrator deploy
 --rollback`` serves g0-old again: no request fails, every response comes from one snapshot (the
@@ -47,7 +49,7 @@ def server(copy_g0_run, tmp_path):
     import ray
     from ray import serve
 
-    from orchestrator.serving.app import start_server
+    from orchestrator.serving.app import Pools, start_server
 
     pipeline = copy_g0_run(tmp_path)
     config = load_pipeline(str(pipeline), {"storage": str(tmp_path / "run")})
@@ -55,7 +57,8 @@ def server(copy_g0_run, tmp_path):
     # g1 (one epoch) misses the compatibility criterion against g0-old (the run's gate is forced): the
     # server searches only the shards the serving generation is compatible with, as an operator asks
     # with --skip-incompatible, and so also serves the states a running backfill commits
-    url = start_server(ServeSettings(config, poll_s=0.5, on_incompatible="skip"), port=free_port())
+    url = start_server(ServeSettings(config, poll_s=0.5, on_incompatible="skip"), port=free_port(),
+                       pools=Pools(encoder_replicas=1, search_replicas=2, cpus=0.5))
     yield url, config, pipeline
     serve.shutdown()
     ray.shutdown()
@@ -71,7 +74,11 @@ def with_g1(tmp_path: Path) -> Path:
 
 
 def test_the_server_answers_as_search_and_follows_a_backfill_a_deployment_and_a_rollback(server, tmp_path):
+    from ray import serve
+
     url, config, pipeline = server
+    deployments = serve.status().applications["orchestrator"].deployments
+    assert sorted(deployments) == ["encoder", "gallery", "shards-0-of-2", "shards-1-of-2"]
     queries = png_files(tmp_path, 2)
     cli_answer = cli_in_process("search", str(pipeline), "--queries", *map(str, queries), "-k", "5", "--json",
                                 cwd=tmp_path)

@@ -1,7 +1,9 @@
 """A server replica's API without Ray (``serving.endpoint``) on a copy of the served g0-old run:
 it answers as ``orchestrator search`` does, follows a shard update a backfill commits, keeps the
 replaced snapshot (and, through its lease, its files against ``gc``) while a request still uses it,
-and refuses bad requests while it keeps serving."""
+and refuses bad requests while it keeps serving. The replica pools' code (encoder, shard shares,
+the ingress's merge) runs here in one process, called directly instead of through Serve's
+handles: it answers as ``orchestrator search`` too."""
 from __future__ import annotations
 
 import base64
@@ -16,7 +18,10 @@ from orchestrator.data import load_digits
 from orchestrator.gallery import read_shard
 from orchestrator.integrity import record_index
 from orchestrator.lineage import LineageStore
+from orchestrator.serving.encoders import QueryEncoders
 from orchestrator.serving.endpoint import GalleryEndpoint, ServeSettings, token_sha256
+from orchestrator.serving.pooled import PooledServices
+from orchestrator.serving.shares import ShardShare
 from orchestrator.shard_update import ShardTarget, write_shard_files
 from orchestrator.storage.leases import held_uris
 from orchestrator.storage import join_uri
@@ -132,3 +137,79 @@ def test_bad_requests_get_a_4xx_with_one_line_and_the_endpoint_keeps_serving(end
     metrics = served.handle("GET", "/metrics", AUTH, b"")[1]
     assert f'snapshot="{answer["snapshot"]}",serving="g0-old"}} 1' in metrics
     assert 'code="401"} 2' in metrics and 'code="200"} 2' in metrics  # /healthz and the search
+
+
+class Done:
+    """A call already answered (what a Serve ``DeploymentResponse`` gives on ``result()``)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class InProcessCalls:
+    """``serving.pooled``'s calls made directly on an encoder and shard shares of this process."""
+
+    def __init__(self, encoders: QueryEncoders, shares: list[ShardShare]):
+        self.encoders, self.share_objects, self.shares = encoders, shares, len(shares)
+        self.prepared: list[tuple[int, str]] = []
+
+    def plan(self, state, generation):
+        return Done(self.encoders.plan(state, generation))
+
+    def encode(self, model_key, images):
+        return Done(self.encoders.encode(model_key, images))
+
+    def prepare(self, share, key, admitted):
+        self.prepared.append((share, key))
+        return Done(self.share_objects[share].prepare(key, admitted))
+
+    def search(self, share, key, queries, k):
+        return Done(self.share_objects[share].search(key, queries, k))
+
+
+def test_the_replica_pools_answer_as_orchestrator_search_and_reload_only_what_changed(copy_g0_run, tmp_path):
+    pipeline = copy_g0_run(tmp_path)
+    config = load_pipeline(str(pipeline), {"storage": str(tmp_path / "run")})
+    settings = ServeSettings(config, poll_s=3600, lease=False)
+    store = LineageStore(config.lineage, storage=config.storage)
+    calls = InProcessCalls(QueryEncoders(settings), [ShardShare(store, share, 3) for share in range(3)])
+    served = GalleryEndpoint(settings, "pooled", PooledServices(calls, config.gallery.name).build)
+    try:
+        queries = png_files(tmp_path, 3)
+        cli = cli_in_process("search", str(pipeline), "--queries", *map(str, queries), "-k", "8", "--json", cwd=tmp_path)
+        assert cli.returncode == 0, cli.stderr
+        expected = json.loads(cli.stdout)
+        status, answer = served.handle("POST", "/search", {}, search_body(queries, k=8))
+        assert status == 200 and answer["results"] == expected["results"]
+        assert (answer["paths"], answer["searched_items"]) == (expected["paths"], expected["searched_items"])
+        shards = {r.index for r in store.shards(config.gallery.name) if r.n_items}
+        assert {s for s, _key in calls.prepared} == {i % 3 for i in shards}  # each share got its own shards
+        embeddings = calls.encoders.encode(served.holder.current.service().planned.model_key,
+                                           load_digits("test").images[:3])
+        status, by_embedding = served.handle("POST", "/search", {}, json.dumps({"embeddings": embeddings.tolist(),
+                                                                               "k": 8}).encode())
+        assert status == 200 and by_embedding["results"] == expected["results"]
+        assert "embeds 33" in served.handle("POST", "/search", {}, json.dumps({"embeddings": [[0.5] * 7]}).encode())[1]["error"]
+
+        top = answer["results"][0][0]
+        loads = [share.index_loads for share in calls.share_objects]
+        commit_shard_without(store, config.storage, config.gallery.name, top["shard"], np.array([top["id"]]),
+                             config.gallery.index)
+        assert served.holder.poll()
+        changed = top["shard"] % 3  # one index reloaded, in the share holding the committed shard
+        assert [share.index_loads - before for share, before in zip(calls.share_objects, loads)] == \
+            [int(share == changed) for share in range(3)]
+        assert calls.encoders.models.loads == 1  # the deployed generation's model, not reloaded by the swap
+        status, second = served.handle("POST", "/search", {}, search_body(queries, k=8))
+        assert status == 200 and second["snapshot"] != answer["snapshot"] and second["searched_items"] == 538
+        assert top["id"] not in {hit["id"] for hits in second["results"] for hit in hits}
+
+        calls.share_objects[changed]._held.clear()  # a share that lost the snapshot (a restarted replica)
+        status, again = served.handle("POST", "/search", {}, search_body(queries, k=8))
+        assert status == 200 and again == second  # prepared again and answered from the same snapshot
+    finally:
+        served.close()
+        store.close()

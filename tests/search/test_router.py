@@ -14,7 +14,9 @@ from orchestrator.index import ShardIndex, build_index, load_index
 from orchestrator.lineage.records import CompatibilityRecord, ShardRecord
 from orchestrator.methods import create_method
 from orchestrator.methods.fct import build_forward_map
-from orchestrator.search import CompatibilityCriterion, IncompatibleShards, SearchRouter, merge_top_k
+from orchestrator.search import (CompatibilityCriterion, IncompatibleShards, SearchRouter, ShardHits, merge_top_k,
+                                 plan_routes, search_merged, search_shards)
+from orchestrator.search.router import load_route
 from orchestrator.search.router_evaluation import evaluate_search
 from orchestrator.storage import ChecksumMismatch
 from vector_models import vector_model
@@ -102,6 +104,44 @@ def test_three_generations_direct_and_adapter_paths_equal_the_brute_force_rankin
     generation_of_id = {int(i): g for g in parts for i in ids[parts[g]]}
     assert [[generation_of_id[int(i)] for i in row] for row in result.ids] == result.generations().tolist()
     assert router.paths() == {"g0": "direct", "g1": "queries mapped by the backward adapter", "g2": "same"}
+
+
+def test_shards_searched_in_separate_shares_and_merged_equal_the_brute_force_ranking(tmp_path):
+    """What a server with shard-search replicas does: one plan, each share of the routes loaded and
+    searched on its own (``search_shards``), the lists merged by ``search_merged``."""
+    rng = np.random.default_rng(4)
+    ids = np.arange(40) * 5 + 1
+    old, new = rng.normal(size=(40, 8)).astype(np.float32), rng.normal(size=(40, 8)).astype(np.float32)
+    models, parents = {"g0": model(seed=0), "g1": model(seed=1)}, {"g0": None, "g1": "g0"}
+    models["g1"].adapters["backward"] = backward = nn.Linear(8, 8, bias=False)
+    generation = ["g0", "g1", "g0", "g1", "g0"]
+    rows = np.array_split(np.arange(40), 5)
+    shards = [shard_record(tmp_path, i, g, ids[r], (old if g == "g0" else new)[r]) for i, (g, r) in enumerate(zip(generation, rows))]
+    plan = plan_routes("g1", models, parents, shards, None)
+    shares = [[load_route(shard, path, ShardIndex.load) for shard, path in plan.admitted if shard.index % 2 == share]
+              for share in (0, 1)]
+
+    def search_chunk(chunk):
+        hits = ShardHits()
+        for routes in shares[::-1]:  # the shares answer in any order
+            hits.extend(search_shards(routes, chunk, 6))
+        return hits
+
+    queries = torch.from_numpy(rng.normal(size=(7, 8)).astype(np.float32))
+    result = plan.result(*search_merged(queries, 6, 5, search_chunk))
+    with torch.no_grad():
+        mapped = backward(queries).double()  # g1's queries reach g0's shards through B
+    cosine = Geometry("cosine").pairwise_distance
+    distances = np.concatenate([cosine(mapped if g == "g0" else queries.double(),
+                                       torch.from_numpy((old if g == "g0" else new)[r]).double()).numpy()
+                                for g, r in zip(generation, rows)], axis=1)
+    expected_d, expected_ids = brute_force_top_k(distances, np.concatenate([ids[r] for r in rows]), 6)
+    np.testing.assert_array_equal(result.ids, expected_ids)
+    np.testing.assert_allclose(result.distances, expected_d, rtol=1e-6, atol=1e-7)
+    assert result.paths == {"g0": "queries mapped by the backward adapter", "g1": "same"}
+    whole = SearchRouter("g1", models, parents, shards, None, ShardIndex.load).search(queries, 6)
+    np.testing.assert_array_equal(whole.ids, result.ids)
+    np.testing.assert_array_equal(whole.shards, result.shards)
 
 
 def test_lorentz_shards_of_two_generations_rank_by_geodesic_distance(tmp_path):

@@ -20,5 +20,9 @@ def test_the_serve_config_arguments_parse_as_the_command_line():
     args = parse_serve_arguments(["p.yaml", "--replicas", "3", "--read-prefix", "s3://b/q", "--read-prefix", "/data/q"])
     assert (args.file, args.replicas, args.read_prefix, args.host, args.port) == ("p.yaml", 3, ["s3://b/q", "/data/q"],
                                                                                   "127.0.0.1", 8000)
-    with pytest.raises(SystemExit):
-        parse_serve_arguments(["p.yaml", "--replicas", "0"])
+    assert (args.encoder_replicas, args.search_replicas, args.replica_cpus) == (1, 1, 1.0)  # the pools by default
+    args = parse_serve_arguments(["p.yaml", "--encoder-replicas", "2", "--search-replicas", "0", "--replica-cpus", "0.5"])
+    assert (args.encoder_replicas, args.search_replicas, args.replica_cpus) == (2, 0, 0.5)  # 0: one process searches
+    for bad in (["--replicas", "0"], ["--encoder-replicas", "0"], ["--search-replicas", "-1"], ["--replica-cpus", "0"]):
+        with pytest.raises(SystemExit):
+            parse_serve_arguments(["p.yaml", *bad])

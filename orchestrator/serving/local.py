@@ -1,0 +1,55 @@
+"""Search services built in the server's own process (the single-process mode of ``orchestrator
+serve``, ``--search-replicas 0``, and the endpoint's tests): each snapshot's ``SearchService``,
+from ``search.service.open_router``, reusing what earlier snapshots loaded.
+
+Reused while the lineage serves the same files: an index by (URI, the sha256 the lineage holds
+for it now), a shard file by (URI, sha256), a model by its hashes (``serving.model_cache``). What
+no current shard row names is dropped at the next build.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from orchestrator.serving.model_cache import ModelCache
+
+
+class LocalServices:
+    """``build(state, generation)``: the search service of ``generation`` over a snapshot's state.
+
+    settings: the server's ``ServeSettings``; store: its lineage reader; size, normalisation: the
+    query preprocessing of the pipeline (``search.service.query_preprocessing``).
+    """
+
+    def __init__(self, settings, store, size: int, normalisation: tuple[Sequence[float], Sequence[float]]):
+        self.settings, self.store, self.size, self.normalisation = settings, store, size, normalisation
+        self.models = ModelCache(store)
+        self._indexes: dict[tuple[str, str | None], Any] = {}
+        self._shard_files: dict[tuple[str, str], Any] = {}
+
+    def _load_index(self, shard) -> Any:
+        from orchestrator.integrity import load_checked_index, recorded_index
+
+        key = (shard.index_uri, (recorded_index(self.store, shard.index_uri) or {}).get("sha256"))
+        if key not in self._indexes:
+            self._indexes[key] = load_checked_index(self.store, shard)
+        return self._indexes[key]
+
+    def build(self, state, generation: str):
+        """The ``SearchService`` of ``generation`` over ``state`` (a ``LineageState``), its shard
+        files read (and checked) now, not on a request."""
+        from orchestrator.search.service import SearchService, open_router
+
+        for cache in (self._indexes, self._shard_files):  # drop what no current shard row names
+            for key in [key for key in cache if key[0] not in state.uris]:
+                cache.pop(key, None)
+        config = self.settings.config
+        router = open_router(self.store, config.gallery.name, generation, metric=self.settings.metric,
+                             dataset=config.data.eval_split, on_incompatible=self.settings.on_incompatible,
+                             shards=state.shards, load_index=self._load_index, load_model=self.models.load)
+        service = SearchService(router, self.size, self.normalisation, self._shard_files)
+        for route in router.routes:
+            service.item_attributes(route.shard.index, np.empty(0, dtype=np.int64))
+        return service

@@ -1,0 +1,95 @@
+"""The ingress side of the replica pools: a snapshot's search service whose queries are embedded
+by encoder replicas (``serving.encoders``) and whose shards are searched by shard-search replicas
+(``serving.shares``), merged here with the router's own functions.
+
+``PooledServices(calls, gallery).build(state, generation)`` is the ingress's ``build_service``
+(``serving.endpoint.GalleryEndpoint``): an encoder replica plans the snapshot (the router's
+admission, ``search.router.plan_routes``), every share holding admitted shards prepares its part
+under the snapshot's key (``<snapshot id>/<generation>``), and the index kinds they report are
+checked to merge into one ranking (``check_one_distance_unit``), all before the snapshot is
+swapped in. ``PooledService.answer`` runs ``search.router.search_merged`` with a chunk search that
+fans the queries out to the shares in parallel and gathers their ``search_shards`` lists, then
+``RoutePlan.result`` and ``search.service.answer_document``: the merge, the result and the answer
+document of ``orchestrator search``. A share that no longer holds the key (restarted, or it
+dropped it) answers None; it is sent the key's routes again and asked once more, so a request is
+answered from its one snapshot or fails, never from another.
+
+``calls`` reaches the pools (``serving.app`` over Serve deployment handles): ``shares`` (their
+number), ``plan(state, generation)``, ``encode(model_key, images)``, ``prepare(share, key,
+admitted)``, ``search(share, key, queries, k)``; each returns an object whose ``result()`` waits
+for the answer, so the calls to several shares run at once.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from orchestrator.search.router import ShardHits, check_one_distance_unit, search_merged
+from orchestrator.search.service import answer_document
+from orchestrator.serving.shares import share_of
+
+
+class PooledServices:
+    """``build(state, generation)``: the ``PooledService`` of a snapshot (module docstring)."""
+
+    def __init__(self, calls: Any, gallery: str):
+        self.calls, self.gallery = calls, gallery
+
+    def build(self, state, generation: str) -> "PooledService":
+        planned = self.calls.plan(state, generation).result()
+        key = f"{state.snapshot_id}/{generation}"
+        by_share: dict[int, list[tuple[Any, Any]]] = {}
+        for shard, path in planned.plan.admitted:
+            by_share.setdefault(share_of(shard.index, self.calls.shares), []).append((shard, path))
+        pending = [self.calls.prepare(share, key, admitted) for share, admitted in by_share.items()]
+        kinds = dict(pair for prepared in pending for pair in prepared.result())
+        check_one_distance_unit(self.gallery, [(shard, kinds[shard.index]) for shard, _path in planned.plan.admitted])
+        return PooledService(self.calls, key, planned, by_share)
+
+
+class PooledService:
+    """A snapshot's search over the replica pools; the interface of ``search.service.SearchService``
+    that a server's endpoint uses: ``serving``, ``width``, ``encode(images)``, ``answer(embeddings, k)``."""
+
+    def __init__(self, calls: Any, key: str, planned: Any, by_share: dict[int, list[tuple[Any, Any]]]):
+        self.calls, self.key, self.planned, self.by_share = calls, key, planned, by_share
+
+    @property
+    def serving(self) -> str:
+        return self.planned.plan.serving
+
+    @property
+    def width(self) -> int:
+        return self.planned.width
+
+    def encode(self, images: np.ndarray) -> torch.Tensor:
+        """(N, H, W, 3) uint8 images → (N, D) embeddings, by an encoder replica."""
+        return torch.from_numpy(self.calls.encode(self.planned.model_key, images).result())
+
+    def answer(self, embeddings: torch.Tensor | np.ndarray, k: int) -> dict[str, Any]:
+        """The answer document of the (Q, D) serving-generation ``embeddings``' top-``k``."""
+        plan = self.planned.plan
+        attributes: dict[int, dict[int, dict[str, Any]]] = {}
+
+        def search_chunk(chunk: torch.Tensor) -> ShardHits:
+            queries = chunk.numpy()
+            pending = {share: self.calls.search(share, self.key, queries, k) for share in self.by_share}
+            hits = ShardHits()
+            for share, answer in pending.items():
+                found = answer.result()
+                if found is None:  # the share no longer holds this snapshot: hand it the routes again
+                    self.calls.prepare(share, self.key, self.by_share[share]).result()
+                    found = self.calls.search(share, self.key, queries, k).result()
+                    if found is None:
+                        raise RuntimeError(f"shard share {share} dropped snapshot {self.key} again while asked to search it")
+                share_hits, share_attributes = found
+                hits.extend(share_hits)
+                for shard, found_attributes in share_attributes.items():
+                    attributes.setdefault(shard, {}).update(found_attributes)
+            return hits
+
+        result = plan.result(*search_merged(embeddings, k, len(plan.admitted), search_chunk))
+        return answer_document(result, plan.searchable_items, lambda shard, _ids: attributes.get(shard, {}))
+

@@ -1,0 +1,122 @@
+"""A shard-search replica's share of the gallery: the indexes of some shards, searched for the
+snapshots the ingress prepares.
+
+Shard ``i`` belongs to share ``share_of(i, shares) = i mod shares``: a pure function of the shard
+index, so every ingress replica sends a shard's work to the same share, and a share keeps its
+shards across snapshots (a shard commit reloads one shard in one share).
+
+``ShardShare.prepare(key, admitted)`` loads (or reuses) the indexes of the admitted (shard row,
+comparison path) pairs the ingress planned for snapshot ``key`` (its id and the searching
+generation), builds a forward path's in-memory index, reads every shard file (for the hits'
+URIs and metadata), and holds them under ``key``; ``search(key, queries, k)`` answers from exactly
+that key's routes with ``search.router.search_shards``, the router's own per-shard search, and
+returns None when it holds no such key (a restarted replica, or one that dropped it): the ingress
+prepares it again and retries, so a request is never answered from another snapshot. At most
+``MAX_HELD`` keys are held, the least recently used dropped first.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+#: Snapshot keys one share holds at most (the current ones, and replaced ones still answering).
+MAX_HELD = 8
+
+
+def share_of(shard_index: int, shares: int) -> int:
+    """The share (0 … shares−1) that holds shard ``shard_index``."""
+    if shares < 1:
+        raise ValueError(f"shares must be at least 1, got {shares}")
+    return shard_index % shares
+
+
+class ShardShare:
+    """Share ``share`` of ``shares`` of one gallery's shard indexes (module docstring)."""
+
+    def __init__(self, store, share: int, shares: int, storage_options: Mapping[str, Any] | None = None):
+        if not 0 <= share < shares:
+            raise ValueError(f"share {share} of {shares}: must be 0 … {shares - 1}")
+        self.store, self.share, self.shares, self.storage_options = store, share, shares, storage_options
+        self._held: collections.OrderedDict[str, tuple[list[Any], dict[int, Any]]] = collections.OrderedDict()
+        self._indexes: dict[tuple[str, str | None], Any] = {}
+        self._files: dict[tuple[str, str], Any] = {}
+        self._lock = threading.Lock()  # the held keys
+        self._build_lock = threading.Lock()  # builds, and the caches they fill
+        self.index_loads = 0
+
+    def prepare(self, key: str, admitted: Sequence[tuple[Any, Any]]) -> list[tuple[int, str]]:
+        """Load and hold the routes of snapshot ``key``: ``admitted`` (shard row, comparison path)
+        pairs, all of this share. Returns (shard index, index kind) of each, for the ingress's
+        check that one ranking can merge them (``search.router.check_one_distance_unit``)."""
+        from orchestrator.search.router import load_route
+
+        foreign = [shard.index for shard, _path in admitted if share_of(shard.index, self.shares) != self.share]
+        if foreign:
+            raise ValueError(f"share {self.share} of {self.shares} was sent shards {foreign} of other shares")
+        with self._build_lock:  # one build at a time; a key already held is not built again
+            with self._lock:
+                held = self._held.get(key)
+            if held is None:  # loading takes the time: searches of held keys go on meanwhile
+                routes = [load_route(shard, path, lambda _uri, shard=shard: self._load_index(shard), self._read)
+                          for shard, path in admitted]
+                held = routes, {route.shard.index: self._read(route.shard) for route in routes}
+            with self._lock:
+                self._held[key] = held
+                self._held.move_to_end(key)
+                while len(self._held) > MAX_HELD:
+                    self._held.popitem(last=False)
+            self._drop_unheld()
+        routes = held[0]
+        return [(route.shard.index, route.index.kind) for route in routes]
+
+    def search(self, key: str, queries: np.ndarray, k: int):
+        """(``ShardHits`` of the (Q, D) serving-generation ``queries`` in this share's shards of
+        snapshot ``key``, {shard index: {hit id: {"uri": …, metadata…}}}), or None when ``key`` is
+        not held."""
+        import torch
+
+        from orchestrator.search.router import search_shards
+        from orchestrator.search.service import hit_attributes
+
+        with self._lock:
+            held = self._held.get(key)
+        if held is None:
+            return None
+        routes, files = held
+        hits = search_shards(routes, torch.from_numpy(np.asarray(queries)), k)
+        attributes = {shard: hit_attributes(files[shard], np.unique(ids[ids >= 0]))
+                      for shard, ids in zip(hits.sources, hits.ids)}
+        return hits, attributes
+
+    def _load_index(self, shard) -> Any:
+        """The shard's index, checked against the lineage's hashes (loaded once while they hold)."""
+        from orchestrator.integrity import load_checked_index, recorded_index
+
+        key = (shard.index_uri, (recorded_index(self.store, shard.index_uri) or {}).get("sha256"))
+        if key not in self._indexes:
+            self._indexes[key] = load_checked_index(self.store, shard, self.storage_options)
+            self.index_loads += 1
+        return self._indexes[key]
+
+    def _read(self, shard) -> Any:
+        """The shard's file, its sha256 checked against the lineage row (read once while held)."""
+        from orchestrator.gallery import read_shard
+
+        key = (shard.embeddings_uri, shard.sha256)
+        if key not in self._files:
+            self._files[key] = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256,
+                                          storage_options=self.storage_options)
+        return self._files[key]
+
+    def _drop_unheld(self) -> None:
+        """Forget the indexes and files no held key's shards name."""
+        with self._lock:
+            uris = {uri for routes, _files in self._held.values() for route in routes
+                    for uri in (route.shard.index_uri, route.shard.embeddings_uri)}
+        for cache in (self._indexes, self._files):
+            for key in [key for key in cache if key[0] not in uris]:
+                del cache[key]
