@@ -15,13 +15,21 @@ a summary counts the seeds in which each HBCT row meets issue 14's targets (``ta
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import math
+import multiprocessing
 import statistics
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any, Sequence
 
-from orchestrator.data import load_shapes
+import numpy as np
+import torch
+
+from orchestrator.data import LabeledImages, load_shapes
+from orchestrator.evaluation import CompatibilityReport, evaluate_generations
 from orchestrator.evaluation.update_experiment import ExperimentSettings, UpdateExperiment, run_update_experiment
 from orchestrator.metrics import KEY_METRICS, update_summary
 from orchestrator.training.config import TrainConfig
@@ -36,9 +44,10 @@ SHAPES_60_OPTIONS: dict[str, Any] = {"num_shapes": 10, "num_patterns": 6, "train
 #: Per shapes variant: (its ``load_shapes`` options, batch size, embed_dim).
 _SHAPES_RECIPES: dict[str, tuple[dict[str, Any], int, int]] = {"shapes": (SHAPES_OPTIONS, 64, 32),
                                                                "shapes-60": (SHAPES_60_OPTIONS, 128, 64)}
-#: A row: (label, method, params) or (label, method, params, old_params), old_params set on the old
-#: model alone (``run_update_experiment``).
-Row = tuple[str, str, dict[str, Any]] | tuple[str, str, dict[str, Any], dict[str, Any]]
+#: A row: (label, method, params), (label, method, params, old_params), old_params set on the old
+#: model alone, or (label, method, params, old_params, init_from_parent) (``run_update_experiment``).
+Row = (tuple[str, str, dict[str, Any]] | tuple[str, str, dict[str, Any], dict[str, Any]]
+       | tuple[str, str, dict[str, Any], dict[str, Any], bool])
 #: The paper's HBCT: its fixed logit scale (``HBCTParams`` learn it by default since round 5; the
 #: ceiling 100 keeps these rows' derived training seeds, and so their models, those of rounds 1-4).
 PAPER_HBCT: dict[str, Any] = {"mlr_learn_scale": False, "mlr_max_scale": 100.0}
@@ -80,51 +89,114 @@ METHODS: tuple[Row, ...] = (
     ("l2", "l2", {}),
     ("lambda_orth", "lambda_orth", {}),
     ("fct", "fct", {}),
+    ("unibct", "unibct", {}),
+    ("advbct", "advbct", {}),
+    ("ndpp", "ndpp", {}),
+    ("odpp", "odpp", {}),
+    ("hoc", "hoc", {}),
+    ("dsimplex", "dsimplex", {}),
+    ("binary_hyperbolic", "binary_hyperbolic", {}),
+    ("independent", "independent", {}),
+    # issue 28's candidates and ablations: λ is HOC's and d-Simplex's CE share (1 − λ: InfoNCE to the
+    # old model; HOC's default is 0.9 since issue 28, "hoc paper" is the paper's 0.1) and
+    # binary_hyperbolic's alignment weight; ft: the new model starts from its old
+    # model's weights (the stationary paper's sequential fine-tuning); adv / eb: AdvBCT's
+    # adversarial and boundary weights
+    ("hoc paper", "hoc", {"lam": 0.1}),
+    ("hoc λ0.5", "hoc", {"lam": 0.5}),
+    ("hoc λ0.8", "hoc", {"lam": 0.8}),
+    ("dsimplex λ0.5", "dsimplex", {"lam": 0.5}),
+    ("dsimplex λ0.7", "dsimplex", {"lam": 0.7}),
+    ("dsimplex λ0.9", "dsimplex", {"lam": 0.9}),
+    ("dsimplex ft", "dsimplex", {}, {}, True),
+    ("binary_hyperbolic λ0.1", "binary_hyperbolic", {"lam": 0.1}),
+    ("binary_hyperbolic λ0.3", "binary_hyperbolic", {"lam": 0.3}),
+    ("advbct adv0.3", "advbct", {"adversarial_weight": 0.3}),
+    ("advbct adv0", "advbct", {"adversarial_weight": 0.0}),
+    ("advbct eb0", "advbct", {"boundary_weight": 0.0}),
+    ("advbct seen", "advbct", {"boundary_classes": "seen"}),
+    ("advbct seen adv0.3", "advbct", {"boundary_classes": "seen", "adversarial_weight": 0.3}),
 )
+#: The default rows: every registered method with its defaults (``independent``: the control, a new
+#: model with no alignment at all, held to no target).
+DEFAULT_METHODS: tuple[str, ...] = ("hbct", "bct", "lce", "hot_refresh", "l2", "lambda_orth", "fct", "unibct",
+                                    "advbct", "ndpp", "odpp", "hoc", "dsimplex", "binary_hyperbolic", "independent")
 _COLUMNS = ("old self", "ref self", "self", "cross", "P_com", "P_up")
 _KEYS = ("old_self", "reference_self", "self", "cross", "p_com", "p_up")
 
 
-def experiment_for(dataset: str, epochs: int, seed: int = 0, test_per_class: int | None = None) -> UpdateExperiment:
+def experiment_for(dataset: str, epochs: int, seed: int = 0, test_per_class: int | None = None,
+                   device: str = "cpu") -> UpdateExperiment:
     """The update experiment of ``dataset`` at ``epochs``, base seed ``seed``:
 
     "digits" and "shapes": batch 64, SGD lr 0.05, no augmentation, embed_dim 32, test_resnet (the
     default pipeline's recipe); "shapes-60": ``SHAPES_60_OPTIONS`` with the recipe of issue 14's
     held-out check (batch 128, SGD lr 0.05, embed_dim 64, test_resnet; it trained 4 epochs).
     ``test_per_class`` sets the size of a shapes variant's held-out split (None: its options' 20;
-    a larger split measures each trained model with less sampling noise)."""
+    a larger split measures each trained model with less sampling noise). ``device``: where every
+    model trains and is evaluated ("cpu", "cuda")."""
     if dataset == "digits":
         training = TrainConfig(epochs=epochs, batch_size=64, lr=0.05, augment=False, seed=seed)
-        return UpdateExperiment(ExperimentSettings(embed_dim=32, training=training))
+        return UpdateExperiment(ExperimentSettings(embed_dim=32, training=training), device=device)
     if dataset in _SHAPES_RECIPES:
         shapes_options, batch_size, embed_dim = _SHAPES_RECIPES[dataset]
-        options = dict(shapes_options)
-        if test_per_class is not None:
-            options["test_per_class"] = test_per_class
-        size = options.pop("image_size")
+        size = shapes_options["image_size"]
         training = TrainConfig(epochs=epochs, batch_size=batch_size, lr=0.05, augment=False, seed=seed)
         settings = ExperimentSettings(embed_dim=embed_dim, training=training, image_size=size)
-        return UpdateExperiment(settings, load_shapes("train", image_size=size, **options),
-                                load_shapes("test", image_size=size, **options))
+        return UpdateExperiment(settings, _shapes(dataset, "train", test_per_class),
+                                _shapes(dataset, "test", test_per_class), device=device)
     raise ValueError(f"dataset: expected 'digits', 'shapes' or 'shapes-60', got {dataset!r}")
 
 
-def measure(dataset: str, epochs: int, methods: Sequence[Row] = METHODS,
-            workers: int = 2, seed: int = 0, test_per_class: int | None = None) -> list[dict[str, Any]]:
+@functools.lru_cache(maxsize=4)
+def _shapes(dataset: str, split: str, test_per_class: int | None) -> LabeledImages:
+    """A shapes variant's split, rendered once per process (every budget and seed measures the same
+    images; shapes-60's 36,000 training images take a CPU minute to render)."""
+    options = dict(_SHAPES_RECIPES[dataset][0])
+    if test_per_class is not None:
+        options["test_per_class"] = test_per_class
+    return load_shapes(split, image_size=options.pop("image_size"), **options)
+
+
+def measure(dataset: str, epochs: int, methods: Sequence[Row] = METHODS, workers: int = 2, seed: int = 0,
+            test_per_class: int | None = None, device: str = "cpu") -> list[dict[str, Any]]:
     """One row per method: its label and, per key metric (``KEY_METRICS``: CMC@1, mAP), the update summary with
     ``old_self`` added (the old model's self-test)."""
-    result = run_update_experiment([row[1:] for row in methods],
-                                   experiment=experiment_for(dataset, epochs, seed, test_per_class), workers=workers)
+    return measure_experiment(experiment_for(dataset, epochs, seed, test_per_class, device), methods, workers)
+
+
+def measure_experiment(experiment: UpdateExperiment, methods: Sequence[Row], workers: int,
+                       by_class_age: bool = False) -> list[dict[str, Any]]:
+    """``measure`` of an experiment built already (``experiment_for``). ``by_class_age``: each row
+    also holds, under ``"by_classes"``, its update measured again on the held-out images of the
+    classes the old model was trained on (``"seen"``: queries and gallery of those classes alone)
+    and of the classes it never saw (``"unseen"``)."""
+    result = run_update_experiment([row[1:] for row in methods], experiment=experiment, workers=workers)
+    reports = {"all": result.report}
+    if by_class_age:
+        parents = {label: old for label, (old, _) in result.generations.items()}
+        seen = np.isin(experiment.eval_images.labels, experiment.old_classes())
+        for part, mask in (("seen", seen), ("unseen", ~seen)):
+            images = experiment.eval_images.subset(np.flatnonzero(mask))
+            reports[part] = evaluate_generations(result.models, experiment.dataset(images), parents=parents,
+                                                 device=experiment.device)
     rows = []
     for (label, *_), generation in zip(methods, result.generations):
-        old, _ = result.generations[generation]
-        per_metric = {}
-        for metric in KEY_METRICS:
-            summary = dict(result.summaries[generation][metric])
-            summary["old_self"] = result.report.value(old, old, metric)
-            per_metric[metric] = summary
-        rows.append({"method": label, **per_metric})
+        per_part = {part: _update_of(report, *result.generations[generation], generation)
+                    for part, report in reports.items()}
+        _, reference = result.generations[generation]
+        row = {"method": label, **per_part.pop("all"), "train_s": result.train_seconds[generation],
+               "reference_train_s": result.train_seconds[reference]}
+        if per_part:
+            row["by_classes"] = per_part
+        rows.append(row)
     return rows
+
+
+def _update_of(report: CompatibilityReport, old: str, reference: str, new: str) -> dict[str, dict[str, Any]]:
+    """Per key metric: the update old → new of ``report`` with φ_* ``reference``, and ``old_self``."""
+    return {metric: {**report.compatibility(old, new, reference, metric), "old_self": report.value(old, old, metric)}
+            for metric in KEY_METRICS}
 
 
 def _defined(value: Any) -> bool:
@@ -254,23 +326,110 @@ def format_summary(tables: Sequence[Sequence[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+#: Methods whose new model is not held to P_up ≥ −0.05 (issue 28): ``l2`` pins the new embeddings to
+#: the old ones and ``fct`` serves the old model's space through a learned transformation, so both
+#: pay for compatibility in the new model's own quality by design (docs/methods.md gives the cost).
+UNALIGNED_COST = ("l2", "fct")
+
+
+def method_targets(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, bool | None]]:
+    """Issue 28's targets for every row of one table (usually ``seed_means``' mean update):
+
+    criterion: the empirical criterion passes on CMC@1 and on mAP;
+    p_up:      P_up ≥ −0.05 on CMC@1 and on mAP (None for ``UNALIGNED_COST``: not a target)."""
+    out = {}
+    for row in rows:
+        criterion = all(row[m]["compatible"] for m in KEY_METRICS)
+        p_up = None if row["method"] in UNALIGNED_COST else all(
+            _defined(row[m].get("p_up")) and row[m]["p_up"] >= -TARGET_SLACK for m in KEY_METRICS)
+        out[row["method"]] = {"criterion": criterion, "p_up": p_up}
+    return out
+
+
+def format_method_targets(tables: Sequence[Sequence[dict[str, Any]]]) -> str:
+    """Markdown: per method of ``tables`` (one per seed, same dataset and budget), the seeds passing
+    the criterion, then issue 28's verdicts on the mean update (``method_targets``)."""
+    mean_rows = seed_means(tables)
+    per_seed = [method_targets(table) for table in tables]
+    verdicts = method_targets(mean_rows)
+    lines = ["| method | seeds passing the criterion | mean update: criterion (CMC@1 / mAP) | "
+             "mean P_up (CMC@1 / mAP) | targets met |", "|---|---|---|---|---|"]
+    for row in mean_rows:
+        label = row["method"]
+        passing = sum(v[label]["criterion"] for v in per_seed if label in v)
+        seeds = sum(label in v for v in per_seed)
+        criterion = " / ".join("passes" if row[m]["compatible"] else "fails" for m in KEY_METRICS)
+        p_up = " / ".join(_cell(row[m].get("p_up"), True) for m in KEY_METRICS)
+        verdict = verdicts[label]
+        met = verdict["criterion"] and verdict["p_up"] is not False
+        note = "" if verdict["p_up"] is not None else " (P_up not a target)"
+        lines.append(f"| {label} | {passing} / {seeds} | {criterion} | {p_up} | {'yes' if met else 'no'}{note} |")
+    return "\n".join(lines)
+
+
+def read_rows(paths: Sequence[Path]) -> dict[tuple[str, int], list[list[dict[str, Any]]]]:
+    """The tables ``--rows-out`` stored (JSON lines), by (dataset, epochs), in the order they came."""
+    tables: dict[tuple[str, int], list[list[dict[str, Any]]]] = {}
+    for path in paths:
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                key = (str(record["dataset"]), int(record["epochs"]))
+                rows = record["rows"]
+            except (ValueError, KeyError, TypeError) as error:
+                raise ValueError(f"{path}:{number}: not a table of --rows-out ({error})") from None
+            tables.setdefault(key, []).append(rows)
+    return tables
+
+
+def report(dataset: str, epochs: int, tables: Sequence[Sequence[dict[str, Any]]], seeds: str) -> str:
+    """The text after a (dataset, budget)'s per-seed tables: issue 28's verdicts per method, issue 14's
+    HBCT targets, the mean update's table, and (``--by-class-age``) the mean update on the classes
+    the old model saw and on the others."""
+    parts = [dict(class_age_tables(table)) for table in tables]
+    by_age = "".join(f"\nThe mean update {CLASS_AGES[part][0].lower()}{CLASS_AGES[part][1:]}:\n\n"
+                     f"{format_table(seed_means([p[part] for p in parts]))}\n"
+                     for part in CLASS_AGES if all(part in p for p in parts))
+    return (f"### {dataset}, {epochs} epochs: every method over seeds {seeds}\n\n" + format_method_targets(tables)
+            + f"\n\n### {dataset}, {epochs} epochs: issue 14's targets over seeds {seeds}\n\n"
+            + format_summary(tables) + "\n\nThe mean update (seed means of every self- and cross-test):\n\n"
+            + format_table(seed_means(tables)) + "\n" + by_age)
+
+
+#: ``--by-class-age``'s parts of the held-out split, and how the tables name them.
+CLASS_AGES = {"seen": "On the classes the old model was trained on",
+              "unseen": "On the classes the old model never saw"}
+
+
+def class_age_tables(rows: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """(part, rows of that part) for each ``CLASS_AGES`` part the rows were measured on."""
+    return [(part, [{"method": row["method"], **row["by_classes"][part]} for row in rows])
+            for part in CLASS_AGES if rows and all(part in row.get("by_classes", {}) for row in rows)]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default="digits,shapes")
     parser.add_argument("--epochs", default="10,20", help="comma-separated training budgets")
-    parser.add_argument("--methods", default=",".join(row[0] for row in METHODS),
-                        help="comma-separated labels of METHODS")
+    parser.add_argument("--methods", default=",".join(DEFAULT_METHODS),
+                        help="comma-separated labels of METHODS (default: every method with its defaults)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seeds", default="0", help="comma-separated base training seeds (one table each)")
     parser.add_argument("--out", type=Path, default=None, help="append each table to this markdown file")
     parser.add_argument("--test-per-class", type=int, default=None,
                         help="held-out images per class of a shapes variant (default: its options' 20)")
+    parser.add_argument("--device", default="cpu", help="where models train and are evaluated (cpu, cuda)")
+    parser.add_argument("--rows-out", type=Path, default=None,
+                        help="append each seed's measured rows to this file (JSON lines), for --from-rows")
+    parser.add_argument("--by-class-age", action="store_true",
+                        help="also measure every update on the classes the old model saw and on the others")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="tables (dataset, budget, seed) measured at once, each in its own process")
+    parser.add_argument("--from-rows", type=Path, nargs="+", default=None,
+                        help="train nothing: report the tables of these --rows-out files (seeds run apart)")
     args = parser.parse_args(argv)
-    known = {row[0]: row for row in METHODS}
-    unknown = [m for m in args.methods.split(",") if m not in known]
-    if unknown:
-        parser.error(f"--methods: unknown {unknown}; known: {', '.join(known)}")
-    methods = [known[m] for m in args.methods.split(",")]
 
     def emit(text: str) -> None:
         print(text, flush=True)
@@ -278,17 +437,53 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.out, "a", encoding="utf-8") as handle:
                 handle.write(text + "\n")
 
-    seeds = [int(s) for s in args.seeds.split(",")]
-    for dataset in args.datasets.split(","):
-        for epochs in (int(e) for e in args.epochs.split(",")):
-            tables = []
-            for seed in seeds:
-                started = time.perf_counter()
-                rows = measure(dataset, epochs, methods, args.workers, seed, args.test_per_class)
-                tables.append(rows)
-                emit(f"### {dataset}, {epochs} epochs, seed {seed} ({time.perf_counter() - started:.0f} s)\n\n"
-                     + format_table(rows) + "\n\n" + "\n".join(f"- {line}" for line in orderings(rows)) + "\n")
-            emit(f"### {dataset}, {epochs} epochs: issue 14's targets over seeds {args.seeds}\n\n"
-                 + format_summary(tables) + "\n\nThe mean update (seed means of every self- and cross-test):\n\n"
-                 + format_table(seed_means(tables)) + "\n")
+    if args.from_rows is not None:
+        for (dataset, epochs), tables in read_rows(args.from_rows).items():
+            emit(report(dataset, epochs, tables, f"({len(tables)} tables)"))
+        return 0
+    known = {row[0]: row for row in METHODS}
+    unknown = [m for m in args.methods.split(",") if m not in known]
+    if unknown:
+        parser.error(f"--methods: unknown {unknown}; known: {', '.join(known)}")
+    methods = [known[m] for m in args.methods.split(",")]
+    tables_of = [(dataset, int(epochs), int(seed)) for dataset in args.datasets.split(",")
+                 for epochs in args.epochs.split(",") for seed in args.seeds.split(",")]
+    measured: dict[tuple[str, int, int], list[dict[str, Any]]] = {}
+    for (dataset, epochs, seed), (rows, seconds) in _measure_all(tables_of, methods, args):
+        measured[dataset, epochs, seed] = rows
+        if args.rows_out is not None:
+            record = {"dataset": dataset, "epochs": epochs, "seed": seed, "seconds": round(seconds, 1),
+                      "device": args.device, "rows": rows}
+            with open(args.rows_out, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record) + "\n")
+        emit(f"### {dataset}, {epochs} epochs, seed {seed} ({seconds:.0f} s)\n\n"
+             + format_table(rows) + "\n\n" + "\n".join(f"- {line}" for line in orderings(rows)) + "\n"
+             + "".join(f"\n{CLASS_AGES[part]}:\n\n{format_table(table)}\n" for part, table in class_age_tables(rows)))
+    for dataset, epochs in dict.fromkeys((d, e) for d, e, _ in tables_of):
+        emit(report(dataset, epochs, [measured[key] for key in tables_of if key[:2] == (dataset, epochs)], args.seeds))
     return 0
+
+
+def _timed_measure(experiment: UpdateExperiment, methods: Sequence[Row], workers: int, by_class_age: bool
+                   ) -> tuple[list[dict[str, Any]], float]:
+    started = time.perf_counter()
+    rows = measure_experiment(experiment, methods, workers, by_class_age)
+    return rows, time.perf_counter() - started
+
+
+def _measure_all(tables_of: Sequence[tuple[str, int, int]], methods: Sequence[Row], args: argparse.Namespace):
+    """Yield ((dataset, epochs, seed), (rows, seconds)) for every table: one after the other, or
+    ``--jobs`` tables at once, each in its own process (yielded as they finish)."""
+    def experiment(dataset: str, epochs: int, seed: int) -> UpdateExperiment:
+        return experiment_for(dataset, epochs, seed, args.test_per_class, args.device)
+
+    if args.jobs == 1:
+        for key in tables_of:
+            yield key, _timed_measure(experiment(*key), methods, args.workers, args.by_class_age)
+        return
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(args.jobs, mp_context=context, initializer=torch.set_num_threads, initargs=(1,)) as pool:
+        futures = {pool.submit(_timed_measure, experiment(*key), methods, args.workers, args.by_class_age): key
+                   for key in tables_of}
+        for future in as_completed(futures):
+            yield futures[future], future.result()

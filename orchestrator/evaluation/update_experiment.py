@@ -19,8 +19,9 @@ from __future__ import annotations
 import json
 import logging
 import multiprocessing
+import time
 from concurrent.futures import Executor, Future, ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -67,6 +68,7 @@ class UpdateResult:
     summaries: dict[str, dict[str, dict[str, float | bool]]]
     generations: dict[str, tuple[str, str]]  # new generation → (its old generation, its reference φ_*)
     models: dict[str, CompatibleModel]  # every trained generation by name (old, reference and new)
+    train_seconds: dict[str, float] = field(default_factory=dict)  # wall time of each one's training
 
     def format_summary(self, metrics: Sequence[str] = KEY_METRICS) -> str:
         header = f"{'method':<18}" + "".join(
@@ -112,8 +114,11 @@ class UpdateExperiment:
         classes: Sequence[int] | np.ndarray | None = None,
         parent: CompatibleModel | None = None,
         arch: str | None = None,
+        init_from_parent: bool = False,
     ) -> CompatibleModel:
-        """Train a generation with ``method`` on the training items of ``classes`` (all when None)."""
+        """Train a generation with ``method`` on the training items of ``classes`` (all when None);
+        ``init_from_parent``: start from ``parent``'s weights (sequential fine-tuning, as a pipeline
+        generation with ``init_from_parent: true``) instead of the seeded initialisation."""
         images = self.train_images
         if classes is not None:
             images = images.subset(np.flatnonzero(np.isin(images.labels, np.asarray(classes))))
@@ -123,6 +128,10 @@ class UpdateExperiment:
         torch.manual_seed(derive_seed(self.settings.training.seed, method.name,
                                       method.params.model_dump(mode="json"), seen.tolist()))
         model = method.build_model(encoder, self.train_images.num_classes, seen)
+        if init_from_parent:
+            if parent is None:
+                raise ValueError(f"{method.name}: init_from_parent needs a parent model")
+            model.load_generation_weights(parent.deployable_state_dict())
         train_generation(
             method, model,
             train_data=self.dataset(images, augment=self.settings.training.augment),
@@ -138,16 +147,18 @@ class UpdateExperiment:
 
 
 def run_update_experiment(
-    methods: Sequence[str | tuple[str, dict] | tuple[str, dict, dict]],
+    methods: Sequence[str | tuple[str, dict] | tuple[str, dict, dict] | tuple[str, dict, dict, bool]],
     settings: ExperimentSettings | None = None,
     experiment: UpdateExperiment | None = None,
     workers: int = 1,
 ) -> UpdateResult:
     """Train φ_o, φ_* and φ_n for every method (see module docstring) and evaluate them together.
 
-    methods: a method name, ``(name, params)``, or ``(name, params, old_params)``: fields of the old
+    methods: a method name, ``(name, params)``, ``(name, params, old_params)``: fields of the old
              model's method set over its ``parent_method()`` (e.g. ``{"mlr_learn_scale": True}`` for
-             an HBCT old generation alone); φ_* and the new model follow ``params``.
+             an HBCT old generation alone); φ_* and the new model follow ``params``; or
+             ``(name, params, old_params, init_from_parent)``: True starts the new model from its
+             old model's weights (needs the same architecture: ``new_arch`` None).
     workers: processes that train in parallel (1: all in this process). The old and reference
              models train first, then the new models; the weights do not depend on ``workers``.
              Methods registered only in this process (not importable by name, nor through
@@ -158,12 +169,13 @@ def run_update_experiment(
     experiment = experiment or UpdateExperiment(settings)
     new_arch = experiment.settings.new_arch
     models: dict[str, CompatibleModel] = {}
+    train_seconds: dict[str, float] = {}
     parents: dict[str, str] = {}
     generations: dict[str, tuple[str, str]] = {}
 
     # 1. which models to train: old / reference models once per distinct (role, method, params)
     base_jobs: dict[str, tuple[str, CompatibilityMethod, dict[str, Any]]] = {}  # key → (name, method, kwargs)
-    new_jobs: list[tuple[str, CompatibilityMethod, str]] = []  # (label, method, old model name)
+    new_jobs: list[tuple[str, CompatibilityMethod, str, bool]] = []  # (label, method, old model, init_from_parent)
 
     def shared(role: str, method: CompatibilityMethod, **kwargs) -> str:
         key = json.dumps([role, method.name, method.params.model_dump(mode="json")], sort_keys=True)
@@ -173,29 +185,39 @@ def run_update_experiment(
         return base_jobs[key][0]
 
     for entry in methods:
-        name, params, old_params = (entry, {}, {}) if isinstance(entry, str) else (*entry, {})[:3]
+        entry = (entry,) if isinstance(entry, str) else tuple(entry)
+        name, params, old_params, init_from_parent = (*entry, *(None, {}, {}, False)[len(entry):])
+        if init_from_parent and new_arch is not None:
+            raise ValueError(f"{name}: init_from_parent needs the old model's architecture (new_arch is {new_arch!r})")
         method = create_method(name, params)
         old = shared("old", _old_method(method, old_params), classes=experiment.old_classes())
         reference = shared("ref", method.reference_method(), arch=new_arch)
         label = name if name not in generations else f"{name}#{len(generations)}"
-        new_jobs.append((label, method, old))
+        new_jobs.append((label, method, old, bool(init_from_parent)))
         parents[label] = old
         generations[label] = (old, reference)
 
     # 2. train them: the parent-free models first, then every new model against its old model
     with _trainer_pool(workers) as pool:
         pending = {name: _submit(pool, experiment, method, **kwargs) for name, method, kwargs in base_jobs.values()}
-        models.update({name: future.result() for name, future in pending.items()})
-        pending = {label: _submit(pool, experiment, method, parent=models[old], arch=new_arch)
-                   for label, method, old in new_jobs}
-        models.update({label: future.result() for label, future in pending.items()})
+        _collect(pending, models, train_seconds)
+        pending = {label: _submit(pool, experiment, method, parent=models[old], arch=new_arch,
+                                  init_from_parent=init_from_parent)
+                   for label, method, old, init_from_parent in new_jobs}
+        _collect(pending, models, train_seconds)
 
     report = experiment.evaluate(models, parents)
     summaries = {
         label: {metric: report.compatibility(old, label, reference, metric) for metric in METRICS}
         for label, (old, reference) in generations.items()
     }
-    return UpdateResult(report, summaries, generations, models)
+    return UpdateResult(report, summaries, generations, models, train_seconds)
+
+
+def _collect(pending: dict[str, Future], models: dict[str, CompatibleModel], seconds: dict[str, float]) -> None:
+    """Wait for every training of ``pending`` (name → future of ``_train``) and file its model and time."""
+    for name, future in pending.items():
+        models[name], seconds[name] = future.result()
 
 
 def _old_method(method: CompatibilityMethod, old_params: dict[str, Any]) -> CompatibilityMethod:
@@ -232,6 +254,10 @@ def _submit(pool: Executor, experiment: UpdateExperiment, method: CompatibilityM
 
 
 def _train(experiment: UpdateExperiment, method_name: str, params: dict[str, Any],
-           kwargs: dict[str, Any]) -> CompatibleModel:
-    """One training (runs in a pool process or in this one): the method is rebuilt by name."""
-    return experiment.train(create_method(method_name, params), **kwargs)
+           kwargs: dict[str, Any]) -> tuple[CompatibleModel, float]:
+    """One training (runs in a pool process or in this one): the method is rebuilt by name. The
+    model comes back on the CPU, so that a pool process trained on a GPU hands over plain tensors,
+    with the training's wall time in seconds."""
+    started = time.perf_counter()
+    model = experiment.train(create_method(method_name, params), **kwargs).cpu()
+    return model, time.perf_counter() - started

@@ -221,6 +221,10 @@ class AdvBCT(AdvBCTDescription, SupervisedMethod):
             old_out.embedding, labels, ctx.num_classes, self.params.iqr_factor
         )
         bounded = present & (inliers >= 2)
+        if self.params.boundary_classes == "seen":
+            seen = torch.zeros_like(bounded)
+            seen[ctx.old_model.seen_classes.to(bounded.device)] = True
+            bounded &= seen
         ctx.state.update({CENTRES: centres, MAX_RADII: max_radii, BOUNDED: bounded})
 
     def schedule(self, epoch: int, epochs: int) -> tuple[float, float]:

@@ -194,12 +194,14 @@ class CompatibilityMethod(MethodDescription, ABC):
     def reference_method(self) -> "CompatibilityMethod":
         """The unaligned model φ_* of this geometry that P_com / P_up normalise by (hbct.md §11).
 
-        A method with a parent-free base objective is its own reference (trained with no parent);
-        a parent-aligned method's reference is ``independent`` in the same space (in the Lorentz
+        A method with a parent-free base objective is its own reference (trained with no parent),
+        its ``parent_only_params`` at their defaults (they do not act without a parent); a
+        parent-aligned method's reference is ``independent`` in the same space (in the Lorentz
         space with the same ``curv`` and ``clip``).
         """
         if not self.requires_parent:
-            return type(self)(self.params)
+            fields = type(self.params).model_fields
+            return type(self)(self.params.model_copy(update={f: fields[f].default for f in self.parent_only_params}))
         from orchestrator.methods.registry import create_method
 
         geometry: dict[str, Any] = {"space": self.space.value}

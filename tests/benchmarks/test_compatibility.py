@@ -1,6 +1,7 @@
 """The compatibility benchmark's table and the papers' orderings, on hand-built summaries."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def test_bad_dataset_and_method_are_refused():
         main(["--methods", "hbct,nope", "--datasets", "digits", "--epochs", "1"])
 
 
-def test_shapes_60_is_the_held_out_checks_regime(monkeypatch):
+def test_shapes_60_is_the_held_out_checks_regime(monkeypatch, request):
     """60 classes of 600 training images at 32x32, batch 128, embed_dim 64 (the data is not rendered
     here: load_shapes is replaced by a recorder of its arguments)."""
     calls = []
@@ -70,12 +71,16 @@ def test_shapes_60_is_the_held_out_checks_regime(monkeypatch):
         return load_shapes(split, image_size=8, num_shapes=2, num_patterns=2, train_per_class=2, test_per_class=2)
 
     monkeypatch.setattr(compatibility, "load_shapes", tiny)
+    compatibility._shapes.cache_clear()  # rendered once per process: render these tiny ones, forget them after
+    request.addfinalizer(compatibility._shapes.cache_clear)
     experiment = experiment_for("shapes-60", 4, seed=1)
     options = {"num_shapes": 10, "num_patterns": 6, "train_per_class": 600, "test_per_class": 20}
     assert calls == [("train", 32, options), ("test", 32, options)]
     settings = experiment.settings
     assert (settings.embed_dim, settings.image_size) == (64, 32)
     assert (settings.training.batch_size, settings.training.epochs, settings.training.seed) == (128, 4, 1)
+    experiment_for("shapes-60", 8, seed=2)
+    assert len(calls) == 2  # every budget and seed measures the same rendered images
     experiment_for("shapes-60", 4, seed=1, test_per_class=100)
     assert calls[-2:] == [("train", 32, {**options, "test_per_class": 100}), ("test", 32, {**options, "test_per_class": 100})]
 
@@ -161,3 +166,46 @@ def test_the_pipelines_hbct_recipe_is_the_benchmarks_row(pipeline):
     assert (trained["g1"]["mlr_learn_scale"], trained["g1"]["mlr_max_scale"]) == (True, 1.5)
     assert trained["g2"] == {**update.params.model_dump(), "clip": 1.4}  # ζ grows by 0.2 per generation
     assert trained["phi-star"] == update.reference_method().params.model_dump()
+
+
+def test_every_method_is_held_to_the_criterion_and_aligned_ones_to_p_up():
+    rows = [_measured("bct", 0.1, 0.3, p_up=(0.0, -0.04)),
+            _measured("hoc", 0.1, 0.3, p_up=(0.0, -0.06)),                      # P_up mAP below −0.05
+            _measured("l2", 0.1, 0.3, p_up=(-0.3, -0.3)),                       # P_up is not a target
+            _measured("dsimplex", 0.1, 0.3, compatible=(False, True))]
+    verdicts = compatibility.method_targets(rows)
+    assert verdicts == {"bct": {"criterion": True, "p_up": True}, "hoc": {"criterion": True, "p_up": False},
+                        "l2": {"criterion": True, "p_up": None}, "dsimplex": {"criterion": False, "p_up": True}}
+    # the table judges the mean update (P_up from the seed means): hbct mAP (0.6 − 0.3525)/0.3525
+    lines = compatibility.format_method_targets(_TWO_SEEDS).splitlines()
+    assert lines[2:] == ["| hbct | 2 / 2 | passes / passes | +0.00 / +0.70 | yes |",
+                         "| bct | 2 / 2 | passes / passes | +0.00 / +0.00 | yes |"]
+
+
+def test_stored_tables_are_reported_together_and_a_bad_line_is_named(tmp_path, capsys):
+    """Seeds measured apart (``--rows-out``, one JSON line each) are reported as one mean update
+    (``--from-rows``), with the tables measured on each half of the classes (``--by-class-age``)."""
+    def record(seed, tables):
+        rows = [{**row, "by_classes": {"seen": {k: row[k] for k in ("cmc@1", "map")},
+                                       "unseen": {k: row[k] for k in ("cmc@1", "map")}}} for row in tables]
+        return json.dumps({"dataset": "shapes-60", "epochs": 4, "seed": seed, "rows": rows})
+
+    stored = tmp_path / "rows.jsonl"
+    stored.write_text("\n".join(record(seed, table) for seed, table in enumerate(_TWO_SEEDS)) + "\n")
+    assert main(["--from-rows", str(stored)]) == 0
+    out = capsys.readouterr().out
+    assert "### shapes-60, 4 epochs: every method over seeds (2 tables)" in out
+    assert format_table(compatibility.seed_means(_TWO_SEEDS)) in out
+    assert "The mean update on the classes the old model was trained on:" in out
+    assert "The mean update on the classes the old model never saw:" in out
+
+    stored.write_text(record(0, _TWO_SEEDS[0]) + "\n{\"dataset\": \"digits\"}\n")
+    with pytest.raises(ValueError, match=r"rows.jsonl:2: not a table of --rows-out \('epochs'\)"):
+        compatibility.read_rows([stored])
+
+
+def test_the_default_rows_are_every_registered_method():
+    from orchestrator.methods import available_methods
+    assert set(compatibility.DEFAULT_METHODS) == set(available_methods())
+    labels = [row[0] for row in METHODS]
+    assert len(labels) == len(set(labels)) and set(compatibility.DEFAULT_METHODS) <= set(labels)

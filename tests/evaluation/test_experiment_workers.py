@@ -61,3 +61,29 @@ def test_old_params_reach_the_old_model_only():
     assert result.summaries["hbct#1"] != result.summaries["hbct"]
     with pytest.raises(ValueError, match="mlr_learn_scal"):
         run_update_experiment([("hbct", {}, {"mlr_learn_scal": True})], experiment=small_experiment())
+
+
+def test_a_fine_tuned_entry_starts_from_its_old_model_and_every_training_is_timed():
+    """``(name, params, old_params, True)``: the new model starts from its old model's weights. With
+    a learning rate of ~0 it ends there (l2: an encoder test_resnet whose BatchNorm statistics move
+    in training mode is compared on the weights alone); the same entry without the flag does not."""
+    experiment = small_experiment()
+    still = experiment.settings.model_copy(update={"training": experiment.settings.training.model_copy(
+        update={"lr": 1e-12, "momentum": 0.0, "weight_decay": 0.0})})
+    experiment.settings = still
+    result = run_update_experiment([("l2", {}, {}, True), ("l2", {}, {})], experiment=experiment, workers=1)
+    old, _ = result.generations["l2"]
+    parent = result.models[old].state_dict()
+    weights = [k for k, v in parent.items() if v.is_floating_point() and "running_" not in k]
+    started, fresh = result.models["l2"].state_dict(), result.models["l2#1"].state_dict()
+    assert weights and all(torch.allclose(started[k], parent[k], atol=1e-6) for k in weights)
+    assert not all(torch.allclose(fresh[k], parent[k], atol=1e-6) for k in weights)
+    assert torch.equal(result.models["l2"].seen_classes, result.models["l2#1"].seen_classes)  # its own classes
+    assert set(result.train_seconds) == set(result.models) and all(s > 0 for s in result.train_seconds.values())
+
+
+def test_fine_tuning_needs_the_old_models_architecture():
+    experiment = small_experiment()
+    experiment.settings = experiment.settings.model_copy(update={"new_arch": "test_convnext"})
+    with pytest.raises(ValueError, match="l2: init_from_parent needs the old model's architecture"):
+        run_update_experiment([("l2", {}, {}, True)], experiment=experiment, workers=1)

@@ -240,6 +240,23 @@ def test_every_class_with_images_gets_a_boundary_unseen_ones_included():
     torch.testing.assert_close(ctx.state["advbct/max_radii"], expected[2])
 
 
+def test_seen_boundaries_cover_only_the_old_models_classes():
+    """boundary_classes "seen" (the released code's old meta): classes 2 and 3, which the parent never
+    saw, have no boundary; the centres and radii are the same as with "all"."""
+    data = LabelShiftedImages(n=40, num_classes=4, seed=3)
+    parent = _parent(seen=(0, 1))
+    states = {}
+    for classes in ("all", "seen"):
+        method = AdvBCT({"boundary_classes": classes})
+        model = method.build_model(_encoder(), NUM_CLASSES, seen_classes=range(4))
+        ctx = TrainContext(new_model=model, old_model=parent, train_data=data, num_classes=NUM_CLASSES, epochs=2)
+        method.on_train_start(ctx)
+        states[classes] = ctx.state
+    assert states["seen"]["advbct/bounded"].tolist() == [True, True, False, False, False]
+    torch.testing.assert_close(states["seen"]["advbct/centres"], states["all"]["advbct/centres"])
+    torch.testing.assert_close(states["seen"]["advbct/max_radii"], states["all"]["advbct/max_radii"])
+
+
 def test_loss_terms_are_weighted_by_the_schedule():
     data = LabelShiftedImages(n=16, num_classes=4, seed=4)
     method = AdvBCT({"boundary_weight": 0.5, "adversarial_weight": 2.0, "threshold": 0.2})

@@ -328,11 +328,13 @@ def test_hbct_parent_lowers_the_clip_and_reference_is_itself_without_alignment_s
     assert HBCT().reference_method().params == HBCT().params
 
 
-def test_dsimplex_reference_and_parent_are_itself():
-    method = DSimplex({"lam": 0.3, "num_prototypes": 9})
+def test_dsimplex_reference_and_parent_are_itself_without_the_hoc_weights():
+    """Trained with no parent, λ and τ do not act: the old model and φ_* take their defaults, so
+    d-Simplex variants that differ only there share them (issue 28)."""
+    method = DSimplex({"lam": 0.3, "tau": 5.0, "num_prototypes": 9})
     for other in (method.reference_method(), method.parent_method()):
         assert type(other) is DSimplex and other is not method
-        assert other.params == method.params
+        assert other.params == DSimplex({"num_prototypes": 9}).params
     # and they build the identical fixed classifier (stationarity)
     a = _build(method, seed=0).head.weight
     b = _build(method.parent_method(), seed=1).head.weight
@@ -344,3 +346,9 @@ def test_parent_free_methods_reference_themselves(name):
     method = create_method(name)
     reference = method.reference_method()
     assert type(reference) is type(method) and reference.params == method.params
+
+
+def test_binary_hyperbolic_reference_and_parent_leave_the_alignment_term_off():
+    method = create_method("binary_hyperbolic", {"lam": 0.3, "curv": 0.2, "num_prototypes": 12})
+    for other in (method.reference_method(), method.parent_method()):
+        assert other.params == create_method("binary_hyperbolic", {"curv": 0.2, "num_prototypes": 12}).params
