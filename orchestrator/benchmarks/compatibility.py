@@ -10,7 +10,15 @@ Datasets: ``digits`` (scikit-learn's, the project's default), ``shapes`` (genera
 test split on held-out background styles; by default the 24-class, 24x24 variant below, sized for
 2 CPU cores) and ``shapes-60`` (60 classes, 36,000 training images at 32x32: the many-class,
 short-budget regime of issue 14's held-out check). After the per-seed tables of a (dataset, budget),
-a summary counts the seeds in which each HBCT row meets issue 14's targets (``targets``).
+the report gives issue 28's verdict per method on the mean update (``method_targets``: the
+criterion for every method, P_up ≥ −0.05 for the aligned ones), the seeds in which each HBCT row
+meets issue 14's targets (``targets``) and the mean update's table.
+
+Issue 28 added: every registered method as the default rows (``DEFAULT_METHODS``); ``--device``;
+``--jobs`` (tables measured at once, one process each); ``--rows-out`` / ``--from-rows`` (store each
+table's rows as a JSON line, report stored tables without training); ``--by-class-age`` (every
+update measured again on the classes the old model saw and on the others); rows that fine-tune
+the new model from its old model.
 """
 from __future__ import annotations
 
