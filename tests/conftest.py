@@ -8,11 +8,11 @@ Also: a local S3 server (moto's server mode, on loopback) for the storage and pi
 one real PostgreSQL server per session (``postgres_server.py``) for the lineage tests: each test
 asking for ``postgres_url`` gets a new empty database on it.
 
-Parallel lanes (``pytest -n 2 --dist loadgroup``, the README's command): the tests that share a
+Parallel lanes (``pytest -n 3 --dist loadgroup``, the README's command): the tests that share a
 costly session fixture run in one worker, so it is built once (``SHARED_FIXTURE_GROUPS``), and so
 do the end-to-end tests of one file; every
 Ray a test starts is its own local instance (``address="local"``), and the cluster scripts stop
-only their own processes, so tests in the two workers never stop or join each other's Ray.
+only their own processes, so tests in different workers never stop or join each other's Ray.
 """
 import os
 import secrets

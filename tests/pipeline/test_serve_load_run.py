@@ -19,9 +19,9 @@ def test_the_load_benchmark_runs_and_its_switches_are_served(copy_g0_run, tmp_pa
     pipeline = copy_g0_run(tmp_path)
     out = tmp_path / "load.json"
     try:
-        assert serve_load.main([str(pipeline), "--items", "3000", "--kinds", "flat", "--seconds", "8", "--queries", "20",
+        assert serve_load.main([str(pipeline), "--items", "3000", "--kinds", "flat", "--seconds", "5", "--queries", "20",
                                 "--commits", "2", "--concurrency", "2", "--port", str(free_port()), "--json", str(out),
-                                "--search-replicas", "2"]) == 0
+                                "--search-replicas", "1"]) == 0
     finally:
         ray.shutdown()
     router, steady, switching, during = json.loads(out.read_text())
