@@ -278,8 +278,8 @@ def targets(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, bool]]:
             continue
         p_com, bct_p_com = row["map"].get("p_com"), (bct["map"].get("p_com") if bct else None)
         out[label] = {
-            "criterion": all(row[m]["compatible"] for m in KEY_METRICS),
-            "p_up": all(_defined(row[m].get("p_up")) and row[m]["p_up"] >= -TARGET_SLACK for m in KEY_METRICS),
+            "criterion": _passes_criterion(row),
+            "p_up": _keeps_p_up(row),
             "old": bct is not None and row["map"]["old_self"] >= bct["map"]["old_self"] - TARGET_SLACK,
             "p_com": _defined(p_com) and _defined(bct_p_com) and p_com >= bct_p_com - TARGET_SLACK,
         }
@@ -345,13 +345,19 @@ def method_targets(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, bool |
 
     criterion: the empirical criterion passes on CMC@1 and on mAP;
     p_up:      P_up ≥ −0.05 on CMC@1 and on mAP (None for ``UNALIGNED_COST``: not a target)."""
-    out = {}
-    for row in rows:
-        criterion = all(row[m]["compatible"] for m in KEY_METRICS)
-        p_up = None if row["method"] in UNALIGNED_COST else all(
-            _defined(row[m].get("p_up")) and row[m]["p_up"] >= -TARGET_SLACK for m in KEY_METRICS)
-        out[row["method"]] = {"criterion": criterion, "p_up": p_up}
-    return out
+    return {row["method"]: {"criterion": _passes_criterion(row),
+                            "p_up": None if row["method"] in UNALIGNED_COST else _keeps_p_up(row)}
+            for row in rows}
+
+
+def _passes_criterion(row: dict[str, Any]) -> bool:
+    """The empirical criterion passes on every key metric (CMC@1 and mAP)."""
+    return all(row[m]["compatible"] for m in KEY_METRICS)
+
+
+def _keeps_p_up(row: dict[str, Any]) -> bool:
+    """P_up is defined and ≥ −``TARGET_SLACK`` on every key metric."""
+    return all(_defined(row[m].get("p_up")) and row[m]["p_up"] >= -TARGET_SLACK for m in KEY_METRICS)
 
 
 def format_method_targets(tables: Sequence[Sequence[dict[str, Any]]]) -> str:
@@ -397,7 +403,7 @@ def report(dataset: str, epochs: int, tables: Sequence[Sequence[dict[str, Any]]]
     HBCT targets, the mean update's table, and (``--by-class-age``) the mean update on the classes
     the old model saw and on the others."""
     parts = [dict(class_age_tables(table)) for table in tables]
-    by_age = "".join(f"\nThe mean update {CLASS_AGES[part][0].lower()}{CLASS_AGES[part][1:]}:\n\n"
+    by_age = "".join(f"\nThe mean update {CLASS_AGES[part]}:\n\n"
                      f"{format_table(seed_means([p[part] for p in parts]))}\n"
                      for part in CLASS_AGES if all(part in p for p in parts))
     return (f"### {dataset}, {epochs} epochs: every method over seeds {seeds}\n\n" + format_method_targets(tables)
@@ -407,8 +413,8 @@ def report(dataset: str, epochs: int, tables: Sequence[Sequence[dict[str, Any]]]
 
 
 #: ``--by-class-age``'s parts of the held-out split, and how the tables name them.
-CLASS_AGES = {"seen": "On the classes the old model was trained on",
-              "unseen": "On the classes the old model never saw"}
+CLASS_AGES = {"seen": "on the classes the old model was trained on",
+              "unseen": "on the classes the old model never saw"}
 
 
 def class_age_tables(rows: Sequence[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -466,7 +472,8 @@ def main(argv: list[str] | None = None) -> int:
                 handle.write(json.dumps(record) + "\n")
         emit(f"### {dataset}, {epochs} epochs, seed {seed} ({seconds:.0f} s)\n\n"
              + format_table(rows) + "\n\n" + "\n".join(f"- {line}" for line in orderings(rows)) + "\n"
-             + "".join(f"\n{CLASS_AGES[part]}:\n\n{format_table(table)}\n" for part, table in class_age_tables(rows)))
+             + "".join(f"\n{CLASS_AGES[part].capitalize()}:\n\n{format_table(table)}\n"
+                       for part, table in class_age_tables(rows)))
     for dataset, epochs in dict.fromkeys((d, e) for d, e, _ in tables_of):
         emit(report(dataset, epochs, [measured[key] for key in tables_of if key[:2] == (dataset, epochs)], args.seeds))
     return 0

@@ -93,10 +93,6 @@ class ShardRoute:
     path: ComparisonPath
     index: Any  # an orchestrator.index index: .dim, .ntotal, .search(queries, k)
 
-    @property
-    def note(self) -> str:
-        return route_note(self.path)
-
 
 def route_note(path: ComparisonPath) -> str:
     """How a generation's shards are searched along ``path`` (what ``paths()`` reports)."""

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.serving.index_cache import IndexCache
 from orchestrator.serving.model_cache import ModelCache
 
 
@@ -26,29 +27,21 @@ class LocalServices:
     def __init__(self, settings, store, size: int, normalisation: tuple[Sequence[float], Sequence[float]]):
         self.settings, self.store, self.size, self.normalisation = settings, store, size, normalisation
         self.models = ModelCache(store)
-        self._indexes: dict[tuple[str, str | None], Any] = {}
+        self.indexes = IndexCache(store)
         self._shard_files: dict[tuple[str, str], Any] = {}
-
-    def _load_index(self, shard) -> Any:
-        from orchestrator.integrity import load_checked_index, recorded_index
-
-        key = (shard.index_uri, (recorded_index(self.store, shard.index_uri) or {}).get("sha256"))
-        if key not in self._indexes:
-            self._indexes[key] = load_checked_index(self.store, shard)
-        return self._indexes[key]
 
     def build(self, state, generation: str):
         """The ``SearchService`` of ``generation`` over ``state`` (a ``LineageState``), its shard
         files read (and checked) now, not on a request."""
         from orchestrator.search.service import SearchService, open_router
 
-        for cache in (self._indexes, self._shard_files):  # drop what no current shard row names
-            for key in [key for key in cache if key[0] not in state.uris]:
-                cache.pop(key, None)
+        self.indexes.keep(state.uris)  # drop what no current shard row names
+        for key in [key for key in self._shard_files if key[0] not in state.uris]:
+            del self._shard_files[key]
         config = self.settings.config
         router = open_router(self.store, config.gallery.name, generation, metric=self.settings.metric,
                              dataset=config.data.eval_split, on_incompatible=self.settings.on_incompatible,
-                             shards=state.shards, load_index=self._load_index, load_model=self.models.load)
+                             shards=state.shards, load_index=self.indexes.load, load_model=self.models.load)
         service = SearchService(router, self.size, self.normalisation, self._shard_files)
         for route in router.routes:
             service.item_attributes(route.shard.index, np.empty(0, dtype=np.int64))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Mapping
 from typing import Any
 
 #: Models one server process holds at most.
@@ -24,8 +23,8 @@ ModelKey = tuple[str, str | None, str | None, str | None]
 class ModelCache:
     """Checked models by ``key`` (module docstring); thread-safe."""
 
-    def __init__(self, store, storage_options: Mapping[str, Any] | None = None, capacity: int = MODEL_CAPACITY):
-        self.store, self.storage_options, self.capacity = store, storage_options, capacity
+    def __init__(self, store, capacity: int = MODEL_CAPACITY):
+        self.store, self.capacity = store, capacity
         self._models: collections.OrderedDict[ModelKey, Any] = collections.OrderedDict()
         self._lock = threading.Lock()
         self.loads = 0
@@ -48,7 +47,7 @@ class ModelCache:
         key = self.key(record)
         with self._lock:  # one load at a time: two snapshots never load one model twice
             if key not in self._models:
-                self._models[key] = load_checked_generation(self.store, record, self.storage_options)[0]
+                self._models[key] = load_checked_generation(self.store, record)[0]
                 self.loads += 1
             self._models.move_to_end(key)
             while len(self._models) > self.capacity:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+
+from orchestrator.serving.index_cache import IndexCache
 
 #: Snapshot keys one share holds at most (the current ones, and replaced ones still answering).
 MAX_HELD = 8
@@ -37,16 +39,15 @@ def share_of(shard_index: int, shares: int) -> int:
 class ShardShare:
     """Share ``share`` of ``shares`` of one gallery's shard indexes (module docstring)."""
 
-    def __init__(self, store, share: int, shares: int, storage_options: Mapping[str, Any] | None = None):
+    def __init__(self, store, share: int, shares: int):
         if not 0 <= share < shares:
             raise ValueError(f"share {share} of {shares}: must be 0 … {shares - 1}")
-        self.store, self.share, self.shares, self.storage_options = store, share, shares, storage_options
+        self.store, self.share, self.shares = store, share, shares
         self._held: collections.OrderedDict[str, tuple[list[Any], dict[int, Any]]] = collections.OrderedDict()
-        self._indexes: dict[tuple[str, str | None], Any] = {}
+        self.indexes = IndexCache(store)
         self._files: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()  # the held keys
         self._build_lock = threading.Lock()  # builds, and the caches they fill
-        self.index_loads = 0
 
     def prepare(self, key: str, admitted: Sequence[tuple[Any, Any]]) -> list[tuple[int, str]]:
         """Load and hold the routes of snapshot ``key``: ``admitted`` (shard row, comparison path)
@@ -61,7 +62,7 @@ class ShardShare:
             with self._lock:
                 held = self._held.get(key)
             if held is None:  # loading takes the time: searches of held keys go on meanwhile
-                routes = [load_route(shard, path, lambda _uri, shard=shard: self._load_index(shard), self._read)
+                routes = [load_route(shard, path, lambda _uri, shard=shard: self.indexes.load(shard), self._read)
                           for shard, path in admitted]
                 held = routes, {route.shard.index: self._read(route.shard) for route in routes}
             with self._lock:
@@ -92,24 +93,13 @@ class ShardShare:
                       for shard, ids in zip(hits.sources, hits.ids)}
         return hits, attributes
 
-    def _load_index(self, shard) -> Any:
-        """The shard's index, checked against the lineage's hashes (loaded once while they hold)."""
-        from orchestrator.integrity import load_checked_index, recorded_index
-
-        key = (shard.index_uri, (recorded_index(self.store, shard.index_uri) or {}).get("sha256"))
-        if key not in self._indexes:
-            self._indexes[key] = load_checked_index(self.store, shard, self.storage_options)
-            self.index_loads += 1
-        return self._indexes[key]
-
     def _read(self, shard) -> Any:
         """The shard's file, its sha256 checked against the lineage row (read once while held)."""
         from orchestrator.gallery import read_shard
 
         key = (shard.embeddings_uri, shard.sha256)
         if key not in self._files:
-            self._files[key] = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256,
-                                          storage_options=self.storage_options)
+            self._files[key] = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)
         return self._files[key]
 
     def _drop_unheld(self) -> None:
@@ -117,6 +107,6 @@ class ShardShare:
         with self._lock:
             uris = {uri for routes, _files in self._held.values() for route in routes
                     for uri in (route.shard.index_uri, route.shard.embeddings_uri)}
-        for cache in (self._indexes, self._files):
-            for key in [key for key in cache if key[0] not in uris]:
-                del cache[key]
+        self.indexes.keep(uris)
+        for key in [key for key in self._files if key[0] not in uris]:
+            del self._files[key]

@@ -195,12 +195,12 @@ def test_the_replica_pools_answer_as_orchestrator_search_and_reload_only_what_ch
         assert "embeds 33" in served.handle("POST", "/search", {}, json.dumps({"embeddings": [[0.5] * 7]}).encode())[1]["error"]
 
         top = answer["results"][0][0]
-        loads = [share.index_loads for share in calls.share_objects]
+        loads = [share.indexes.loads for share in calls.share_objects]
         commit_shard_without(store, config.storage, config.gallery.name, top["shard"], np.array([top["id"]]),
                              config.gallery.index)
         assert served.holder.poll()
         changed = top["shard"] % 3  # one index reloaded, in the share holding the committed shard
-        assert [share.index_loads - before for share, before in zip(calls.share_objects, loads)] == \
+        assert [share.indexes.loads - before for share, before in zip(calls.share_objects, loads)] == \
             [int(share == changed) for share in range(3)]
         assert calls.encoders.models.loads == 1  # the deployed generation's model, not reloaded by the swap
         status, second = served.handle("POST", "/search", {}, search_body(queries, k=8))
