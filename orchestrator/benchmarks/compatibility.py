@@ -381,6 +381,33 @@ def format_method_targets(tables: Sequence[Sequence[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+#: The row every training time is compared with: a new model trained with no alignment at all.
+TIME_CONTROL = "independent"
+
+
+def format_method_costs(tables: Sequence[Sequence[dict[str, Any]]]) -> str:
+    """Markdown (docs/methods.md's per-dataset table): per method of ``tables`` (one per seed, same
+    dataset and budget), the mean update's mAP self / cross / old self, P_up and the criterion on
+    CMC@1 / mAP, and the median training time of its new model over ``TIME_CONTROL``'s ("–" where
+    the rows hold no times, or no control; the median, so a seed trained beside another load does
+    not move it)."""
+    def median_seconds(label: str) -> float | None:
+        found = [row["train_s"] for table in tables for row in table if row["method"] == label and "train_s" in row]
+        return statistics.median(found) if found else None
+
+    control = median_seconds(TIME_CONTROL)
+    lines = ["| method | mAP self / cross / old | P_up (CMC@1 / mAP) | criterion (CMC@1 / mAP) | training time |",
+             "|---|---|---|---|---|"]
+    for row in seed_means(tables):
+        seconds = median_seconds(row["method"])
+        time = f"{seconds / control:.2f}×" if seconds is not None and control else "–"
+        maps = " / ".join(_cell(row["map"][key]) for key in ("self", "cross", "old_self"))
+        p_up = " / ".join(_cell(row[m].get("p_up"), True) for m in KEY_METRICS)
+        criterion = " / ".join("passes" if row[m]["compatible"] else "fails" for m in KEY_METRICS)
+        lines.append(f"| `{row['method']}` | {maps} | {p_up} | {criterion} | {time} |")
+    return "\n".join(lines)
+
+
 def read_rows(paths: Sequence[Path]) -> dict[tuple[str, int], list[list[dict[str, Any]]]]:
     """The tables ``--rows-out`` stored (JSON lines), by (dataset, epochs), in the order they came."""
     tables: dict[tuple[str, int], list[list[dict[str, Any]]]] = {}
@@ -400,7 +427,8 @@ def read_rows(paths: Sequence[Path]) -> dict[tuple[str, int], list[list[dict[str
 
 def report(dataset: str, epochs: int, tables: Sequence[Sequence[dict[str, Any]]], seeds: str) -> str:
     """The text after a (dataset, budget)'s per-seed tables: issue 28's verdicts per method, issue 14's
-    HBCT targets, the mean update's table, and (``--by-class-age``) the mean update on the classes
+    HBCT targets, the mean update's table, its per-method costs (``format_method_costs``), and
+    (``--by-class-age``) the mean update on the classes
     the old model saw and on the others."""
     parts = [dict(class_age_tables(table)) for table in tables]
     by_age = "".join(f"\nThe mean update {CLASS_AGES[part]}:\n\n"
@@ -409,7 +437,8 @@ def report(dataset: str, epochs: int, tables: Sequence[Sequence[dict[str, Any]]]
     return (f"### {dataset}, {epochs} epochs: every method over seeds {seeds}\n\n" + format_method_targets(tables)
             + f"\n\n### {dataset}, {epochs} epochs: issue 14's targets over seeds {seeds}\n\n"
             + format_summary(tables) + "\n\nThe mean update (seed means of every self- and cross-test):\n\n"
-            + format_table(seed_means(tables)) + "\n" + by_age)
+            + format_table(seed_means(tables)) + "\n\nPer method, with its training time against "
+            + f"``{TIME_CONTROL}``'s:\n\n" + format_method_costs(tables) + "\n" + by_age)
 
 
 #: ``--by-class-age``'s parts of the held-out split, and how the tables name them.

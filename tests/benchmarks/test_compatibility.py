@@ -182,6 +182,23 @@ def test_every_method_is_held_to_the_criterion_and_aligned_ones_to_p_up():
                          "| bct | 2 / 2 | passes / passes | +0.00 / +0.00 | yes |"]
 
 
+def test_the_cost_table_gives_the_mean_update_and_the_median_time_over_the_control():
+    """docs/methods.md's per-method table: mAP of the mean update, and the median training time of
+    each new model over ``independent``'s (a seed trained beside another load moves no median)."""
+    def timed(row, seconds):
+        return {**row, "train_s": seconds}
+
+    tables = [[timed(_update("bct", 0.20, 0.60, 0.60, 0.36), 22.0), timed(_update("independent", 0.20, 0.60, 0.60, 0.05), 20.0)],
+              [timed(_update("bct", 0.30, 0.60, 0.60, 0.45), 90.0), timed(_update("independent", 0.30, 0.60, 0.60, 0.05), 21.0)],
+              [timed(_update("bct", 0.20, 0.60, 0.60, 0.36), 23.0), timed(_update("independent", 0.20, 0.60, 0.60, 0.05), 19.0)]]
+    lines = compatibility.format_method_costs(tables).splitlines()
+    # bct: median 23 s over independent's median 20 s; mAP means: self 0.6, cross 0.39, old 0.7/3
+    assert lines[2] == "| `bct` | 0.600 / 0.390 / 0.233 | +0.00 / +0.00 | passes / passes | 1.15× |"
+    assert lines[3].endswith("| 1.00× |")
+    untimed = [[_update("bct", 0.20, 0.60, 0.60, 0.36)]]
+    assert compatibility.format_method_costs(untimed).splitlines()[2].endswith("| – |")
+
+
 def test_stored_tables_are_reported_together_and_a_bad_line_is_named(tmp_path, capsys):
     """Seeds measured apart (``--rows-out``, one JSON line each) are reported as one mean update
     (``--from-rows``), with the tables measured on each half of the classes (``--by-class-age``)."""
@@ -212,7 +229,7 @@ def test_the_default_rows_are_every_registered_method():
 
 
 @pytest.mark.parametrize("stored, table, seeds", [("compatibility_shapes60_e4_h200.jsonl", ("shapes-60", 4), 5),
-                                                   ("compatibility_digits_e20_cpu.jsonl", ("digits", 20), 3)])
+                                                   ("compatibility_digits_e20_cpu.jsonl", ("digits", 20), 5)])
 def test_the_readmes_issue_28_tables_are_the_stored_rows(stored, table, seeds):
     """benchmarks/README.md's issue-28 tables are what ``--from-rows`` reports from the rows the runs
     stored (so they cannot drift from the measurement)."""
@@ -221,3 +238,11 @@ def test_the_readmes_issue_28_tables_are_the_stored_rows(stored, table, seeds):
     readme = (REPO / "benchmarks" / "README.md").read_text(encoding="utf-8")
     assert compatibility.format_method_targets(tables) in readme
     assert format_table(compatibility.seed_means(tables)) in readme
+
+
+def test_the_docs_digits_table_is_the_stored_rows():
+    """docs/methods.md's table of every method on the digits (with its training cost) is what
+    ``--from-rows`` reports from the stored five seeds."""
+    tables = compatibility.read_rows([REPO / "benchmarks" / "results" / "compatibility_digits_e20_cpu.jsonl"])
+    docs = (REPO / "docs" / "methods.md").read_text(encoding="utf-8")
+    assert compatibility.format_method_costs(tables["digits", 20]) in docs
