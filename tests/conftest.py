@@ -10,7 +10,8 @@ asking for ``postgres_url`` gets a new empty database on it.
 
 Parallel lanes (``pytest -n 3 --dist loadgroup``, the README's command): the tests that share a
 costly session fixture run in one worker, so it is built once (``SHARED_FIXTURE_GROUPS``), and so
-do the end-to-end tests of one file; every
+do the end-to-end tests of one file that share a module fixture (a module's Ray, a trained
+parent); other end-to-end tests go to whichever lane is free; every
 Ray a test starts is its own local instance (``address="local"``), and the cluster scripts stop
 only their own processes, so tests in different workers never stop or join each other's Ray.
 """
@@ -29,9 +30,9 @@ torch.set_num_threads(1)
 # instance) on a suite whose two lanes keep both cores busy.
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 
-# session fixture → the xdist group of every test that uses it (directly or through another fixture)
+# session fixture → the xdist group of every test that uses it (directly or through another fixture);
+# tests/pipeline's g0_run is not here: the workers of one run share it through a file lock
 SHARED_FIXTURE_GROUPS = {
-    "g0_run": "served-g0-old",         # tests/pipeline: one served g0-old run, copied per test
     "update": "digits-experiment",     # tests/evaluation: every learned method trained once
     "digits_experiment": "digits-experiment",
     "ray_address": "tuning",           # tests/tuning: one Ray, one pipeline whose steps the sweeps share
@@ -41,16 +42,25 @@ SHARED_FIXTURE_GROUPS = {
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (its hook has no order)
 def pytest_collection_modifyitems(config, items):
     """The xdist group of each test: its session fixture's (``SHARED_FIXTURE_GROUPS``), else for an
-    end-to-end test its file (module fixtures such as a module's Ray or trained parent are built
-    once), else none (unit tests go wherever a worker is free)."""
+    end-to-end test that uses a module fixture (a module's Ray or trained parent, built once) its
+    file, else none (the test goes wherever a worker is free)."""
     for item in items:
         groups = {SHARED_FIXTURE_GROUPS[name] for name in item.fixturenames if name in SHARED_FIXTURE_GROUPS}
         if len(groups) > 1:
             raise pytest.UsageError(f"{item.nodeid} uses session fixtures of several groups: {sorted(groups)}")
-        if not groups and item.get_closest_marker("e2e") is not None:
+        if not groups and item.get_closest_marker("e2e") is not None and _uses_module_fixture(item):
             groups = {item.nodeid.split("::", 1)[0]}
         for group in groups:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _uses_module_fixture(item) -> bool:
+    """Whether the test asks (directly or through other fixtures) for a module-scoped fixture."""
+    fixture_defs = getattr(item, "_fixtureinfo", None)
+    if fixture_defs is None:
+        return False
+    return any(definition.scope == "module"
+               for definitions in fixture_defs.name2fixturedefs.values() for definition in definitions)
 
 
 def pytest_configure(config):

@@ -1,8 +1,14 @@
-"""Shared by the pipeline's end-to-end tests: one served run of g0-old, made once per session
+"""Shared by the pipeline's end-to-end tests: one served run of g0-old, made once per test run
 through the CLI and copied for each test that needs one (the lineage records locations relative
-to the storage root, so a copy serves its own files)."""
+to the storage root, so a copy serves its own files).
+
+Under ``pytest -n N`` the run is made once for all workers, not once per worker: the first worker
+to need it builds it in the run's shared temporary folder while holding a file lock, and the others
+wait on the lock and copy the result. So its tests need no common worker and spread over lanes."""
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
 import subprocess
 import sys
@@ -16,8 +22,28 @@ from g0_run import g0_config, write_pipeline
 
 @pytest.fixture(scope="session")
 def g0_run(tmp_path_factory) -> Path:
-    """The storage folder (lineage inside) of one ``orchestrator run`` of ``g0_config()``."""
-    root = tmp_path_factory.mktemp("g0-run")
+    """The storage folder (lineage inside) of one ``orchestrator run`` of ``g0_config()``, made
+    once per test run (shared by the xdist workers of one run, see the module docstring)."""
+    if os.environ.get("PYTEST_XDIST_WORKER") is None:
+        return _build_g0_run(tmp_path_factory.mktemp("g0-run"))
+    root = tmp_path_factory.getbasetemp().parent / "g0-run-shared"  # one folder per test run
+    root.mkdir(exist_ok=True)
+    with open(root / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        failure = root / "failed.txt"
+        if failure.exists():
+            pytest.fail(f"the shared g0-old run failed in another worker:\n{failure.read_text()}")
+        if not (root / "done").exists():
+            try:
+                _build_g0_run(root)
+            except BaseException as error:
+                failure.write_text(str(error))
+                raise
+            (root / "done").touch()
+    return root / "run"
+
+
+def _build_g0_run(root: Path) -> Path:
     pipeline = write_pipeline(root / "g0.yaml", g0_config(), root / "run")
     run = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(pipeline)], cwd=root,
                          capture_output=True, text=True, timeout=900)
