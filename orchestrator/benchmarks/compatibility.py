@@ -124,6 +124,16 @@ METHODS: tuple[Row, ...] = (
     ("advbct eb0", "advbct", {"boundary_weight": 0.0}),
     ("advbct seen", "advbct", {"boundary_classes": "seen"}),
     ("advbct seen adv0.3", "advbct", {"boundary_classes": "seen", "adversarial_weight": 0.3}),
+    # NDPP / ODPP on the digits (issue 28): α0 without the perturbation (Eq. 2 alone), λ the weight
+    # of Eq. 6, τ its temperature (default: the paper's 0.07)
+    ("ndpp α0", "ndpp", {"alpha_old": 0.0, "alpha_new": 0.0}),
+    ("ndpp λ2", "ndpp", {"lam": 2.0}),
+    ("ndpp τ0.2", "ndpp", {"tau": 0.2}),
+    ("ndpp τ0.5", "ndpp", {"tau": 0.5}),
+    ("ndpp τ1", "ndpp", {"tau": 1.0}),
+    ("odpp λ2", "odpp", {"lam": 2.0}),
+    ("odpp τ0.5", "odpp", {"tau": 0.5}),
+    ("odpp τ1", "odpp", {"tau": 1.0}),
 )
 #: The default rows: every registered method with its defaults (``independent``: the control, a new
 #: model with no alignment at all, held to no target).
