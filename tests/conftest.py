@@ -17,6 +17,7 @@ only their own processes, so tests in different workers never stop or join each 
 """
 import os
 import secrets
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,23 @@ def pytest_collection_modifyitems(config, items):
             groups = {item.nodeid.split("::", 1)[0]}
         for group in groups:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+@pytest.hookimpl(trylast=True)  # after the group's own fixtures were torn down
+def pytest_runtest_teardown(item, nextitem):
+    """A Ray started in this process (tests/tuning's session Ray is one) stops when the lane moves
+    on from one xdist group to another (or to or from the ungrouped tests): a group runs in one
+    lane, all together, so none of its tests is left to need it, and the next test may start its
+    own in-process Ray (``ray.init`` refuses a second one)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized() or _group(item) == _group(nextitem):
+        return
+    ray.shutdown()
+
+
+def _group(item) -> str | None:
+    marker = item.get_closest_marker("xdist_group") if item is not None else None
+    return marker.args[0] if marker is not None else None
 
 
 def _uses_module_fixture(item) -> bool:
