@@ -58,11 +58,11 @@ def pytest_collection_modifyitems(config, items):
 @pytest.hookimpl(trylast=True)  # after the group's own fixtures were torn down
 def pytest_runtest_teardown(item, nextitem):
     """A Ray started in this process (tests/tuning's session Ray is one) stops when the lane moves
-    on from one xdist group to another (or to or from the ungrouped tests): a group runs in one
-    lane, all together, so none of its tests is left to need it, and the next test may start its
-    own in-process Ray (``ray.init`` refuses a second one)."""
+    on to another xdist group: a group runs in one lane, all together, so none of its tests is
+    left to need it, and the next group may start its own in-process Ray (``ray.init`` refuses a
+    second one). Ungrouped tests join whatever Ray is up (``distributed.runtime.connect``)."""
     ray = sys.modules.get("ray")
-    if ray is None or not ray.is_initialized() or _group(item) == _group(nextitem):
+    if ray is None or not ray.is_initialized() or _group(nextitem) in (None, _group(item)):
         return
     ray.shutdown()
 
