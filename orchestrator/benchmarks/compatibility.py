@@ -228,6 +228,16 @@ def _cell(value: Any, signed: bool = False) -> str:
     return f"{value:+.2f}" if signed else f"{value:.3f}"
 
 
+def _criterion_cells(row: dict[str, Any]) -> str:
+    """"passes / fails": the empirical criterion per key metric (CMC@1 / mAP)."""
+    return " / ".join("passes" if row[m]["compatible"] else "fails" for m in KEY_METRICS)
+
+
+def _p_up_cells(row: dict[str, Any]) -> str:
+    """"+0.12 / −0.03": P_up per key metric (CMC@1 / mAP), "–" where undefined."""
+    return " / ".join(_cell(row[m].get("p_up"), True) for m in KEY_METRICS)
+
+
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """Markdown: one row per method, each column "CMC@1 / mAP", then the criterion per metric."""
     header = "| method | " + " | ".join(_COLUMNS) + " | criterion (CMC@1 / mAP) |"
@@ -237,7 +247,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
         for key in _KEYS:
             signed = key.startswith("p_")
             cells.append(f"{_cell(row['cmc@1'].get(key), signed)} / {_cell(row['map'].get(key), signed)}")
-        verdict = " / ".join("passes" if row[m]["compatible"] else "fails" for m in KEY_METRICS)
+        verdict = _criterion_cells(row)
         lines.append(f"| {row['method']} | " + " | ".join(cells) + f" | {verdict} |")
     return "\n".join(lines)
 
@@ -382,8 +392,7 @@ def format_method_targets(tables: Sequence[Sequence[dict[str, Any]]]) -> str:
         label = row["method"]
         passing = sum(v[label]["criterion"] for v in per_seed if label in v)
         seeds = sum(label in v for v in per_seed)
-        criterion = " / ".join("passes" if row[m]["compatible"] else "fails" for m in KEY_METRICS)
-        p_up = " / ".join(_cell(row[m].get("p_up"), True) for m in KEY_METRICS)
+        criterion, p_up = _criterion_cells(row), _p_up_cells(row)
         verdict = verdicts[label]
         met = verdict["criterion"] and verdict["p_up"] is not False
         note = "" if verdict["p_up"] is not None else " (P_up not a target)"
@@ -412,8 +421,7 @@ def format_method_costs(tables: Sequence[Sequence[dict[str, Any]]]) -> str:
         seconds = median_seconds(row["method"])
         time = f"{seconds / control:.2f}×" if seconds is not None and control else "–"
         maps = " / ".join(_cell(row["map"][key]) for key in ("self", "cross", "old_self"))
-        p_up = " / ".join(_cell(row[m].get("p_up"), True) for m in KEY_METRICS)
-        criterion = " / ".join("passes" if row[m]["compatible"] else "fails" for m in KEY_METRICS)
+        p_up, criterion = _p_up_cells(row), _criterion_cells(row)
         lines.append(f"| `{row['method']}` | {maps} | {p_up} | {criterion} | {time} |")
     return "\n".join(lines)
 
@@ -438,8 +446,7 @@ def read_rows(paths: Sequence[Path]) -> dict[tuple[str, int], list[list[dict[str
 def report(dataset: str, epochs: int, tables: Sequence[Sequence[dict[str, Any]]], seeds: str) -> str:
     """The text after a (dataset, budget)'s per-seed tables: issue 28's verdicts per method, issue 14's
     HBCT targets, the mean update's table, its per-method costs (``format_method_costs``), and
-    (``--by-class-age``) the mean update on the classes
-    the old model saw and on the others."""
+    (``--by-class-age``) the mean update on the classes the old model saw and on the others."""
     parts = [dict(class_age_tables(table)) for table in tables]
     by_age = "".join(f"\nThe mean update {CLASS_AGES[part]}:\n\n"
                      f"{format_table(seed_means([p[part] for p in parts]))}\n"
