@@ -16,5 +16,5 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     ],
     "lifts": ["CosineLift", "EuclideanLift", "LorentzLift", "PoincareLift", "build_lift", "clip_norm"],
     "outputs": ["ModelOutput"],
-    "weights": ["LoadReport", "create_hub_backbone", "load_backbone_weights", "read_state_dict"],
+    "weights": ["LoadReport", "create_hub_backbone", "load_encoder_weights", "read_state_dict", "split_encoder_state"],
 })

@@ -44,12 +44,9 @@ def adapt_stem_to_small_input(backbone: nn.Module, arch: str) -> None:
 
 
 def create_backbone(config: EncoderConfig) -> nn.Module:
-    """The timm backbone without classifier (``num_classes=0``), stem adapted and weights loaded.
-
-    Order: create, adapt the stem, then load a local checkpoint, so a checkpoint saved from an
-    adapted backbone loads fully and an ImageNet checkpoint loads all but the replaced stem conv
-    (skipped for its shape, and logged). With "hub", timm loads the weights at creation.
-    """
+    """The timm backbone without classifier (``num_classes=0``), stem adapted; with "hub", timm
+    loads its weights at creation (a local checkpoint is loaded by ``Encoder``, into the backbone
+    and the projection)."""
     kwargs: dict[str, Any] = dict(num_classes=0, in_chans=config.in_chans, drop_rate=config.drop_rate)
     if not timm.is_model(config.arch):
         raise ValueError(f"arch must be a timm model name, got {config.arch!r}")
@@ -59,8 +56,6 @@ def create_backbone(config: EncoderConfig) -> nn.Module:
         backbone = timm.create_model(config.arch, pretrained=False, **kwargs)
     if config.small_input:
         adapt_stem_to_small_input(backbone, config.arch)
-    if config.pretrained not in (None, HUB):
-        weights.load_backbone_weights(backbone, config.pretrained)
     return backbone
 
 
@@ -75,6 +70,10 @@ class Encoder(nn.Module):
         self.config = config
         self.backbone = create_backbone(config)
         self.projection = nn.Linear(self.backbone.num_features, config.embed_dim)
+        if config.pretrained not in (None, HUB):
+            # after the stem is adapted: a checkpoint saved from an adapted backbone loads fully, an
+            # ImageNet one all but the replaced stem conv (skipped for its shape, and logged)
+            weights.load_encoder_weights(self.backbone, self.projection, config.pretrained)
         self.lift = lift
         if config.freeze_backbone:
             self.backbone.requires_grad_(False)

@@ -16,7 +16,10 @@ class EncoderConfig(BaseModel):
     embed_dim:       size d of the projection output (HBCT: 128; d-Simplex: K-1).
     small_input:     adapt a ResNet stem to 32x32 images (see ``adapt_stem_to_small_input``).
     pretrained:      None (random init), a local ``.safetensors`` / ``.pth`` / ``.pt`` / ``.bin`` / ``.ckpt``
-                     path, or "hub" for timm's own download (needs network).
+                     path, or "hub" for timm's own download (needs network). A local file loads into
+                     the backbone, and into the projection too when it holds one of the same shape
+                     (a generation file of this project; the d-Simplex code's ``fc1``): see
+                     ``orchestrator.models.weights.split_encoder_state``.
     freeze_backbone: backbone frozen (no grads, always in eval mode); the projection still trains.
     in_chans:        input channels.
     drop_rate:       timm's dropout before the (removed) classifier, i.e. on the pooled feature.

@@ -19,6 +19,10 @@ def _reference_backbone(arch: str = "test_resnet", small_input: bool = True) -> 
     return Encoder(EncoderConfig(arch=arch, embed_dim=8, small_input=small_input), EuclideanLift()).backbone
 
 
+def _load_into_backbone(backbone: torch.nn.Module, path) -> weights.LoadReport:
+    return weights.load_encoder_weights(backbone, torch.nn.Linear(backbone.num_features, 8), path)
+
+
 def _assert_same_weights(a: torch.nn.Module, b: torch.nn.Module, skip: tuple[str, ...] = ()) -> None:
     sa, sb = a.state_dict(), b.state_dict()
     assert sa.keys() == sb.keys()
@@ -48,7 +52,7 @@ def test_pretrained_from_nested_torch_checkpoint(tmp_path):
     with torch.no_grad():
         for p in target.parameters():
             p.zero_()
-    report = weights.load_backbone_weights(target, path)
+    report = _load_into_backbone(target, path)
     _assert_same_weights(target, reference)
     assert report.unexpected == ["fc.weight"] and report.missing == [] and report.mismatched == []
 
@@ -58,7 +62,7 @@ def test_imagenet_stem_checkpoint_into_small_input_skips_only_conv1(tmp_path):
     path = tmp_path / "resnet18.safetensors"
     safetensors.torch.save_file({k: v.contiguous() for k, v in imagenet_stem.state_dict().items()}, str(path))
     small = Encoder(EncoderConfig(arch="resnet18", embed_dim=8, small_input=True), EuclideanLift()).backbone
-    report = weights.load_backbone_weights(small, path)
+    report = _load_into_backbone(small, path)
     assert report.mismatched == ["conv1.weight"] and report.missing == ["conv1.weight"]
     _assert_same_weights(small, imagenet_stem, skip=("conv1.weight",))
 
@@ -67,7 +71,7 @@ def test_checkpoint_with_no_matching_key_raises(tmp_path):
     path = tmp_path / "other.safetensors"
     safetensors.torch.save_file({"something.else": torch.zeros(3)}, str(path))
     with pytest.raises(ValueError, match="no key"):
-        weights.load_backbone_weights(_reference_backbone(), path)
+        _load_into_backbone(_reference_backbone(), path)
 
 
 class _NotWeights:
@@ -101,3 +105,74 @@ def test_hub_offline_gives_clear_error(monkeypatch):
     monkeypatch.setattr(timm.models._builder, "load_state_dict_from_url", offline)
     with pytest.raises(RuntimeError, match=r"'test_resnet'.*offline.*local path in pretrained"):
         Encoder(EncoderConfig(arch="test_resnet", embed_dim=8, pretrained="hub"), EuclideanLift())
+
+
+def _dsimplex_code_layout(backbone_state: dict, fc1: torch.Tensor) -> dict:
+    """A checkpoint as the d-Simplex code writes one (stationary_dsimplex.md §4.2, its
+    ``Incremental_ResNet``): ``{"net": ...}`` with the backbone under ``backbone.``, a stage's blocks
+    as ``layer1.blocks.0.*``, the projection ``fc1`` without bias and the fixed classifier ``fc2``."""
+    net = {}
+    for key, value in backbone_state.items():
+        parts = key.split(".")
+        if parts[0].startswith("layer"):
+            parts.insert(1, "blocks")
+        net["backbone." + ".".join(parts)] = value
+    net["fc1.weight"] = fc1
+    net["fc2.weight"] = torch.randn(12, fc1.shape[0])
+    return {"net": net}
+
+
+def test_dsimplex_code_checkpoint_loads_backbone_and_projection(tmp_path):
+    torch.manual_seed(5)
+    source = timm.create_model("resnet18", pretrained=False, num_classes=0).eval()
+    fc1 = torch.randn(11, source.num_features)
+    path = tmp_path / "ckpt_0.pt"
+    torch.save(_dsimplex_code_layout(source.state_dict(), fc1), path)
+    torch.manual_seed(6)  # another random init: every loaded tensor must come from the file
+    encoder = Encoder(EncoderConfig(arch="resnet18", embed_dim=11, small_input=False, pretrained=str(path)),
+                      EuclideanLift()).eval()
+    images = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        expected = source(images) @ fc1.T  # the code's z = fc1(backbone(x)), fc1 without bias
+        got = encoder(images).features
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    report = weights.load_encoder_weights(encoder.backbone, encoder.projection, path)
+    assert report.projection_loaded and report.missing == [] and report.unexpected == ["fc2.weight"]
+
+
+def test_generation_file_of_this_project_loads_as_pretrained(tmp_path):
+    """A replacement may start from a model this project trained elsewhere: its generation file
+    (``encoder.backbone.*``, ``encoder.projection.*`` beside its head) gives the same embedding."""
+    from orchestrator.methods import create_method
+    from orchestrator.storage.checkpoints import WEIGHTS_FILE, save_generation
+
+    method = create_method("dsimplex", {"num_prototypes": 16})
+    torch.manual_seed(7)
+    trained = method.build_model(EncoderConfig(arch="test_resnet", embed_dim=15), 4, torch.arange(4)).eval()
+    save_generation(trained, method, None, str(tmp_path / "g"), "g")
+    path = tmp_path / "g" / WEIGHTS_FILE
+    torch.manual_seed(8)
+    replacement = method.build_model(EncoderConfig(arch="test_resnet", embed_dim=15, pretrained=str(path)), 4,
+                                     torch.arange(4)).eval()
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(replacement(images).embedding, trained(images).embedding)
+
+
+def test_projection_of_another_size_is_skipped_and_reported(tmp_path):
+    torch.manual_seed(9)
+    source = Encoder(EncoderConfig(arch="test_resnet", embed_dim=6), EuclideanLift())
+    path = tmp_path / "encoder.safetensors"
+    safetensors.torch.save_file({k: v.contiguous() for k, v in source.state_dict().items()}, str(path))
+    target = Encoder(EncoderConfig(arch="test_resnet", embed_dim=8), EuclideanLift())
+    before = target.projection.weight.detach().clone()
+    report = weights.load_encoder_weights(target.backbone, target.projection, path)
+    _assert_same_weights(target.backbone, source.backbone)
+    assert not report.projection_loaded and report.mismatched == ["projection.weight"]
+    assert torch.equal(target.projection.weight, before)
+
+
+def test_split_encoder_state_keeps_a_bare_backbone_whole():
+    state = {"conv1.weight": torch.zeros(1), "layer1.0.bn1.bias": torch.zeros(1), "fc.weight": torch.zeros(1)}
+    backbone, projection = weights.split_encoder_state(state)
+    assert backbone.keys() == state.keys() and projection == {}
