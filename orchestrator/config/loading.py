@@ -14,8 +14,8 @@ def load_pipeline(path: str | Path, overrides: Mapping[str, Any] | None = None) 
     """Read and validate a pipeline file.
 
     ``overrides`` maps dotted field paths to values (``{"storage": "s3://b/x", "ray.address":
-    "auto", "generations.0.training.epochs": 1}``), applied to the raw YAML before validation;
-    None values are skipped. Raises ``PipelineConfigError`` with one line per problem, each naming
+    "auto", "generations.0.training.epochs": 1}``), applied to the raw YAML before validation; a
+    None value sets the field to null (``--set gallery.source=null``). Raises ``PipelineConfigError`` with one line per problem, each naming
     the file, the field path and the bad value (YAML syntax errors: the line and column).
     """
     file, raw, root = read_yaml_mapping(path, "pipeline fields (name, data, generations, ...)")
@@ -37,8 +37,6 @@ def _apply_overrides(file: str, raw: dict, overrides: Mapping[str, Any]) -> tupl
     raw = _unshared(raw)
     applied = []
     for key, value in overrides.items():
-        if value is None:
-            continue
         parts: list[Any] = [int(p) if p.isdigit() else p for p in str(key).split(".")]
         node: Any = raw
         for depth, part in enumerate(parts):

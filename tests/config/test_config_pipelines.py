@@ -117,9 +117,27 @@ def test_overrides_are_applied_before_validation():
     assert config.lineage == "postgresql://u@db/lineage"
     assert config.ray.address == "auto"
     assert config.generations[0].training.epochs == 1 and config.generations[1].training.epochs == 20
-    # None = "not given on the command line"; a new storage moves the default SQLite lineage
-    moved = load_pipeline(path, {"storage": "/tmp/elsewhere", "ray.address": None})
+    # a new storage moves the default SQLite lineage
+    moved = load_pipeline(path, {"storage": "/tmp/elsewhere"})
     assert moved.lineage == "sqlite:////tmp/elsewhere/lineage.db" and moved.ray.address is None
+
+
+def test_set_null_clears_a_field_and_options_not_given_change_nothing():
+    """``--set gallery.source=null`` sets null (it used to be skipped silently, leaving the file's
+    CIFAR-10 gallery in place); ``--storage`` and the other named options, when not given, do not
+    override anything."""
+    import argparse
+
+    from orchestrator.cli_options import PIPELINE_OPTIONS, add_pipeline_options, pipeline_overrides
+
+    parser = argparse.ArgumentParser()
+    add_pipeline_options(parser, [option.name for option in PIPELINE_OPTIONS] + ["set"])
+    path = PIPELINES / "dsimplex_7task.yaml"
+    assert load_pipeline(path).gallery.source == "cifar10"
+    args = parser.parse_args(["--set", "gallery.source=null", "--set", "gallery.options=null"])
+    config = load_pipeline(path, pipeline_overrides(args))
+    assert config.gallery.source is None and config.gallery.options is None
+    assert config.storage == load_pipeline(path).storage and config.ray.address is None
 
 
 def test_a_bad_override_is_reported_as_an_override(tmp_path):
