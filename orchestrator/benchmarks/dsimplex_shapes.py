@@ -15,9 +15,10 @@ fetched here, so this benchmark runs the same file through ``orchestrator run`` 
 
 Every other field is the file's: ResNet-18 with the ImageNet stem, embed_dim 1023, HOC λ 0.1, τ 10,
 20 memory images per earlier class, fine-tuning from the parent, no backfill, the default gate
-(mAP criterion against the serving generation, no quality drop). Output: each update's gate
-metric, the 7 x 7 compatibility matrices with AC and AM (§8), and the run's exit status (0: every
-gate passed and task 7 serves).
+(mAP criterion against the gallery's generations, and no drop of the served gallery's mAP). With
+``--gate-action force`` a failed gate is recorded and the run goes on, so the whole sequence is
+measured. Output: every gate's verdict (from ``orchestrator lineage --json``), then, once task 7
+is trained, the 7 x 7 compatibility matrices with AC and AM (§8), and the run's exit status.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from orchestrator.data import ImageTensorDataset, load_source
+from orchestrator.data import ImageTensorDataset, LabeledImages, load_source
 from orchestrator.data.images import channel_statistics
 from orchestrator.methods import create_method
 from orchestrator.metrics.compatibility import average_compatibility, average_multi_model_accuracy
@@ -59,11 +60,12 @@ PRETRAIN = {"batch_size": 128, "optimizer": "sgd", "lr": 0.1, "momentum": 0.9, "
             "schedule": "cosine", "augment": True}
 
 
-def train_stand_in(name: str, num_classes: int, epochs: int, folder: Path, seed: int = 0) -> Path:
-    """Pre-train a third-party stand-in on the first ``num_classes`` of ``STAND_IN_CLASSES``: the
-    stationary CE alone over the K = 1024 d-Simplex, classes left to right (§6.1). Returns the path
-    of its weights file (a generation file: backbone and 1023-d projection)."""
-    images = load_source("shapes", split="train", **STAND_IN_DATA)
+def train_stand_in(images: LabeledImages, num_classes: int, epochs: int, folder: Path, seed: int = 0) -> Path:
+    """Pre-train a third-party stand-in on the first ``num_classes`` of ``STAND_IN_CLASSES`` of
+    ``images`` (``STAND_IN_DATA``'s training split): the stationary CE alone over the K = 1024
+    d-Simplex, classes left to right (§6.1). Returns the path of its weights file (a generation
+    file: backbone and 1023-d projection)."""
+    name = f"stand-in-{num_classes}"
     images = images.subset(np.flatnonzero(np.isin(images.labels, STAND_IN_CLASSES[:num_classes])))
     mean, std = channel_statistics(images)
     method = create_method("dsimplex", {"num_prototypes": 1024, "class_assignment": "left_to_right"})
@@ -75,20 +77,43 @@ def train_stand_in(name: str, num_classes: int, epochs: int, folder: Path, seed:
     return folder / name / WEIGHTS_FILE
 
 
-def pipeline_overrides(checkpoints: dict[int, Path], epochs: int) -> list[str]:
+def pipeline_overrides(checkpoints: dict[int, Path], epochs: int, gate_action: str = "hold") -> list[str]:
     """The ``--set`` arguments that run the shipped file on the shapes with ``checkpoints`` (file
-    generation index -> stand-in weights) and ``epochs`` per task, on CPU."""
+    generation index -> stand-in weights), ``epochs`` per task and every gate's ``gate_action``, on CPU."""
     sets = ["ray.use_gpu=false", "ray.gpus_per_worker=0", "ray.cpus_per_worker=2", "ray.dashboard=false",
             "data.source=shapes", f"data.options={json.dumps(SHAPES_24)}", "data.task_splits={first: 6, step: 3}",
             "gallery.name=shapes-test", "gallery.source=null", "gallery.options=null"]
-    sets += [f"generations.{i}.training.epochs={epochs}" for i in range(7)]
+    sets += [f"generations.{i}.{field}" for i in range(7) for field in (f"training.epochs={epochs}",
+                                                                         f"gate.action={gate_action}")]
     sets += [f"generations.{i}.model.pretrained={path}" for i, path in sorted(checkpoints.items())]
     return [arg for value in sets for arg in ("--set", value)]
 
 
-def format_report(report: dict, returncode: int, seconds: float) -> str:
-    """Markdown: every update's gate metric (mAP) and CMC@1, then AC / AM of both matrices."""
-    lines = ["| update | mAP cross / old self | gate (mAP) | CMC@1 cross / old self | CMC@1 criterion |",
+def format_gates(lineage: dict) -> str:
+    """Markdown: every gate of ``orchestrator lineage --json``'s steps: the criterion's verdicts
+    against the gallery's generations, the served mAP the plan predicts against the serving
+    generation's, and what the deploy step did (deployed, forced past failures, held)."""
+    steps = {step["key"]: step for step in lineage["steps"]}
+    lines = ["| generation | serving | criterion (mAP) | served mAP: predicted / serving | deploy |", "|---|---|---|---|---|"]
+    for key, step in steps.items():
+        if not key.startswith("gate:") or step["status"] != "committed":
+            continue
+        gate = step["outputs"]
+        verdicts = "; ".join(f"→ {gallery}: {'passes' if ok else 'fails'}" for gallery, ok, _why in gate["verdicts"])
+        deploy = steps.get(f"deploy:{gate['generation']}", {"status": "not run"})
+        if deploy["status"] == "committed":
+            decision = deploy["outputs"]["gate"]
+            outcome = "deployed" if not decision["failures"] else f"{decision['action']} ({'; '.join(decision['failures'])})"
+        else:
+            outcome = f"held ({deploy['status']})"
+        lines.append(f"| {gate['generation']} | {gate['serving']} | {verdicts} | "
+                     f"{gate['predicted']:.4f} / {gate['serving_quality']:.4f} | {outcome} |")
+    return "\n".join(lines)
+
+
+def format_report(report: dict) -> str:
+    """Markdown: every update's mAP and CMC@1 criterion, then AC / AM of both matrices."""
+    lines = ["| update | mAP cross / old self | mAP criterion | CMC@1 cross / old self | CMC@1 criterion |",
              "|---|---|---|---|---|"]
     for update, metrics in report["updates"].items():
         m, c = metrics["map"], metrics["cmc@1"]
@@ -97,8 +122,6 @@ def format_report(report: dict, returncode: int, seconds: float) -> str:
     for metric in ("map", "cmc@1"):
         matrix = np.array([[np.nan if v is None else v for v in row] for row in report["matrices"][metric]])
         lines.append(f"\n{metric}: AC {average_compatibility(matrix):.2f}, AM {average_multi_model_accuracy(matrix):.3f}")
-    verdict = "every gate passed, the last generation serves" if returncode == 0 else f"stopped (exit {returncode})"
-    lines.append(f"\nrun: {verdict}, {seconds:.0f} s")
     return "\n".join(lines)
 
 
@@ -107,16 +130,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--storage", type=Path, required=True, help="an empty folder for the stand-ins and the run")
     parser.add_argument("--epochs", type=int, default=20, help="epochs of each task (the file's 70)")
     parser.add_argument("--pretrain-epochs", type=int, default=15, help="epochs of each stand-in (the paper's 300)")
+    parser.add_argument("--gate-action", choices=("hold", "force"), default="hold",
+                        help="every gate's action: hold (as shipped) stops at the first failed gate; force "
+                             "records the failure and goes on")
     args = parser.parse_args(argv)
     started = time.perf_counter()
+    images = load_source("shapes", split="train", **STAND_IN_DATA)
     checkpoints = {}
     for index, num_classes in STAND_INS:
-        checkpoints[index] = train_stand_in(f"stand-in-{num_classes}", num_classes, args.pretrain_epochs,
-                                            args.storage / "stand-ins")
+        checkpoints[index] = train_stand_in(images, num_classes, args.pretrain_epochs, args.storage / "stand-ins")
         print(f"stand-in of {num_classes} classes: {time.perf_counter() - started:.0f} s", flush=True)
     run_started = time.perf_counter()
-    run = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(PIPELINE), "--storage",
-                          str(args.storage / "run"), *pipeline_overrides(checkpoints, args.epochs)], cwd=REPO)
-    report = json.loads((args.storage / "run" / "reports" / "compatibility.json").read_text(encoding="utf-8"))
-    print(format_report(report, run.returncode, time.perf_counter() - run_started))
+    storage = args.storage / "run"
+    command = [sys.executable, "-m", "orchestrator"]
+    run = subprocess.run([*command, "run", str(PIPELINE), "--storage", str(storage),
+                          *pipeline_overrides(checkpoints, args.epochs, args.gate_action)], cwd=REPO)
+    print(f"\nrun: exit {run.returncode} after {time.perf_counter() - run_started:.0f} s "
+          f"(stand-ins {run_started - started:.0f} s)\n")
+    lineage = subprocess.run([*command, "lineage", str(PIPELINE), "--storage", str(storage), "--json"], cwd=REPO,
+                             capture_output=True, text=True, check=True)
+    print(format_gates(json.loads(lineage.stdout)))
+    report = storage / "reports" / "compatibility.json"
+    if report.is_file():
+        print("\n" + format_report(json.loads(report.read_text(encoding="utf-8"))))
     return run.returncode
