@@ -39,7 +39,7 @@ from orchestrator.methods import create_method
 from orchestrator.metrics.compatibility import average_compatibility, average_multi_model_accuracy
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.storage import save_generation
-from orchestrator.storage.checkpoints import WEIGHTS_FILE
+from orchestrator.storage.checkpoints import WEIGHTS_FILE, checkpoint_exists, load_card
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import train_generation
 
@@ -64,8 +64,13 @@ def train_stand_in(images: LabeledImages, num_classes: int, epochs: int, folder:
     """Pre-train a third-party stand-in on the first ``num_classes`` of ``STAND_IN_CLASSES`` of
     ``images`` (``STAND_IN_DATA``'s training split): the stationary CE alone over the K = 1024
     d-Simplex, classes left to right (§6.1). Returns the path of its weights file (a generation
-    file: backbone and 1023-d projection)."""
+    file: backbone and 1023-d projection). A stand-in already in ``folder`` whose card records the
+    same recipe is kept (so a run at another fine-tuning budget reuses it)."""
     name = f"stand-in-{num_classes}"
+    recipe = {"classes": STAND_IN_CLASSES[:num_classes], "epochs": epochs, "seed": seed, **PRETRAIN,
+              "data": STAND_IN_DATA}
+    if checkpoint_exists(str(folder / name)) and load_card(str(folder / name)).extra == recipe:
+        return folder / name / WEIGHTS_FILE
     images = images.subset(np.flatnonzero(np.isin(images.labels, STAND_IN_CLASSES[:num_classes])))
     mean, std = channel_statistics(images)
     method = create_method("dsimplex", {"num_prototypes": 1024, "class_assignment": "left_to_right"})
@@ -73,7 +78,7 @@ def train_stand_in(images: LabeledImages, num_classes: int, epochs: int, folder:
     model = method.build_model(ENCODER, images.num_classes, torch.as_tensor(np.unique(images.labels)))
     train_generation(method, model, ImageTensorDataset(images, 32, mean, std, augment=True),
                      ImageTensorDataset(images, 32, mean, std), TrainConfig(epochs=epochs, seed=seed, **PRETRAIN))
-    save_generation(model, method, None, str(folder / name), name)
+    save_generation(model, method, None, str(folder / name), name, extra=recipe)
     return folder / name / WEIGHTS_FILE
 
 
