@@ -1,4 +1,5 @@
-"""Pretrained backbone weights: safe local checkpoint loading, and timm's hub download with a clear offline error.
+"""Pretrained encoder weights (backbone and projection): safe local checkpoint loading, and timm's hub
+download with a clear offline error.
 
 Only tensors are ever read: ``.safetensors`` through ``safetensors.torch.load_file`` and torch
 checkpoints through ``torch.load(weights_only=True)``, which refuses arbitrary pickled objects.
