@@ -407,19 +407,23 @@ TIME_CONTROL = "independent"
 def format_method_costs(tables: Sequence[Sequence[dict[str, Any]]]) -> str:
     """Markdown (docs/methods.md's per-dataset table): per method of ``tables`` (one per seed, same
     dataset and budget), the mean update's mAP self / cross / old self, P_up and the criterion on
-    CMC@1 / mAP, and the median training time of its new model over ``TIME_CONTROL``'s ("–" where
-    the rows hold no times, or no control; the median, so a seed trained beside another load does
-    not move it)."""
-    def median_seconds(label: str) -> float | None:
-        found = [row["train_s"] for table in tables for row in table if row["method"] == label and "train_s" in row]
-        return statistics.median(found) if found else None
+    CMC@1 / mAP, and its new model's training time against ``TIME_CONTROL``'s, each seed's ratio
+    taken within its own table and the median over seeds reported ("–" where no table holds both
+    times; within a table, so seeds measured on different machines compare; the median, so a seed
+    trained beside another load does not move it)."""
+    def median_ratio(label: str) -> float | None:
+        ratios = []
+        for table in tables:
+            seconds = {row["method"]: row.get("train_s") for row in table}
+            if seconds.get(label) is not None and seconds.get(TIME_CONTROL):
+                ratios.append(seconds[label] / seconds[TIME_CONTROL])
+        return statistics.median(ratios) if ratios else None
 
-    control = median_seconds(TIME_CONTROL)
     lines = ["| method | mAP self / cross / old | P_up (CMC@1 / mAP) | criterion (CMC@1 / mAP) | training time |",
              "|---|---|---|---|---|"]
     for row in seed_means(tables):
-        seconds = median_seconds(row["method"])
-        time = f"{seconds / control:.2f}×" if seconds is not None and control else "–"
+        ratio = median_ratio(row["method"])
+        time = f"{ratio:.2f}×" if ratio is not None else "–"
         maps = " / ".join(_cell(row["map"][key]) for key in ("self", "cross", "old_self"))
         p_up, criterion = _p_up_cells(row), _criterion_cells(row)
         lines.append(f"| `{row['method']}` | {maps} | {p_up} | {criterion} | {time} |")
