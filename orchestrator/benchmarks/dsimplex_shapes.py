@@ -99,21 +99,29 @@ def format_gates(lineage: dict) -> str:
     against the gallery's generations, the served mAP the plan predicts against the serving
     generation's, and what the deploy step did (deployed, forced past failures, held)."""
     steps = {step["key"]: step for step in lineage["steps"]}
-    lines = ["| generation | serving | criterion (mAP) | served mAP: predicted / serving | deploy |", "|---|---|---|---|---|"]
+    lines = ["| generation | serving | criterion (mAP) | served mAP: predicted / serving (paired SE) | deploy |",
+             "|---|---|---|---|---|"]
     for key, step in steps.items():
         if not key.startswith("gate:") or step["status"] != "committed":
             continue
         gate = step["outputs"]
         verdicts = "; ".join(f"→ {gallery}: {'passes' if ok else 'fails'}" for gallery, ok, _why in gate["verdicts"])
-        deploy = steps.get(f"deploy:{gate['generation']}", {"status": "not run"})
-        if deploy["status"] == "committed":
+        deploy = steps.get(f"deploy:{gate['generation']}")
+        if deploy is None:
+            outcome = "not run"
+        elif deploy["status"] == "committed":
             decision = deploy["outputs"]["gate"]
             outcome = "deployed" if not decision["failures"] else f"{decision['action']} ({'; '.join(decision['failures'])})"
         else:
             outcome = f"held ({deploy['status']})"
         lines.append(f"| {gate['generation']} | {gate['serving']} | {verdicts} | "
-                     f"{gate['predicted']:.4f} / {gate['serving_quality']:.4f} | {outcome} |")
+                     f"{gate['predicted']:.4f} / {gate['serving_quality']:.4f}{_standard_error(gate)} | {outcome} |")
     return "\n".join(lines)
+
+
+def _standard_error(gate: dict) -> str:
+    """`` (SE 0.0012)``: the paired standard error the gate's noise margin used ("" before it was measured)."""
+    return "" if gate.get("predicted_se") is None else f" (SE {gate['predicted_se']:.4f})"
 
 
 def format_report(report: dict) -> str:

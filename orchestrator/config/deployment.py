@@ -63,6 +63,11 @@ class GateSpec(StrictModel):
                       its comparison path) may be below the quality the serving generation's report
                       measured by at most this much. Unmeasurable on an unlabelled gallery (the
                       gate then says so and checks the criterion only).
+    noise_sigmas:     a predicted quality counts as below that floor only when it is below it by more
+                      than this many standard errors of its paired per-query difference from the
+                      gallery as served now, on the same sample (a drop the sample cannot tell from
+                      its noise is no evidence of one: about 2.3 % of equal galleries would be held
+                      at 2). 0: any drop below the floor holds, however small the sample.
     min_p_up:         the generation's own mAP may fall below the unaligned reference's
                       (``evaluation.reference``) by at most this share: P_up ≥ min_p_up (hbct.md
                       eq. 15; the quantity ``evaluation.warn_p_up`` warns about). None (default): not
@@ -78,5 +83,6 @@ class GateSpec(StrictModel):
 
     criterion: bool = True
     max_quality_drop: float = Field(0.0, ge=0, le=1)
+    noise_sigmas: float = Field(2.0, ge=0, le=10)
     min_p_up: float | None = Field(None, ge=-1, le=0)
     action: Literal["hold", "full_backfill", "force"] = "hold"

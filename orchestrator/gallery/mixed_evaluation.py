@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from orchestrator.comparison import comparison_path
+from orchestrator.comparison import IncomparableGenerations, comparison_path
 from orchestrator.gallery.shard_files import ShardEmbeddings
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.metrics import retrieval_metrics_from_distances
@@ -28,12 +28,14 @@ class MixedGalleryResult:
     """CMC@k and mAP of one serving generation over a mixed gallery, and what the gallery held.
 
     items_by_generation: generation name → number of gallery items it embedded.
+    average_precisions:  (N_q,) each query's AP (NaN: no relevant item), in the queries' order.
     """
 
     serving: str
     cmc: dict[int, float]
     mean_ap: float
     num_queries: int
+    average_precisions: np.ndarray = field(repr=False, compare=False)
     items_by_generation: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -47,6 +49,19 @@ class MixedGalleryResult:
         row["map"] = self.mean_ap
         row.update({f"items:{name}": count for name, count in self.items_by_generation.items()})
         return row
+
+
+def comparable_shards(serving: str, shards: Sequence[ShardEmbeddings], models: Mapping[str, CompatibleModel],
+                      parents: Mapping[str, str | None]) -> tuple[list[ShardEmbeddings], dict[str, str]]:
+    """The shards ``serving``'s queries can be compared with (a ``comparison_path`` exists), and, per
+    generation left out, why (no common distance: the router leaves its items out too)."""
+    reasons: dict[str, str] = {}
+    for name in sorted({s.generation for s in shards}):
+        try:
+            comparison_path(serving, name, models, parents)
+        except IncomparableGenerations as refused:
+            reasons[name] = refused.reason
+    return [s for s in shards if s.generation not in reasons], reasons
 
 
 def evaluate_mixed_gallery(
@@ -91,4 +106,5 @@ def evaluate_mixed_gallery(
         rows, len(queries), len(gallery_labels), query_labels, gallery_labels, ks,
         query_ids=query_ids, gallery_ids=None if query_ids is None else gallery_ids,
         what=f"the mixed gallery served by {serving!r}")
-    return MixedGalleryResult(serving, result.cmc, result.mean_ap, result.num_queries, counts)
+    return MixedGalleryResult(serving, result.cmc, result.mean_ap, result.num_queries, result.average_precisions,
+                              counts)

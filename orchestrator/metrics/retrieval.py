@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -44,7 +44,9 @@ __all__ = [
     "RetrievalResult",
     "cmc_at_k",
     "default_chunk_size",
+    "map_of_average_precisions",
     "mean_average_precision",
+    "paired_difference_standard_error",
     "ranked_list_metrics",
     "retrieval_metrics",
     "retrieval_metrics_from_distances",
@@ -67,12 +69,16 @@ class RetrievalResult:
             gallery item (NaN if none has).
         num_queries: number of queries N_q.
         num_queries_with_relevant: number of queries that entered the mAP average.
+        average_precisions: (N_q,) float64, each query's AP; NaN for a query with no relevant
+            gallery item (``mean_ap`` is their mean over the others). Paired differences of two
+            results on the same queries give the noise of a difference in mAP (the deployment gate).
     """
 
     cmc: dict[int, float]
     mean_ap: float
     num_queries: int
     num_queries_with_relevant: int
+    average_precisions: np.ndarray = field(repr=False, compare=False)
 
 
 def default_chunk_size(num_gallery: int) -> int:
@@ -182,8 +188,7 @@ def retrieval_metrics_from_distances(
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
 
     hits = {k: 0 for k in ks}
-    ap_sum = 0.0
-    num_with_relevant = 0
+    average_precisions = []
     with torch.no_grad():
         for start in range(0, num_queries, chunk_size):
             stop = min(start + chunk_size, num_queries)
@@ -194,7 +199,7 @@ def retrieval_metrics_from_distances(
             if torch.isnan(distances).any():
                 raise ValueError(f"distances in {what} contain NaN; check that queries and gallery "
                                  "are valid points of the space")
-            chunk_hits, chunk_ap_sum, chunk_valid = _score_chunk(
+            chunk_hits, chunk_ap = _score_chunk(
                 distances.to(device),
                 q_labels[start:stop],
                 g_labels,
@@ -204,15 +209,45 @@ def retrieval_metrics_from_distances(
             )
             for k in ks:
                 hits[k] += chunk_hits[k]
-            ap_sum += chunk_ap_sum
-            num_with_relevant += chunk_valid
+            average_precisions.append(chunk_ap.cpu().numpy())
+    return _result(hits, np.concatenate(average_precisions), num_queries)
 
+
+def map_of_average_precisions(average_precisions: np.ndarray) -> float:
+    """mAP from (N_q,) per-query APs: their mean over the queries with a relevant item (NaN marks
+    the others; NaN when none has one)."""
+    scored = average_precisions[~np.isnan(average_precisions)]
+    return float(scored.mean()) if scored.size else math.nan
+
+
+def _result(hits: dict[int, int], average_precisions: np.ndarray, num_queries: int) -> RetrievalResult:
+    """``RetrievalResult`` from CMC hit counts and (N_q,) per-query APs (NaN: no relevant item)."""
     return RetrievalResult(
-        cmc={k: hits[k] / num_queries for k in ks},
-        mean_ap=ap_sum / num_with_relevant if num_with_relevant else math.nan,
+        cmc={k: hits[k] / num_queries for k in hits},
+        mean_ap=map_of_average_precisions(average_precisions),
         num_queries=num_queries,
-        num_queries_with_relevant=num_with_relevant,
+        num_queries_with_relevant=int((~np.isnan(average_precisions)).sum()),
+        average_precisions=average_precisions,
     )
+
+
+def paired_difference_standard_error(after: np.ndarray, before: np.ndarray) -> float | None:
+    """Standard error of the mean of ``after − before`` over the queries where both are defined.
+
+    after, before: (N_q,) per-query scores of the same queries in the same order (e.g.
+        ``RetrievalResult.average_precisions`` of two galleries); NaN marks a query without one.
+
+    SE = std(d, ddof=1) / sqrt(n), d the n paired differences: the sampling noise of a difference
+    in mAP measured on a sample of queries, far smaller than two unpaired errors when both rankings
+    move together. None when fewer than two queries pair.
+    """
+    after, before = np.asarray(after, dtype=np.float64), np.asarray(before, dtype=np.float64)
+    if after.shape != before.shape or after.ndim != 1:
+        raise ValueError(f"after and before must be (N_q,) of one length, got {after.shape} and {before.shape}")
+    differences = (after - before)[~(np.isnan(after) | np.isnan(before))]
+    if differences.size < 2:
+        return None
+    return float(differences.std(ddof=1) / math.sqrt(differences.size))
 
 
 def cmc_at_k(
@@ -282,13 +317,9 @@ def ranked_list_metrics(
     hits = {k: int(relevant[:, :k].any(axis=1).sum()) for k in ks}
     precision = np.cumsum(relevant, axis=1) / np.arange(1, depth + 1)
     has_relevant = relevant_total > 0
-    ap = (precision * relevant).sum(axis=1)[has_relevant] / relevant_total[has_relevant]
-    return RetrievalResult(
-        cmc={k: hits[k] / n for k in ks},
-        mean_ap=float(ap.mean()) if ap.size else math.nan,
-        num_queries=n,
-        num_queries_with_relevant=int(has_relevant.sum()),
-    )
+    ap = np.full(n, np.nan)
+    ap[has_relevant] = (precision * relevant).sum(axis=1)[has_relevant] / relevant_total[has_relevant]
+    return _result(hits, ap, n)
 
 
 def _score_chunk(
@@ -298,11 +329,11 @@ def _score_chunk(
     query_ids: torch.Tensor | None,
     gallery_ids: torch.Tensor | None,
     ks: tuple[int, ...],
-) -> tuple[dict[int, int], float, int]:
+) -> tuple[dict[int, int], torch.Tensor]:
     """Scores one chunk: ``distances`` (n, N_g) of n queries to the full gallery.
 
-    Returns ``({k: number of CMC@k hits}, sum of AP over queries with a relevant item, number of
-    such queries)``.
+    Returns ``({k: number of CMC@k hits}, (n,) float64 AP per query, NaN where it has no relevant
+    item)``.
     """
     num_gallery = distances.shape[1]
     order = torch.sort(distances, dim=1, stable=True).indices  # (n, N_g)
@@ -330,9 +361,8 @@ def _score_chunk(
     precision = cumulative_relevant[rows, cols].double() / rank[rows, cols].double()
     precision_sum = torch.zeros(num_relevant.shape[0], dtype=torch.float64, device=precision.device)
     precision_sum.index_add_(0, rows, precision)
-    has_relevant = num_relevant > 0
-    ap = precision_sum[has_relevant] / num_relevant[has_relevant].double()
-    return hits, float(ap.sum()), int(has_relevant.sum())
+    ap = precision_sum / num_relevant.double()  # 0/0 = NaN: no relevant item
+    return hits, ap
 
 
 def _as_embeddings(x: torch.Tensor | np.ndarray, name: str) -> torch.Tensor:

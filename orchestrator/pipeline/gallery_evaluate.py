@@ -11,9 +11,8 @@ import numpy as np
 import torch
 
 from orchestrator.backfill import DEFAULT_FRACTIONS, budget_count, write_backfill_curve
-from orchestrator.comparison import IncomparableGenerations, comparison_path
 from orchestrator.data import LabeledImages
-from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery, read_shard
+from orchestrator.gallery import ShardEmbeddings, comparable_shards, evaluate_mixed_gallery, read_shard
 from orchestrator.integrity import load_checked_index
 from orchestrator.lineage.records import ShardRecord
 from orchestrator.metrics import METRICS
@@ -76,16 +75,11 @@ class GalleryEvaluator:
 
     def _comparable(self, generation: str, shards: list[ShardEmbeddings], models: dict[str, Any],
                     parents: dict[str, str | None]) -> tuple[list[ShardEmbeddings], dict[str, str]]:
-        """The shards ``generation``'s queries can be compared with, and, per generation left out,
-        why (no common distance: its items cannot be searched, as the router leaves them out)."""
-        reasons: dict[str, str] = {}
-        for name in {s.generation for s in shards}:
-            try:
-                comparison_path(generation, name, models, parents)
-            except IncomparableGenerations as refused:
-                reasons[name] = refused.reason
-                self.ctx.say(f"gallery-eval {self.ctx.name} as {generation}: {name}'s items left out: {refused.reason}")
-        return [s for s in shards if s.generation not in reasons], reasons
+        """``comparable_shards``, each generation left out said in the run's log."""
+        kept, reasons = comparable_shards(generation, shards, models, parents)
+        for name, reason in reasons.items():
+            self.ctx.say(f"gallery-eval {self.ctx.name} as {generation}: {name}'s items left out: {reason}")
+        return kept, reasons
 
     def _search_quality(self, generation: str, gallery: LabeledImages, queries: torch.Tensor, query_labels: np.ndarray,
                         query_ids: np.ndarray | None, models: dict[str, Any], parents: dict[str, str | None],

@@ -1,7 +1,8 @@
 """Measuring what a generation's deployment gate checks (``gate:<gallery>:<gen>``), before any
 shard changes: the criterion against every older generation the plan leaves in the gallery, and
 the served gallery's mAP after the plan, after a full re-embed and with nothing re-embedded,
-predicted on the ``gallery-eval`` sample (``pipeline.gate`` decides on it)."""
+predicted on the ``gallery-eval`` sample, with the standard errors of the first two against the
+gallery as served now, paired query by query (``pipeline.gate`` decides on it)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,8 +10,9 @@ import dataclasses
 import numpy as np
 
 from orchestrator.data import LabeledImages
-from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery, read_shard
+from orchestrator.gallery import ShardEmbeddings, comparable_shards, evaluate_mixed_gallery, read_shard
 from orchestrator.gallery.shard_files import read_selection
+from orchestrator.metrics import map_of_average_precisions, paired_difference_standard_error
 from orchestrator.pipeline.gallery_context import GalleryContext
 from orchestrator.pipeline.gallery_plan import GalleryPlan
 from orchestrator.pipeline.gate import GateMeasurement
@@ -30,7 +32,8 @@ class GateMeter:
         """What the gate of ``plan.generation`` checks (``pipeline.gate``), before any shard changes:
         the criterion against every older generation the plan leaves in the gallery, and the served
         gallery's mAP after the plan, after a full re-embed and with nothing re-embedded, predicted
-        on the ``gallery-eval`` sample, next to the one the serving generation's report measured."""
+        on the ``gallery-eval`` sample, next to the one the serving generation's report measured and
+        the gallery as served now (the pairs whose standard errors the gate's noise margin uses)."""
         generation, split = plan.generation, self.ctx.config.data.eval_split
         metric = self.ctx.config.search.criterion_metric
         criterion = CompatibilityCriterion.from_records(self.ctx.store.compatibility_values(split), metric, split)
@@ -46,26 +49,45 @@ class GateMeter:
             return dataclasses.replace(measured, unmeasured=why)
         sample = self.ctx.labelled_sample(self.ctx.config.evaluation.gallery_sample)
         admitted = {generation} | {old for old, v in verdict.items() if v.admitted}
-        predicted, full_backfill, no_backfill = self._predicted_quality(plan, sample, admitted, parents)
-        return dataclasses.replace(measured, predicted=predicted, serving_quality=float(report["mixed"]["map"]),
-                                   full_backfill=full_backfill, no_backfill=no_backfill)
+        before = [(b.shard, read_shard(b.embeddings_uri, expected_sha256=b.sha256).restricted_to(sample.ids))
+                  for b in plan.before if b.n_items]
+        planned, full, nothing = self._predicted_quality(plan, before, sample, admitted, parents)
+        now = self._served_now([part for _shard, part in before if len(part)], serving, sample, parents)
+        mean = map_of_average_precisions
+        return dataclasses.replace(measured, serving_quality=float(report["mixed"]["map"]), predicted=mean(planned),
+                                   full_backfill=mean(full), no_backfill=mean(nothing), served_now=mean(now),
+                                   predicted_se=paired_difference_standard_error(planned, now),
+                                   full_backfill_se=paired_difference_standard_error(full, now))
 
-    def _predicted_quality(self, plan: GalleryPlan, sample: LabeledImages, admitted: set[str],
-                           parents: dict[str, str | None]) -> tuple[float, float, float]:
-        """mAP on ``sample`` of the gallery as ``plan`` leaves it (the planned items embedded by the
-        new generation, the others as stored; shards of generations the router would not admit
-        are left out, as the router leaves them out), of the gallery fully re-embedded, and of the
-        gallery as it is (nothing re-embedded, searched by the new generation's queries)."""
+    def _served_now(self, stored: list[ShardEmbeddings], serving: str, sample: LabeledImages,
+                    parents: dict[str, str | None]) -> np.ndarray:
+        """(N_q,) AP per query of the gallery as it serves now (``stored``: its shards restricted to
+        ``sample``): the shards ``serving`` can compare with, searched by ``serving``'s queries (the
+        rule of its ``gallery-eval`` report's mAP, the gate's baseline)."""
+        for name in {s.generation for s in stored} | {serving}:
+            self.ctx.model(name)
+        queries, query_labels, query_ids = self.ctx.queries(serving, self.ctx.embed_locally(serving, sample))
+        models = self.ctx.models_for(parents)
+        gallery, _left_out = comparable_shards(serving, stored, models, parents)
+        if not gallery:  # nothing it can search: every query retrieves nothing
+            return np.zeros(len(query_labels))
+        return evaluate_mixed_gallery(serving, queries, query_labels, query_ids, gallery, models,
+                                      parents).average_precisions
+
+    def _predicted_quality(self, plan: GalleryPlan, before: list[tuple[int, ShardEmbeddings]], sample: LabeledImages,
+                           admitted: set[str], parents: dict[str, str | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(N_q,) AP per query (NaN: no relevant item) on ``sample`` of the gallery as ``plan`` leaves
+        it (``before``: (shard, its stored items in ``sample``) as the plan found them) (the planned items embedded by the new generation, the others as stored; shards of
+        generations the router would not admit are left out, as the router leaves them out), of
+        the gallery fully re-embedded, and of the gallery as it is (nothing re-embedded, searched
+        by the new generation's queries); an empty gallery retrieves nothing (AP 0)."""
         generation = plan.generation
         full = self.ctx.embed_locally(generation, sample)
         shards, moved, unchanged = [], [], []
-        for entry_before in plan.before:
-            if not entry_before.n_items:
-                continue
-            stored = read_shard(entry_before.embeddings_uri, expected_sha256=entry_before.sha256).restricted_to(sample.ids)
+        for shard, stored in before:
             if len(stored) and stored.generation in admitted:
                 unchanged.append(stored)
-            chosen = self._planned_ids(plan, entry_before.shard, stored)
+            chosen = self._planned_ids(plan, shard, stored)
             moved.append(chosen)
             kept = stored.without(chosen)
             if len(kept) and kept.generation in admitted:
@@ -78,11 +100,11 @@ class GateMeter:
         queries, query_labels, query_ids = self.ctx.queries(generation, full)
         models = self.ctx.models_for(parents)
 
-        def served(gallery: list[ShardEmbeddings]) -> float:
+        def served(gallery: list[ShardEmbeddings]) -> np.ndarray:
             if not gallery:
-                return 0.0
-            return float(evaluate_mixed_gallery(generation, queries, query_labels, query_ids, gallery, models,
-                                                parents).mean_ap)
+                return np.zeros(len(query_labels))
+            return evaluate_mixed_gallery(generation, queries, query_labels, query_ids, gallery, models,
+                                          parents).average_precisions
 
         return served(shards), served([full]), served(unchanged)
 
@@ -96,3 +118,4 @@ class GateMeter:
                 return stored.ids
             return np.intersect1d(stored.ids, read_selection(*entry.selection))
         return np.zeros(0, dtype=np.int64)
+

@@ -7,7 +7,9 @@ The gate runs after a generation's gallery plan and before any shard changes
   empirical compatibility criterion M(new → old) > M(old → old) (``search.admission``), as the
   router would admit them;
 - quality: the served gallery's mAP after the planned backfill, predicted on the ``gallery-eval``
-  sample, against what the serving generation's report measured, within ``max_quality_drop``;
+  sample, against what the serving generation's report measured, within ``max_quality_drop`` plus
+  ``noise_sigmas`` standard errors of the sample (the paired per-query AP differences against the
+  gallery as served now: a drop the sample cannot tell from its noise is not one);
 - own quality (``min_p_up``, off by default): the generation's P_up on mAP against the unaligned
   reference (``pipeline.quality_warning``), at least ``min_p_up``.
 
@@ -48,6 +50,12 @@ class GateMeasurement:
                       same sample (None: unmeasured, or a gate measured before it was recorded).
     no_backfill:      mAP of the gallery as it is, nothing re-embedded, searched by the generation's
                       queries, on the same sample (None: as ``full_backfill``).
+    served_now:       mAP of the gallery as served now (the serving generation's queries, the stored
+                      shards it can compare with) on the same sample: ``serving_quality`` again,
+                      unless the gallery changed since that report (None: as ``full_backfill``).
+    predicted_se:     standard error of ``predicted`` − ``served_now``, paired query by query on the
+                      sample (``metrics.paired_difference_standard_error``; None: as ``full_backfill``).
+    full_backfill_se: the same for ``full_backfill``.
     """
 
     generation: str
@@ -60,6 +68,9 @@ class GateMeasurement:
     p_up: float | None = None
     full_backfill: float | None = None
     no_backfill: float | None = None
+    served_now: float | None = None
+    predicted_se: float | None = None
+    full_backfill_se: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +112,34 @@ def wasted_backfill(measurement: GateMeasurement) -> str | None:
             "of re-embedding nothing; another backfill.order or budget would serve better")
 
 
+def drop_within_noise(measurement: GateMeasurement, spec: GateSpec) -> str | None:
+    """A note (not a failure) when the planned gallery is predicted below the floor but within the
+    noise margin, so the quality check passed on ``noise_sigmas``: the user sees the drop that was
+    let through and why. None otherwise."""
+    predicted, serving = measurement.predicted, measurement.serving_quality
+    if predicted is None or serving is None or predicted >= serving - spec.max_quality_drop:
+        return None
+    if _below_floor(predicted, measurement.predicted_se, serving - spec.max_quality_drop, spec):
+        return None
+    return (f"gate of {measurement.generation}: served mAP after the plan {predicted:.4f} is {serving - predicted:.4f} "
+            f"below what {measurement.serving} serves ({serving:.4f}), within the sample's noise "
+            f"({spec.noise_sigmas:g} × SE {measurement.predicted_se:.4f}, gate.noise_sigmas): not held for it")
+
+
+def _below_floor(quality: float | None, standard_error: float | None, floor: float | None,
+                 spec: GateSpec) -> str | None:
+    """Why ``quality`` (mAP predicted on the sample) counts as below ``floor``, or None: it must fall
+    below it by more than ``spec.noise_sigmas`` standard errors (a drop within the sample's noise is
+    no evidence of one; an unmeasured error counts as 0)."""
+    if quality is None or floor is None:
+        return None
+    margin = spec.noise_sigmas * (standard_error or 0.0)
+    if quality >= floor - margin:
+        return None
+    noise = f" − {spec.noise_sigmas:g} × SE {standard_error:.4f}" if margin else ""
+    return f"{quality:.4f} < {floor:.4f}{noise}"
+
+
 def decide(measurement: GateMeasurement, spec: GateSpec) -> GateDecision:
     """The gate's decision for ``measurement`` under ``spec`` (pure: no I/O)."""
     failures = []
@@ -108,8 +147,9 @@ def decide(measurement: GateMeasurement, spec: GateSpec) -> GateDecision:
         failures += [f"{measurement.generation} → {old}: {reason}"
                      for old, admitted, reason in measurement.verdicts if not admitted]
     floor = None if measurement.serving_quality is None else measurement.serving_quality - spec.max_quality_drop
-    if measurement.predicted is not None and floor is not None and measurement.predicted < floor:
-        failures.append(f"served mAP after the plan {measurement.predicted:.4f} < {floor:.4f} "
+    planned_drop = _below_floor(measurement.predicted, measurement.predicted_se, floor, spec)
+    if planned_drop:
+        failures.append(f"served mAP after the plan {planned_drop} "
                         f"({measurement.serving} serves {measurement.serving_quality:.4f}, "
                         f"max_quality_drop {spec.max_quality_drop:g})")
     own_quality_fails = spec.min_p_up is not None and measurement.p_up is not None and measurement.p_up < spec.min_p_up
@@ -119,9 +159,10 @@ def decide(measurement: GateMeasurement, spec: GateSpec) -> GateDecision:
     if not failures:
         return GateDecision(measurement.generation, (), "deploy")
     if spec.action == "full_backfill":  # a full re-embed mends neither the own quality nor a worse full gallery
-        full_fails = measurement.full_backfill is not None and floor is not None and measurement.full_backfill < floor
+        full_drop = _below_floor(measurement.full_backfill, measurement.full_backfill_se, floor, spec)
+        full_fails = full_drop is not None
         if full_fails:
-            failures.append(f"a full backfill would serve mAP {measurement.full_backfill:.4f} < {floor:.4f} as well")
+            failures.append(f"a full backfill would serve mAP {full_drop} as well")
         if own_quality_fails or full_fails:
             return GateDecision(measurement.generation, tuple(failures), "hold")
     return GateDecision(measurement.generation, tuple(failures), spec.action)

@@ -65,9 +65,12 @@ def test_format_gates_reads_deployed_forced_and_held_steps():
         {"key": "deploy:task3", "status": "committed",
          "outputs": {"gate": {"failures": ["criterion"], "action": "force"}}},
         {"key": "gate:g:task4", **gate("task4", "task3", False, 0.30, 0.40)},
+        {"key": "gate:g:task5", "status": "committed",
+         "outputs": {**gate("task5", "task3", True, 0.399, 0.40)["outputs"], "predicted_se": 0.0012}},
         {"key": "deploy:task4", "status": "failed", "outputs": {}},
     ]}
     rows = format_gates(lineage).splitlines()[2:]
     assert rows == ["| task2 | task1 | → task1: passes | 0.5200 / 0.5000 | deployed |",
                     "| task3 | task2 | → task1: fails | 0.4000 / 0.5200 | force (criterion) |",
-                    "| task4 | task3 | → task1: fails | 0.3000 / 0.4000 | held (failed) |"]
+                    "| task4 | task3 | → task1: fails | 0.3000 / 0.4000 | held (failed) |",
+                    "| task5 | task3 | → task1: passes | 0.3990 / 0.4000 (SE 0.0012) | not run |"]

@@ -12,6 +12,7 @@ from orchestrator.metrics import (
     cmc_at_k,
     default_chunk_size,
     mean_average_precision,
+    paired_difference_standard_error,
     retrieval_metrics,
 )
 
@@ -203,6 +204,46 @@ def test_queries_without_relevant_items_are_cmc_misses_and_skip_map():
     assert np.isnan(none.mean_ap) and none.cmc == {1: 0.0}
 
 
+@pytest.mark.parametrize("chunk_size", [None, 4])
+def test_each_querys_average_precision_is_sklearns_and_nan_without_a_relevant_item(chunk_size):
+    """The per-query APs (what the gate pairs) are scikit-learn's AP query by query, NaN for a query
+    whose label the gallery lacks (after leave-one-out); mAP is their mean over the others."""
+    _, g, _, g_labels, curv = _dataset(Space.EUCLIDEAN, seed=7, n_gallery=30)
+    g_labels = g_labels.copy()
+    g_labels[3] = 9  # the only item of class 9: with leave-one-out its query has nothing relevant
+    ids = np.arange(len(g))
+    dist = _reference_distances(Space.EUCLIDEAN, g, g, curv)
+    result = retrieval_metrics(g, g, g_labels, g_labels, "euclidean", query_ids=ids, gallery_ids=ids,
+                               chunk_size=chunk_size)
+    expected = np.full(len(g), np.nan)
+    for i in range(len(g)):
+        keep = ids != i
+        truth = g_labels[keep] == g_labels[i]
+        if truth.any():
+            expected[i] = average_precision_score(truth, -dist[i][keep])
+    assert result.average_precisions.shape == (len(g),) and np.isnan(result.average_precisions[3])
+    np.testing.assert_allclose(result.average_precisions, expected, atol=1e-12)
+    assert result.mean_ap == pytest.approx(np.nanmean(expected), abs=1e-12)
+    assert result.num_queries_with_relevant == len(g) - 1
+
+
+def test_the_paired_standard_error_is_scipys_sem_of_the_differences_where_both_are_defined():
+    from scipy.stats import sem
+
+    rng = np.random.default_rng(3)
+    before = rng.uniform(size=200)
+    after = before + 0.01 + 0.02 * rng.standard_normal(200)  # moves with before: a small paired error
+    after[5], before[9] = np.nan, np.nan  # two queries without a relevant item on one side
+    both = ~(np.isnan(after) | np.isnan(before))
+    se = paired_difference_standard_error(after, before)
+    assert se == pytest.approx(sem(after[both] - before[both]), rel=1e-12)
+    unpaired = np.sqrt(np.var(after[both], ddof=1) / both.sum() + np.var(before[both], ddof=1) / both.sum())
+    assert se < unpaired / 5  # the point of pairing
+    assert paired_difference_standard_error(np.array([0.5, np.nan]), np.array([0.4, 0.3])) is None
+    with pytest.raises(ValueError, match=r"\(N_q,\) of one length"):
+        paired_difference_standard_error(np.zeros(3), np.zeros(4))
+
+
 def test_wrappers_and_float32_inputs_agree_with_retrieval_metrics():
     q, g, q_labels, g_labels, curv = _dataset(Space.COSINE, seed=5)
     full = retrieval_metrics(q, g, q_labels, g_labels, "cosine", ks=(5,))
@@ -266,6 +307,7 @@ def test_ranked_list_metrics_over_the_whole_ranking_equal_retrieval_metrics():
     result = ranked_list_metrics(g_labels[order], q_labels, relevant, ks=(1, 5))
     assert result.cmc == pytest.approx(expected.cmc)
     assert result.mean_ap == pytest.approx(expected.mean_ap)
+    np.testing.assert_allclose(result.average_precisions, expected.average_precisions, atol=1e-12)
 
 
 def test_ranked_list_metrics_at_a_cutoff_normalise_by_all_relevant_items():

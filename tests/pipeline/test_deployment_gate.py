@@ -65,6 +65,10 @@ def test_hold_force_full_backfill_rollback_and_gc(tmp_path, copy_g0_run):
     assert shard_generations(store) == {"g0-old": 539}  # no shard changed
     gate = store.committed_outputs("gate:digits-test:g1")
     assert gate["serving"] == "g0-old" and [v[:2] for v in gate["verdicts"]] == [["g0-old", False]]
+    # the gallery as served now, measured again on the same sample, is what g0-old's report measured
+    # (the baseline the paired standard errors of the noise margin are taken against)
+    assert gate["served_now"] == pytest.approx(gate["serving_quality"], abs=1e-5)
+    assert 0 < gate["predicted_se"] < 0.05 and 0 < gate["full_backfill_se"] < 0.05
     deploy = store.get_step("deploy:g1")
     assert deploy.status == "failed" and "gate of g1: failed" in deploy.error
     store.close()

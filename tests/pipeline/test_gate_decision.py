@@ -1,12 +1,13 @@
 """The deployment gate's decision from a measurement and the generation's ``gate`` settings."""
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
 from orchestrator.config import GateSpec
-from orchestrator.pipeline.gate import GateMeasurement, decide, wasted_backfill
+from orchestrator.pipeline.gate import GateMeasurement, decide, drop_within_noise, wasted_backfill
 
 
 def measurement(verdicts=(), predicted=None, serving_quality=None, unmeasured="", p_up=None,
@@ -41,6 +42,43 @@ def test_the_quality_check_allows_the_configured_drop(predicted, tolerance, pass
     assert decision.passed is passes
     if not passes:
         assert f"served mAP after the plan {predicted:.4f} < {0.90 - tolerance:.4f}" in decision.failures[0]
+
+
+@pytest.mark.parametrize("predicted, se, sigmas, passes", [(0.8995, 0.001, 2.0, True), (0.8979, 0.001, 2.0, False),
+                                                         (0.8995, 0.001, 0.0, False), (0.8995, None, 2.0, False),
+                                                         (0.8979, 0.0011, 2.0, True)])
+def test_a_drop_within_the_samples_noise_is_not_one(predicted, se, sigmas, passes):
+    """The quality check holds only a drop below the floor by more than ``noise_sigmas`` paired
+    standard errors; ``noise_sigmas: 0`` (or an unmeasured error) holds any drop."""
+    m = GateMeasurement("g2", "g1", "map", [], predicted, 0.90, served_now=0.90, predicted_se=se)
+    decision = decide(m, GateSpec(noise_sigmas=sigmas))
+    assert decision.passed is passes
+    if not passes:
+        noise = f" − {sigmas:g} × SE {se:.4f}" if sigmas and se else ""
+        assert decision.failures == (f"served mAP after the plan {predicted:.4f} < 0.9000{noise} "
+                                     "(g1 serves 0.9000, max_quality_drop 0)",)
+
+
+def test_a_drop_let_through_as_noise_is_said():
+    within = GateMeasurement("g2", "g1", "map", [], 0.8995, 0.90, served_now=0.90, predicted_se=0.001)
+    assert drop_within_noise(within, GateSpec()) == (
+        "gate of g2: served mAP after the plan 0.8995 is 0.0005 below what g1 serves (0.9000), within the "
+        "sample's noise (2 × SE 0.0010, gate.noise_sigmas): not held for it")
+    assert drop_within_noise(dataclasses.replace(within, predicted=0.90), GateSpec()) is None  # no drop
+    assert drop_within_noise(within, GateSpec(max_quality_drop=0.001)) is None  # a drop the spec allows
+    assert drop_within_noise(dataclasses.replace(within, predicted=0.897), GateSpec()) is None  # held instead
+    assert drop_within_noise(within, GateSpec(noise_sigmas=0)) is None  # held instead
+
+
+def test_the_escalated_full_backfill_is_held_to_the_floor_with_its_own_noise():
+    failed = [("g1", False, "below the compatibility criterion")]
+    within = GateMeasurement("g2", "g1", "map", [list(v) for v in failed], 0.90, 0.90, full_backfill=0.897,
+                             full_backfill_se=0.002)
+    assert decide(within, GateSpec(action="full_backfill")).action == "full_backfill"
+    beyond = dataclasses.replace(within, full_backfill_se=0.001)
+    decision = decide(beyond, GateSpec(action="full_backfill"))
+    assert decision.action == "hold"
+    assert decision.failures[-1] == "a full backfill would serve mAP 0.8970 < 0.9000 − 2 × SE 0.0010 as well"
 
 
 def test_an_unmeasured_quality_checks_the_criterion_only():
