@@ -112,18 +112,23 @@ def wasted_backfill(measurement: GateMeasurement) -> str | None:
             "of re-embedding nothing; another backfill.order or budget would serve better")
 
 
-def drop_within_noise(measurement: GateMeasurement, spec: GateSpec) -> str | None:
-    """A note (not a failure) when the planned gallery is predicted below the floor but within the
-    noise margin, so the quality check passed on ``noise_sigmas``: the user sees the drop that was
-    let through and why. None otherwise."""
-    predicted, serving = measurement.predicted, measurement.serving_quality
-    if predicted is None or serving is None or predicted >= serving - spec.max_quality_drop:
+def drop_within_noise(measurement: GateMeasurement, spec: GateSpec, decision: GateDecision) -> str | None:
+    """A note (not a failure) when the gallery ``decision`` deploys (the planned one, or the fully
+    re-embedded one when it escalates to ``full_backfill``) is predicted below the floor but within
+    the noise margin, so it deploys on ``noise_sigmas``: the user sees the drop let through and
+    why. None otherwise (held, forced, or no drop below the floor)."""
+    escalated = decision.action == "full_backfill"
+    if decision.action not in ("deploy", "full_backfill"):
         return None
-    if _below_floor(predicted, measurement.predicted_se, serving - spec.max_quality_drop, spec):
+    quality = measurement.full_backfill if escalated else measurement.predicted
+    error = measurement.full_backfill_se if escalated else measurement.predicted_se
+    serving = measurement.serving_quality
+    if quality is None or serving is None or quality >= serving - spec.max_quality_drop:
         return None
-    return (f"gate of {measurement.generation}: served mAP after the plan {predicted:.4f} is {serving - predicted:.4f} "
-            f"below what {measurement.serving} serves ({serving:.4f}), within the sample's noise "
-            f"({spec.noise_sigmas:g} × SE {measurement.predicted_se:.4f}, gate.noise_sigmas): not held for it")
+    what = "a full backfill would serve" if escalated else "served mAP after the plan"
+    return (f"gate of {measurement.generation}: {what} {quality:.4f}, {serving - quality:.4f} below what "
+            f"{measurement.serving} serves ({serving:.4f}), within the sample's noise ({spec.noise_sigmas:g} × SE "
+            f"{error:.4f}, gate.noise_sigmas): not held for it")
 
 
 def _below_floor(quality: float | None, standard_error: float | None, floor: float | None,

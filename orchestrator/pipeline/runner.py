@@ -229,7 +229,7 @@ class PipelineRunner:
         measurement = GateMeasurement.from_json(self.store.committed_outputs(gallery.gate_key(generation.name)))
         decision = decide(measurement, generation.gate)
         self._say(decision.describe())
-        for note in (wasted_backfill(measurement), drop_within_noise(measurement, generation.gate)):
+        for note in (wasted_backfill(measurement), drop_within_noise(measurement, generation.gate, decision)):
             if note is not None:
                 self._say(note)
         if measurement.unmeasured:

@@ -60,14 +60,23 @@ def test_a_drop_within_the_samples_noise_is_not_one(predicted, se, sigmas, passe
 
 
 def test_a_drop_let_through_as_noise_is_said():
+    def note(m, spec=GateSpec()):
+        return drop_within_noise(m, spec, decide(m, spec))
+
     within = GateMeasurement("g2", "g1", "map", [], 0.8995, 0.90, served_now=0.90, predicted_se=0.001)
-    assert drop_within_noise(within, GateSpec()) == (
-        "gate of g2: served mAP after the plan 0.8995 is 0.0005 below what g1 serves (0.9000), within the "
-        "sample's noise (2 × SE 0.0010, gate.noise_sigmas): not held for it")
-    assert drop_within_noise(dataclasses.replace(within, predicted=0.90), GateSpec()) is None  # no drop
-    assert drop_within_noise(within, GateSpec(max_quality_drop=0.001)) is None  # a drop the spec allows
-    assert drop_within_noise(dataclasses.replace(within, predicted=0.897), GateSpec()) is None  # held instead
-    assert drop_within_noise(within, GateSpec(noise_sigmas=0)) is None  # held instead
+    assert note(within) == ("gate of g2: served mAP after the plan 0.8995, 0.0005 below what g1 serves (0.9000), "
+                            "within the sample's noise (2 × SE 0.0010, gate.noise_sigmas): not held for it")
+    assert note(dataclasses.replace(within, predicted=0.90)) is None  # no drop
+    assert note(within, GateSpec(max_quality_drop=0.001)) is None  # a drop the spec allows
+    assert note(dataclasses.replace(within, predicted=0.897)) is None  # held instead
+    assert note(within, GateSpec(noise_sigmas=0)) is None  # held instead
+    # escalated to a full backfill: the note is about the gallery it deploys, the fully re-embedded one
+    escalated = GateMeasurement("g2", "g1", "map", [["g1", False, "below the criterion"]], 0.89, 0.90,
+                                full_backfill=0.896, predicted_se=0.001, full_backfill_se=0.003)
+    assert note(escalated, GateSpec(action="full_backfill")) == (
+        "gate of g2: a full backfill would serve 0.8960, 0.0040 below what g1 serves (0.9000), within the "
+        "sample's noise (2 × SE 0.0030, gate.noise_sigmas): not held for it")
+    assert note(escalated, GateSpec(action="force")) is None  # forced: the failure is recorded instead
 
 
 def test_the_escalated_full_backfill_is_held_to_the_floor_with_its_own_noise():
