@@ -11,7 +11,7 @@ asking for ``postgres_url`` gets a new empty database on it.
 Parallel lanes (``pytest -n 3 --dist loadgroup``, the README's command): the tests that share a
 costly session fixture run in one worker, so it is built once (``SHARED_FIXTURE_GROUPS``), and so
 do the end-to-end tests of one file that share a module fixture (a module's Ray, a trained
-parent); other end-to-end tests go to whichever lane is free; every
+parent); other end-to-end tests go to whichever lane is free, before the short tests; every
 Ray a test starts is its own local instance (``address="local"``), and the cluster scripts stop
 only their own processes, so tests in different workers never stop or join each other's Ray.
 """
@@ -53,6 +53,10 @@ def pytest_collection_modifyitems(config, items):
             groups = {item.nodeid.split("::", 1)[0]}
         for group in groups:
             item.add_marker(pytest.mark.xdist_group(group))
+    # End-to-end tests first (a stable sort: the rest keep their order). pytest-xdist hands out its
+    # work units by size, then in this order, so the long single tests start early and the many
+    # short ones fill the lanes at the end instead of a lone end-to-end test running last.
+    items.sort(key=lambda item: item.get_closest_marker("e2e") is None)
 
 
 @pytest.hookimpl(trylast=True)  # after the group's own fixtures were torn down
