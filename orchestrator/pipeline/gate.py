@@ -131,6 +131,16 @@ def drop_within_noise(measurement: GateMeasurement, spec: GateSpec, decision: Ga
             f"{error:.4f}, gate.noise_sigmas): not held for it")
 
 
+def noise_unmeasured(measurement: GateMeasurement, spec: GateSpec) -> str | None:
+    """A note when the quality is judged with no standard error (a gate measured before this version
+    recorded them, or fewer than two scored queries): the margin is then 0, any drop below the
+    floor holds. None otherwise (measured, unmeasured quality, or ``noise_sigmas`` 0)."""
+    if not spec.noise_sigmas or measurement.predicted is None or measurement.predicted_se is not None:
+        return None
+    return (f"gate of {measurement.generation}: the sample's noise was not measured (a gate recorded before this "
+            "version, or fewer than two scored queries): any drop below the floor holds")
+
+
 def _below_floor(quality: float | None, standard_error: float | None, floor: float | None,
                  spec: GateSpec) -> str | None:
     """Why ``quality`` (mAP predicted on the sample) counts as below ``floor``, or None: it must fall

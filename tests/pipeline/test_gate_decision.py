@@ -7,7 +7,7 @@ import json
 import pytest
 
 from orchestrator.config import GateSpec
-from orchestrator.pipeline.gate import GateMeasurement, decide, drop_within_noise, wasted_backfill
+from orchestrator.pipeline.gate import GateMeasurement, decide, drop_within_noise, noise_unmeasured, wasted_backfill
 
 
 def measurement(verdicts=(), predicted=None, serving_quality=None, unmeasured="", p_up=None,
@@ -77,6 +77,17 @@ def test_a_drop_let_through_as_noise_is_said():
         "gate of g2: a full backfill would serve 0.8960, 0.0040 below what g1 serves (0.9000), within the "
         "sample's noise (2 × SE 0.0030, gate.noise_sigmas): not held for it")
     assert note(escalated, GateSpec(action="force")) is None  # forced: the failure is recorded instead
+
+
+def test_a_gate_measured_before_the_standard_errors_says_any_drop_holds():
+    old = GateMeasurement("g2", "g1", "map", [], 0.8995, 0.90)  # no predicted_se: recorded by an earlier version
+    assert not decide(old, GateSpec()).passed
+    assert noise_unmeasured(old, GateSpec()) == ("gate of g2: the sample's noise was not measured (a gate recorded "
+                                                 "before this version, or fewer than two scored queries): any drop "
+                                                 "below the floor holds")
+    assert noise_unmeasured(old, GateSpec(noise_sigmas=0)) is None
+    assert noise_unmeasured(dataclasses.replace(old, predicted_se=0.001), GateSpec()) is None
+    assert noise_unmeasured(measurement(unmeasured="no labels"), GateSpec()) is None
 
 
 def test_the_escalated_full_backfill_is_held_to_the_floor_with_its_own_noise():
