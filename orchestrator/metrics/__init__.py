@@ -11,7 +11,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
         "update_summary",
     ],
     "retrieval": [
-        "RetrievalResult", "cmc_at_k", "default_chunk_size", "map_of_average_precisions", "mean_average_precision",
-        "paired_difference_standard_error", "ranked_list_metrics", "retrieval_metrics", "retrieval_metrics_from_distances",
+        "RetrievalResult", "cmc_at_k", "default_chunk_size", "map_of_average_precisions",
+        "mean_average_precision", "paired_difference_standard_error", "ranked_list_metrics", "retrieval_metrics",
+        "retrieval_metrics_from_distances",
     ],
 })

@@ -74,13 +74,16 @@ class GateMeter:
         return evaluate_mixed_gallery(serving, queries, query_labels, query_ids, gallery, models,
                                       parents).average_precisions
 
-    def _predicted_quality(self, plan: GalleryPlan, before: list[tuple[int, ShardEmbeddings]], sample: LabeledImages,
-                           admitted: set[str], parents: dict[str, str | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _predicted_quality(self, plan: GalleryPlan, before: list[tuple[int, ShardEmbeddings]],
+                           sample: LabeledImages, admitted: set[str],
+                           parents: dict[str, str | None]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(N_q,) AP per query (NaN: no relevant item) on ``sample`` of the gallery as ``plan`` leaves
-        it (``before``: (shard, its stored items in ``sample``) as the plan found them) (the planned items embedded by the new generation, the others as stored; shards of
+        it (the planned items embedded by the new generation, the others as stored; shards of
         generations the router would not admit are left out, as the router leaves them out), of
         the gallery fully re-embedded, and of the gallery as it is (nothing re-embedded, searched
-        by the new generation's queries); an empty gallery retrieves nothing (AP 0)."""
+        by the new generation's queries); an empty gallery retrieves nothing (AP 0).
+
+        before: (shard, its stored items in ``sample``) for every non-empty shard the plan found."""
         generation = plan.generation
         full = self.ctx.embed_locally(generation, sample)
         shards, moved, unchanged = [], [], []
@@ -118,4 +121,3 @@ class GateMeter:
                 return stored.ids
             return np.intersect1d(stored.ids, read_selection(*entry.selection))
         return np.zeros(0, dtype=np.int64)
-

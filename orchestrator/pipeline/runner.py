@@ -34,7 +34,8 @@ from orchestrator.lineage.store import STEP_SPEC, clean_json
 from orchestrator.metrics import KEY_METRICS, METRICS, format_value
 from orchestrator.pipeline.evaluate_step import EVAL_EMBEDDINGS, eval_embeddings_uri, evaluate_once, recorded_embeddings
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
-from orchestrator.pipeline.gate import DeploymentHeld, GateDecision, GateMeasurement, decide, drop_within_noise, noise_unmeasured, wasted_backfill
+from orchestrator.pipeline.gate import (DeploymentHeld, GateDecision, GateMeasurement, decide, drop_within_noise,
+                                        noise_unmeasured, wasted_backfill)
 from orchestrator.pipeline.operations import shard_snapshot
 from orchestrator.pipeline.quality_warning import own_quality_warnings, reference_p_up, self_tests
 from orchestrator.pipeline.verify import refuse_unknown_file, refuse_unknown_storage
