@@ -13,30 +13,46 @@ from orchestrator.names import Name
 
 
 class EmbeddingSpec(StrictModel):
-    """How the gallery is (re-)embedded: shard updates run on Ray workers spread over the cluster,
-    each reading its items, embedding them and writing its shard's files.
+    """How the gallery is (re-)embedded: the gallery step is one Ray Data pipeline (read tasks per
+    shard update, the generation's actor pool, part writes; each update's files written by a Ray
+    task, committed by the driver as it completes).
 
     batch_size:  images per model call.
-    concurrency: embedding actors: without GPUs, the shard-update workers themselves (each loads
-                 the generation once); with ``num_gpus``, the GPU actors that only run the model.
-    num_cpus / num_gpus: resources per embedding actor (a GPU actor runs the model on its GPU).
-    writers:     with ``num_gpus`` only: CPU workers (1 CPU each) that read, decode, write and
-                 index, sending batches to the GPU actors, so no GPU is held while an index is
-                 built; default 2 per GPU actor.
+    concurrency: the embedding actor pool's size (its least size with ``max_concurrency``).
+    max_concurrency: a pool that Ray Data grows with the work up to this many actors and shrinks
+                 back (``ActorPoolStrategy(min_size=concurrency, max_size=max_concurrency)``).
+    num_cpus / num_gpus: resources per embedding actor. With ``num_gpus`` the images are decoded
+                 by CPU tasks before the model stage, so the GPU actors only run the model; the
+                 index of each update is built by a CPU task, never on an actor holding a GPU.
     """
 
     batch_size: int = Field(256, ge=1, le=limits.MAX_BATCH_SIZE)
     concurrency: int = Field(1, ge=1, le=limits.MAX_WORKERS)
+    max_concurrency: int | None = Field(None, ge=1, le=limits.MAX_WORKERS)
     num_cpus: float = Field(1.0, gt=0, le=limits.MAX_CPUS)
     num_gpus: float = Field(0.0, ge=0, le=limits.MAX_GPUS)
-    writers: int | None = Field(None, ge=1, le=limits.MAX_WORKERS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _removed_settings(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "writers" in data:
+            raise_problems([problem(("writers",), "was removed: the gallery step runs on Ray Data, whose CPU tasks "
+                                    "read, decode, stage and index without a pool of their own; size the model's "
+                                    "actor pool with concurrency (and max_concurrency to autoscale)",
+                                    data["writers"])])
+        return data
 
     @model_validator(mode="after")
-    def _writers_need_gpus(self) -> EmbeddingSpec:
-        if self.writers is not None and not self.num_gpus:
-            raise_problems([problem(("writers",), "only with num_gpus (without GPUs every worker embeds and "
-                                    "writes: set concurrency)", self.writers)])
+    def _pool(self) -> EmbeddingSpec:
+        if self.max_concurrency is not None and self.max_concurrency < self.concurrency:
+            raise_problems([problem(("max_concurrency",), f"at least concurrency ({self.concurrency})",
+                                    self.max_concurrency)])
         return self
+
+    @property
+    def pool_size(self) -> tuple[int, int]:
+        """(min, max) embedding actors."""
+        return self.concurrency, self.max_concurrency or self.concurrency
 
 
 class GallerySpec(StrictModel):

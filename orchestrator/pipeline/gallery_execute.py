@@ -1,18 +1,20 @@
 """Executing a generation's gallery plan: ``embed:<gallery>/<shard>:<gen>`` and
 ``split:<gallery>/<shard>:<gen>`` steps, one per plan entry not yet committed.
 
-Every pending entry becomes a ``ShardUpdate`` run on a Ray worker
-(``distributed.shard_workers``): the worker reads the entry's items, embeds them, and writes the
-shard's Parquet file and FAISS index (for a split: the source shard without the moved items too)
-under content-addressed names. The driver receives per entry only what the lineage records (URIs,
-sha256s, counts) and commits it: the index records, then the shard rows moved to the new
-generation in one lineage transaction together with the step. The commit alone makes files
-served; files of an update that never committed are reported by ``verify`` and removed by ``gc``.
+Every pending entry becomes a ``ShardUpdate``, and all of them one Ray Data pipeline
+(``distributed.gallery_step``): workers read the entries' items, embed them, stage the embedded
+rows, and write each shard's Parquet file and FAISS index (for a split: the source shard without
+the moved items too) under content-addressed names. The driver receives per entry only what the
+lineage records (URIs, sha256s, counts) and commits it as it comes: the index records, then the
+shard rows moved to the new generation in one lineage transaction together with the step; then
+the entry's staged parts are removed. The commit alone makes files served; files of an update
+that never committed are reported by ``verify`` and removed by ``gc``.
 
 Exactly once: a crash (of the driver or a worker) leaves each shard wholly old or wholly new; the
 re-run runs only the entries whose step has not committed, as a new attempt, which may rewrite
-what the crashed attempt left. On its first attempt a step never overwrites an existing file. A
-worker lost mid-update is replaced and its update run again, as a new attempt of its step.
+what the crashed attempt left. On its first attempt a step never overwrites an existing file.
+Ray Data retries a stage's task lost with its worker on its own (a retried part is the same
+file); an update whose final write is lost is written again from its parts, as a new attempt.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import dataclasses
 
 from orchestrator.distributed.embed import quiet_ray_data
 from orchestrator.distributed.gallery_read import EntryRead, RowRange, StoredItems
-from orchestrator.distributed.shard_workers import GenerationModel, run_shard_updates, worker_count
+from orchestrator.distributed.gallery_step import GenerationModel, run_shard_updates
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.integrity import record_index
 from orchestrator.lineage.records import ShardAssignment
@@ -28,12 +30,14 @@ from orchestrator.pipeline.gallery_context import GalleryContext
 from orchestrator.pipeline.gallery_plan import GalleryPlan, PlanEntry
 from orchestrator.progress import Meter
 from orchestrator.shard_update import ShardTarget, ShardUpdate, ShardUpdateResult
+from orchestrator.shard_update.parts import step_staging
+from orchestrator.storage import remove
 
-MAX_ATTEMPTS_PER_RUN = 3  # runs of one update in one execution when its workers are lost
+MAX_ATTEMPTS_PER_RUN = 3  # final writes of one update in one execution when their workers are lost
 
 
 class GalleryExecutor:
-    """Runs the pending entries of a committed plan on Ray workers and commits each result."""
+    """Runs the pending entries of a committed plan through the Ray Data step and commits each result."""
 
     def __init__(self, ctx: GalleryContext):
         self.ctx = ctx
@@ -60,9 +64,10 @@ class GalleryExecutor:
         work = [(update, self._entry_read(k, entry, plan)) for k, (update, entry) in enumerate(zip(updates, pending))]
         entries = {update.key: entry for update, entry in zip(updates, pending)}
         total = sum(e.num_items for e in pending)
-        ctx.say(f"{ctx.name}: embedding {total} items of {len(pending)} shard update(s) with {generation} on "
-                f"{worker_count(resources)} worker(s) (batch {resources.batch_size}"
-                f"{f', {resources.concurrency} GPU embedder(s)' if resources.num_gpus else ''})")
+        low, high = resources.pool_size
+        pool = f"{low}" if low == high else f"{low}-{high}"
+        ctx.say(f"{ctx.name}: embedding {total} items of {len(pending)} shard update(s) with {generation} on Ray Data "
+                f"({pool} embedding actor(s){' on GPUs' if resources.num_gpus else ''}, batch {resources.batch_size})")
         results = []
         try:
             with Meter(ctx.say, f"{ctx.name}: embedded", total, "items") as meter:
@@ -91,8 +96,8 @@ class GalleryExecutor:
                            entry.target, source)
 
     def _run_again(self, update: ShardUpdate, error: BaseException) -> ShardUpdate | None:
-        """A worker was lost during ``update``: run it again as a new attempt of its step, unless it
-        already ran ``MAX_ATTEMPTS_PER_RUN`` times in this execution."""
+        """The worker writing ``update``'s files was lost: write them again as a new attempt of its
+        step, unless it already ran ``MAX_ATTEMPTS_PER_RUN`` times in this execution."""
         if self._runs[update.key] >= MAX_ATTEMPTS_PER_RUN:
             return None
         self._runs[update.key] += 1
@@ -126,6 +131,12 @@ class GalleryExecutor:
         ctx, store, key = self.ctx, self.ctx.store, result.key
         for written in result.written:
             record_index(store, written.index_uri, written.index_record)
+        self._record(entry, result, generation)
+        remove(step_staging(ctx.root, key), recursive=True, missing_ok=True)
+
+    def _record(self, entry: PlanEntry, result: ShardUpdateResult, generation: str) -> None:
+        """The shard rows of ``result`` and its step, in one lineage transaction."""
+        ctx, store, key = self.ctx, self.ctx.store, result.key
         if entry.kind == "embed":
             new, = result.written
             ctx.say(f"{key}: shard {entry.shard} holds {new.n_items} items of {generation}")

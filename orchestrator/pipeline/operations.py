@@ -10,7 +10,8 @@ backfills grow the gallery) are left empty.
 ``gc`` keeps what the lineage points at now, the shard files of the newest ``keep_deployments``
 deployments (the rollback targets), the files a running ``orchestrator serve`` holds (its leases,
 ``storage.leases``), every generation's checkpoint, plans and reports; it removes
-other shard files under ``galleries/<gallery>/`` and Ray Train's epoch checkpoints of generations
+other shard files under ``galleries/<gallery>/``, the parts a killed gallery step staged there
+(``staging/``: never served; a run holds the lock gc takes, so none is in use) and Ray Train's epoch checkpoints of generations
 whose training committed (their finished checkpoint is saved separately).
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from orchestrator.lineage.records import DeploymentRecord, ShardAssignment, Shar
 from orchestrator.storage import join_uri, read_bytes
 from orchestrator.storage.hashing import sha256_hex
 from orchestrator.storage.filesystem import is_local, open_filesystem, remove
+from orchestrator.shard_update.parts import STAGING_FOLDER
 from orchestrator.storage.leases import held_uris
 
 SNAPSHOT_FIELDS = ("index", "generation", "embeddings_uri", "index_uri", "sha256", "n_items")
@@ -129,8 +131,12 @@ def collect_garbage(store: LineageStore, storage: str, gallery: str, keep_deploy
     return Collection(removed, len(stored) - len(unneeded), dry_run, links)
 
 
+_COLLECTED = ("/shard-", f"/{STAGING_FOLDER}/")  # the folders of a gallery whose files gc may remove
+
+
 def _shard_files(gallery_uri: str) -> tuple[list[str], list[str]]:
-    """(the files under ``gallery_uri``'s ``shard-*`` folders, the links met there, never followed)."""
+    """(the files under ``gallery_uri``'s ``shard-*`` and ``staging`` folders, the links met there,
+    never followed)."""
     if is_local(gallery_uri):
         root = gallery_uri.removeprefix("file://")
         files, links = [], []
@@ -139,14 +145,14 @@ def _shard_files(gallery_uri: str) -> tuple[list[str], list[str]]:
                 path = os.path.join(directory, name)
                 if os.path.islink(path):
                     links.append(path)
-                elif name in names and path[len(root):].startswith("/shard-"):
+                elif name in names and path[len(root):].startswith(_COLLECTED):
                     files.append(path)
         return sorted(files), sorted(links)
     fs, root = open_filesystem(gallery_uri)
     root = root.rstrip("/")
     protocol = gallery_uri.split("://", 1)[0] + "://"
     found = fs.find(root) if fs.exists(root) else []
-    return sorted(protocol + p for p in found if p[len(root):].startswith("/shard-")), []
+    return sorted(protocol + p for p in found if p[len(root):].startswith(_COLLECTED)), []
 
 
 def _check_removable(files: list[str], folders: list[str]) -> None:

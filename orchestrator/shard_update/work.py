@@ -3,13 +3,15 @@ shard, write it (and, for a split, the source shard without the moved items), de
 
 The items arrive as Arrow blocks with the columns of ``data.gallery_sources`` (``row``, ``id``,
 ``uri``, ``label``, ``image``, metadata columns); ``embed`` turns a block's rows into
-(embedding (B, D) float32, uncertainty (B,) float32). Whatever runs this (a Ray worker, a test)
-holds one shard's embeddings at a time, never the gallery.
+(embedding (B, D) float32, uncertainty (B,) float32), and ``embedded_part`` puts them beside the
+block's other columns. ``finish_shard_update`` turns the embedded parts of one update into its
+files. Whatever runs these (a Ray Data stage, a test, a plain loop) holds one shard's embeddings
+at a time, never the gallery; none of it imports Ray.
 """
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -63,30 +65,38 @@ class ShardUpdateResult:
 
 
 def run_shard_update(update: ShardUpdate, blocks: Iterable[pa.Table], embed: EmbedBlock, generation: str,
-                     space: str, curv: float, metadata_columns: tuple[str, ...], target: ShardTarget,
-                     batch_size: int, node: str = "") -> ShardUpdateResult:
-    """Embed the items of ``update`` streamed as ``blocks`` in batches of ``batch_size``, check they
-    are exactly the planned ones, and write the shard files (module docstring)."""
-    started, first_batch = time.time(), None
-    spent = {"read_s": 0.0, "embed_s": 0.0, "write_s": 0.0}
-    parts: list[dict[str, Any]] = []
-    blocks = iter(blocks)
-    while True:
-        clock = time.perf_counter()
-        block = next(blocks, None)
-        spent["read_s"] += time.perf_counter() - clock
-        if block is None:
-            break
-        for start in range(0, len(block), batch_size):
-            piece = block.slice(start, batch_size)
-            clock = time.perf_counter()
-            embedding, uncertainty = embed(piece)
-            spent["embed_s"] += time.perf_counter() - clock
-            first_batch = first_batch or time.time()
-            parts.append({"id": piece.column("id").to_numpy(), "row": piece.column("row").to_numpy(),
-                          "label": piece.column("label").to_numpy(), "embedding": embedding,
-                          "uncertainty": uncertainty, "attributes": piece.select(["uri", *metadata_columns])})
-    clock = time.perf_counter()
+                     space: str, curv: float, target: ShardTarget, batch_size: int,
+                     node: str = "") -> ShardUpdateResult:
+    """One shard update in this process: embed the items of ``update`` streamed as ``blocks`` in
+    batches of ``batch_size`` (``embedded_part``), then ``finish_shard_update``. The gallery step
+    runs the same two functions in its Ray Data stages (``orchestrator.distributed.gallery_step``)."""
+    started = time.time()
+    parts = [embedded_part(piece, *embed(piece)) for block in blocks
+             for piece in (block.slice(start, batch_size) for start in range(0, len(block), batch_size))]
+    return finish_shard_update(update, parts, generation, space, curv, target, node=node, started=started)
+
+
+def embedded_part(block: pa.Table, embedding: np.ndarray, uncertainty: np.ndarray) -> pa.Table:
+    """A block of items (``data.gallery_sources`` columns) with its embeddings: the block without
+    ``image``, plus ``embedding`` (fixed-size lists of D float32, from (B, D)) and ``uncertainty``
+    (B,) float32. Every other column (``row``, ``id``, ``label``, ``uri``, metadata, ``entry``) is
+    kept as it came."""
+    embedding = np.ascontiguousarray(embedding, dtype=np.float32)
+    if embedding.ndim != 2 or embedding.shape[0] != len(block):
+        raise ValueError(f"embedding of shape {embedding.shape} for a block of {len(block)} items")
+    kept = block.drop_columns(["image"]) if "image" in block.column_names else block
+    return (kept.append_column("embedding", pa.FixedSizeListArray.from_arrays(pa.array(embedding.reshape(-1)),
+                                                                             embedding.shape[1]))
+            .append_column("uncertainty", pa.array(np.asarray(uncertainty, dtype=np.float32))))
+
+
+def finish_shard_update(update: ShardUpdate, parts: Sequence[pa.Table], generation: str, space: str, curv: float,
+                        target: ShardTarget, node: str = "", started: float | None = None) -> ShardUpdateResult:
+    """The embedded rows of ``update`` (``embedded_part`` tables, any order; an item a retried part
+    repeats counts once) → its shard files written (a split: the source shard without the moved
+    items too), described in a ``ShardUpdateResult``; RuntimeError unless they are exactly the
+    planned items (``assemble_shard``)."""
+    clock, began = time.perf_counter(), time.time()
     shard = assemble_shard(update, parts, generation, space, curv)
     if update.kind == "embed":
         written: tuple[WrittenShard, ...] = (write_shard_files(update.shard, shard, target, update.key,
@@ -99,28 +109,41 @@ def run_shard_update(update: ShardUpdate, blocks: Iterable[pa.Table], embed: Emb
                                "plan moves")
         written = (write_shard_files(update.shard, kept, target, update.key, update.first_attempt),
                    write_shard_files(update.target, shard, target, update.key, update.first_attempt))
-    spent["write_s"] = time.perf_counter() - clock
-    return ShardUpdateResult(update.key, written, {"started": started, "first_batch": first_batch,
-                                                   "finished": time.time(), "node": node, **spent})
+    return ShardUpdateResult(update.key, written, {"started": started or began, "finished": time.time(), "node": node,
+                                                   "write_s": round(time.perf_counter() - clock, 6)})
 
 
-def assemble_shard(update: ShardUpdate, parts: list[dict[str, Any]], generation: str, space: str,
+_PART_COLUMNS = ("id", "row", "label", "embedding", "uncertainty", "entry")
+
+
+def assemble_shard(update: ShardUpdate, parts: Sequence[pa.Table], generation: str, space: str,
                    curv: float) -> ShardEmbeddings:
-    """The embedded rows of ``update`` (in arrival order) → its ``ShardEmbeddings``, sorted by id;
+    """The embedded rows of ``update`` (in arrival order; an (id, row) pair repeated counts once) →
+    its ``ShardEmbeddings``, sorted by id, its attributes the parts' ``uri`` and metadata columns;
     RuntimeError unless they are exactly the planned items: ``num_items`` distinct ids, and the
     planned row range when there is one."""
-    def column(name: str, dtype) -> np.ndarray:
-        return np.concatenate([np.asarray(p[name], dtype=dtype) for p in parts]) if parts else np.zeros(0, dtype)
-
-    ids, rows = column("id", np.int64), column("row", np.int64)
+    if not parts:
+        raise RuntimeError(f"{update.key}: no embedded item, {update.num_items} planned")
+    table = pa.concat_tables(parts, promote_options="default").combine_chunks()
+    ids, rows = table.column("id").to_numpy().astype(np.int64), table.column("row").to_numpy().astype(np.int64)
+    first = _first_occurrences(ids, rows)
+    table, ids, rows = table.take(pa.array(first)), ids[first], rows[first]
     planned = update.rows is None or np.array_equal(np.sort(rows), np.arange(*update.rows))
     if ids.size != update.num_items or np.unique(ids).size != ids.size or not planned:
         raise RuntimeError(f"{update.key}: the embedded items are not exactly the planned ones ({ids.size} rows, "
                            f"{np.unique(ids).size} distinct ids, {update.num_items} planned)")
-    width = parts[0]["embedding"].shape[1] if parts else 0
-    embeddings = np.concatenate([p["embedding"] for p in parts]) if parts else np.zeros((0, width), np.float32)
-    attributes = (pa.concat_tables([p["attributes"] for p in parts], promote_options="default").combine_chunks()
-                  if parts else None)
-    return ShardEmbeddings(ids, column("label", np.int64), embeddings.astype(np.float32, copy=False),
-                           column("uncertainty", np.float32), generation, space, curv, rows,
+    embedding = table.column("embedding").combine_chunks()
+    embeddings = embedding.values.to_numpy().reshape(len(table), embedding.type.list_size)
+    attributes = table.drop_columns([c for c in _PART_COLUMNS if c in table.column_names])
+    return ShardEmbeddings(ids, table.column("label").to_numpy().astype(np.int64),
+                           embeddings.astype(np.float32, copy=False),
+                           table.column("uncertainty").to_numpy().astype(np.float32), generation, space, curv, rows,
                            attributes).sorted_by_id()
+
+
+def _first_occurrences(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Positions of the first occurrence of each distinct (id, row) pair, in arrival order: a part
+    that a retried task reported twice repeats the same items (the same ids at the same rows); an id
+    at two rows stays twice, and is refused."""
+    _unique, first = np.unique(np.stack([ids, rows], axis=1), axis=0, return_index=True)
+    return np.sort(first)

@@ -1,7 +1,8 @@
-"""With ``embedding.num_gpus`` the model runs on GPU actors and everything else on CPU workers that
-hold no GPU (so none is held while an index is built), and the shard files are byte for byte those
-of the CPU-only path. CPU-only test: the local Ray declares one GPU it does not have; torch sees
-no CUDA device, so the "GPU" actor runs the model on its CPU, with the GPU resource reserved."""
+"""With ``embedding.num_gpus`` the images are decoded by CPU tasks, the model runs on actors
+holding the GPUs, and each update's index is built by a task that holds none; the shard files are
+byte for byte those of the CPU-only path. CPU-only test: the local Ray declares one GPU it does
+not have; torch sees no CUDA device, so the "GPU" actor runs the model on its CPU, with the GPU
+resource reserved."""
 from __future__ import annotations
 
 import time
@@ -34,17 +35,26 @@ def resources_back(expected: dict[str, float], within_s: float = 60) -> bool:
     return False
 
 
-def test_gpu_embedders_and_cpu_writers_write_the_cpu_paths_files(ray_with_a_declared_gpu, tmp_path):
+def test_a_gpu_model_stage_writes_the_cpu_paths_files(ray_with_a_declared_gpu, tmp_path, monkeypatch):
+    from orchestrator.distributed import gallery_step
+
+    stages = []
+    real_dataset = gallery_step.step_dataset
+
+    def recording_dataset(*args, **kwargs):
+        dataset = real_dataset(*args, **kwargs)
+        stages.append(str(dataset))  # the logical plan: one operator per stage
+        return dataset
+
+    monkeypatch.setattr(gallery_step, "step_dataset", recording_dataset)
     _config, cpu_store, cpu = first_generation(tmp_path / "cpu", items_per_shard=100, concurrency=1)
     cpu_results = cpu.execute(cpu.committed_plan("g0-old"), "g0-old")
     _config, gpu_store, gpu = first_generation(tmp_path / "gpu", items_per_shard=100, concurrency=1, num_gpus=1,
-                                               num_cpus=1, writers=2)
+                                               num_cpus=1)
     gpu_results = gpu.execute(gpu.committed_plan("g0-old"), "g0-old")
 
-    assert {gpu for r in cpu_results for gpu in r.timing["worker_gpus"]} == set()
-    assert [r.timing["worker_gpus"] for r in gpu_results] == [[]] * len(gpu_results)  # writers hold no GPU
-    assert [r.timing["embedder_gpus"] for r in gpu_results] == [["0"]] * len(gpu_results)  # the model does
-    assert len({r.timing["node"] for r in gpu_results}) == 2  # both writers took updates
+    assert "decode_stage" not in stages[0] and "decode_stage" in stages[1]  # decoded before the GPU stage
+    assert len(cpu_results) == len(gpu_results) == 6
     # the same model on the same batches: the same bytes, whichever process ran it
     assert [(s.index, s.sha256, s.n_items) for s in gpu_store.shards("photos")] == \
         [(s.index, s.sha256, s.n_items) for s in cpu_store.shards("photos")]

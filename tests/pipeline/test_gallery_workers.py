@@ -1,7 +1,8 @@
-"""The gallery step on Ray workers (``GalleryExecutor`` → ``distributed.shard_workers``): no item
-reaches the driver (it consumes no Ray Data dataset and receives a few hundred bytes per shard
-update, whatever the shard's size), and a worker SIGKILLed in the middle of an update is replaced:
-the update runs again as a new attempt of its step, and every item ends in exactly one shard."""
+"""The gallery step on Ray Data (``GalleryExecutor`` → ``distributed.gallery_step``): no item
+reaches the driver (it receives a few metadata rows per shard update and each update's result, a
+few hundred bytes whatever the shard's size), and a worker SIGKILLed in the middle of an update,
+in the embedding stage or while writing the update's files, costs no item and no copy: every item
+ends in exactly one committed shard, and no staged part is left."""
 from __future__ import annotations
 
 import os
@@ -16,7 +17,8 @@ import ray
 import torch
 from ray import cloudpickle
 
-from orchestrator.distributed import shard_workers
+from orchestrator.distributed import gallery_step
+from orchestrator.pipeline.verify import verify_storage
 from local_ray import start_local_ray
 from streamed_gallery import first_generation, served_rows
 
@@ -43,65 +45,108 @@ def no_items(value) -> bool:
     return isinstance(value, (str, int, float, bool, type(None)))
 
 
-def test_the_driver_receives_metadata_only(ray_here, tmp_path, monkeypatch):
-    received: list[int] = []
-    real_get = ray.get
+def arrays_in(value, depth: int = 0) -> list:
+    """The Arrow tables and numpy arrays in ``value`` (lists, tuples, dicts, dataclasses, a few deep)."""
+    if isinstance(value, (pa.Table, np.ndarray, pa.Array)):
+        return [value]
+    if depth > 4:
+        return []
+    if isinstance(value, dict):
+        value = list(value.values())
+    elif hasattr(value, "__dict__") and not isinstance(value, type):
+        value = list(vars(value).values())
+    if isinstance(value, (list, tuple)):
+        return [found for item in value for found in arrays_in(item, depth + 1)]
+    return []
+
+
+def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch):
+    """Counted: every object the driver's ``ray.get`` returns (Ray Data's own bookkeeping
+    included: about 2.6 kB per read task here, block metadata and stats, no table) and every row
+    the step's dataset streams to it."""
+    ours: list[int] = []  # the step's rows and results
+    schemas: set[tuple[str, ...]] = set()
+    fetched: list = []  # every Arrow table or array the driver fetched
+    real_get, real_batches = ray.get, gallery_step._batches
 
     def counting_get(refs, *args, **kwargs):
         value = real_get(refs, *args, **kwargs)
-        received.append(len(pickle.dumps(value)))
+        fetched.extend(arrays_in(value))
+        if isinstance(value, gallery_step.ShardUpdateResult):
+            ours.append(len(pickle.dumps(value)))
         return value
 
-    def refused(*args, **kwargs):
-        raise AssertionError("the driver consumed a Ray Data dataset")
+    def counting_batches(dataset):
+        for batch in real_batches(dataset):
+            schemas.add(tuple(batch.column_names))
+            ours.append(len(pickle.dumps(batch.to_pylist())))  # the rows as plain values
+            yield batch
 
     monkeypatch.setattr(ray, "get", counting_get)
-    for name in ("iter_batches", "iter_rows", "take", "take_all", "to_pandas"):
-        monkeypatch.setattr(ray.data.Dataset, name, refused)
+    monkeypatch.setattr(gallery_step, "_batches", counting_batches)
     for items_per_shard, folder in ((30, "small"), (270, "large")):
         config, store, updater = first_generation(tmp_path / folder, items_per_shard)
-        received.clear()
+        ours.clear()
+        fetched.clear()
         results = updater.execute(updater.committed_plan("g0-old"), "g0-old")
         assert len(results) == len(store.shards("photos")) == -(-539 // items_per_shard)
         assert all(no_items(result) for result in results)
         assert np.array_equal(np.sort(served_rows(store)), np.arange(539))
-        # what the driver received: per shard update, not per item (30 or 270 items a shard alike)
-        assert len(received) == len(results) and max(received) < 2000, received
+        # from the dataset: one small row per staged part, no array
+        assert schemas == {("entry", "uri", "n_items")}
+        assert sum(ours) / len(results) < 1500, ours  # the step's own: a result and a part row or two
+        # no block of items or embeddings was fetched: the only tables are the part rows
+        assert {tuple(t.column_names) if isinstance(t, pa.Table) else type(t).__name__ for t in fetched} <= \
+            {("entry", "uri", "n_items")}, fetched[:3]
+        assert not os.listdir(tmp_path / folder / "run" / "galleries" / "photos" / "staging")  # parts removed
         store.close()
 
 
-class KillOnce:
-    """A shard update's reader that SIGKILLs the worker process running it the first time (a marker
-    file says it happened), then reads as ``inner`` does: a worker lost in the middle of an update."""
+class KillingEmbedStage(gallery_step.EmbedStage):
+    """The embedding stage, whose process SIGKILLs itself on its first batch holding entry 2 (a
+    marker file says it happened): an embedding actor lost in the middle of an update."""
 
-    def __init__(self, inner, marker: str):
-        self.inner, self.marker = inner, marker
+    marker = ""
 
-    def __call__(self):
+    def __call__(self, batch):
+        if 2 in batch.column("entry").to_pylist():
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return super().__call__(batch)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().__call__(batch)
+
+
+def finish_killing_once(update, part_uris, model, target, marker):
+    """``gallery_step.finish_task``, SIGKILLing its process the first time it writes shard 3."""
+    if update.shard == 3:
         try:
-            os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+            os.kill(os.getpid(), signal.SIGKILL)
         except FileExistsError:
-            return self.inner()
-        os.kill(os.getpid(), signal.SIGKILL)
+            pass
+    return gallery_step.finish_shard_update(update, gallery_step.read_parts(part_uris, target.storage_options),
+                                            model.name, model.space, model.curv, target)
 
 
-def test_a_worker_killed_mid_update_is_replaced_and_every_item_lands_once(ray_here, tmp_path, monkeypatch):
+def test_workers_killed_mid_update_cost_no_item_and_no_copy(ray_here, tmp_path, monkeypatch):
     config, store, updater = first_generation(tmp_path, items_per_shard=100)
-    marker = str(tmp_path / "killed")
-    real_reader = shard_workers.entry_reader
-
-    def reader(source, source_ref, read, block_rows):
-        inner = real_reader(source, source_ref, read, block_rows)
-        return KillOnce(inner, marker) if read.entry == 2 else inner
-
-    monkeypatch.setattr(shard_workers, "entry_reader", reader)
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # KillOnce reaches workers by value
+    embed_marker, finish_marker = str(tmp_path / "embed-killed"), str(tmp_path / "finish-killed")
+    KillingEmbedStage.marker = embed_marker
+    monkeypatch.setattr(gallery_step, "EmbedStage", KillingEmbedStage)
+    monkeypatch.setattr(gallery_step, "finish_task",
+                        lambda update, uris, model, target: finish_killing_once(update, uris, model, target,
+                                                                                finish_marker))
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the killers reach workers by value
     results = updater.execute(updater.committed_plan("g0-old"), "g0-old")
-    assert os.path.exists(marker)  # the kill happened
+    assert os.path.exists(embed_marker) and os.path.exists(finish_marker)  # both kills happened
     assert sorted(r.key for r in results) == sorted(f"embed:photos/{k}:g0-old" for k in range(6))
     assert np.array_equal(np.sort(served_rows(store)), np.arange(539))  # every item, once
     attempts = {s.key: s.attempts for s in store.steps("embed:photos/")}
-    assert attempts.pop("embed:photos/2:g0-old") == 2  # its update ran again, as a second attempt
-    assert set(attempts.values()) <= {1, 2}  # a queued update of the lost worker may run again too
+    assert attempts.pop("embed:photos/3:g0-old") == 2  # its files were written again, as a second attempt
+    assert set(attempts.values()) == {1}  # Ray Data retried the lost embedding work inside the attempt
     assert {s.status for s in store.steps("embed:photos/")} == {"committed"}
+    verification = verify_storage(store, config.storage)
+    assert verification.ok and verification.unreferenced == [], verification.lines()
     store.close()

@@ -4,7 +4,8 @@ while the second one backfills half of the items; after each kill every item is 
 committed shard, each shard's file matches the lineage, and the next run does only what is left.
 At the end every item is in exactly one shard, with its object key and caption, the second
 generation holds exactly the planned half, and ``verify`` finds no problem. The shards are written by
-the workers, so the kills also hit files written but never committed."""
+the workers, so the kills also hit files written but never committed, and parts staged for
+updates that never finished: ``verify`` lists them, ``gc`` removes them, the run goes on."""
 from __future__ import annotations
 
 import json
@@ -21,6 +22,7 @@ import pytest
 from orchestrator.gallery import read_shard
 from orchestrator.index import ShardIndex
 from orchestrator.lineage import LineageStore
+from orchestrator.pipeline.operations import collect_garbage
 from orchestrator.pipeline.verify import verify_storage
 from streamed_gallery import pipeline_config, write_parquet_gallery
 
@@ -92,6 +94,14 @@ def test_a_killed_streamed_backfill_resumes_without_loss_or_duplicates(tmp_path)
     second = run_driver(config_file, tmp_path)
     kill_when(second, lambda: committed(store_url, "split:photos/") >= 2, "two splits of g1 committed")
     gallery_state(store_url)
+    # what the killed updates staged is listed by verify, never served, and removed by gc
+    store = LineageStore(store_url)
+    staged = [p for p in verify_storage(store, str(tmp_path / "run")).unreferenced if "/staging/" in p]
+    assert staged
+    collected = collect_garbage(store, str(tmp_path / "run"), "photos", keep_deployments=1, dry_run=False)
+    assert set(staged) <= set(collected.removed)
+    assert not [p for p in verify_storage(store, str(tmp_path / "run")).unreferenced if "/staging/" in p]
+    store.close()
 
     final = run_driver(config_file, tmp_path)
     output, _ = final.communicate(timeout=600)

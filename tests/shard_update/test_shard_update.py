@@ -43,7 +43,7 @@ def blocks_of(source: MemorySource, start: int, stop: int, block_rows: int = 50)
 
 
 def run(update, source, embedder, target, blocks):
-    return run_shard_update(update, blocks, embed_rows(source, embedder), "g0", "lorentz", 1.0, (), target,
+    return run_shard_update(update, blocks, embed_rows(source, embedder), "g0", "lorentz", 1.0, target,
                             batch_size=32)
 
 
@@ -80,7 +80,7 @@ def test_a_split_keeps_every_item_in_exactly_one_shard(digits, tmp_path):
                     [block.filter(np.isin(block.column("row").to_numpy(), moved_rows))] if len(block)]
     split = ShardUpdate("split:photos/0:g1", "split", 0, moved_rows.size, True, target=7,
                         source=(whole.embeddings_uri, whole.sha256))
-    kept, new = run_shard_update(split, moved_blocks, embed_rows(source, embedder), "g1", "lorentz", 1.0, (), target,
+    kept, new = run_shard_update(split, moved_blocks, embed_rows(source, embedder), "g1", "lorentz", 1.0, target,
                                  batch_size=32).written
     assert (kept.shard, kept.generation, new.shard, new.generation) == (0, "g0", 7, "g1")
     kept_ids, new_ids = read_shard(kept.embeddings_uri).ids, read_shard(new.embeddings_uri).ids

@@ -1,0 +1,229 @@
+"""Ray Data adapter: the gallery step's shard updates as one streaming Ray Data pipeline; workers
+write every file, the driver receives metadata rows and commits.
+
+The stages (each on Ray workers, streamed with Ray Data's backpressure):
+
+1. **read**: ``gallery_read.gallery_dataset``, read tasks partitioned by shard update (every block
+   holds rows of one update, tagged with its ``entry``), a bounded block at a time;
+2. **embed**: ``map_batches(EmbedStage)`` on an actor pool holding the generation
+   (``embedding.concurrency``: a size, or ``[min, max]`` for an autoscaling pool). With
+   ``embedding.num_gpus`` the images are decoded first by CPU tasks (``decode_stage``) and the
+   actors, on GPUs, only run the model;
+3. **stage**: ``map_batches(write_stage)`` writes each batch's embedded rows as one part file per
+   update (``shard_update.parts``) and passes on one row per part (entry, URI, count): these small
+   rows are all that reaches the driver from the dataset;
+4. **finish**: once the parts of an update hold all its items, the driver starts one Ray task
+   (``finish_task``) that reads them, writes the update's Parquet file and index (for a split,
+   the source shard without the moved items too) and returns a ``ShardUpdateResult`` (URIs,
+   sha256s, counts: about a kilobyte). The caller commits it as it comes.
+
+Why the finish is a task and not a ``Datasink`` or a ``groupby``: a Datasink's
+``on_write_complete`` runs once, at the end of the whole write, which would lose the per-update
+commit; ``groupby(update).map_groups`` shuffles every row before the first shard is written. Parts
+let the first update commit as soon as its own rows are embedded.
+
+Exactly once: part names are the hash of the rows they hold, inside a folder unique to the step's
+attempt, so a part that Ray Data's retry writes again is the same file, and an item reported twice
+counts once (``assemble_shard``); the shard files keep their content-addressed names and the
+first-attempt rule (``storage.overwrite``), applied by the finish task, which Ray does not retry:
+a finish task lost with its worker is handed to ``on_lost``, which starts a new attempt of the step.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from orchestrator.config.gallery import EmbeddingSpec
+from orchestrator.data.gallery_sources import GallerySource, ImageFormat, decode_images, raw_image_column
+from orchestrator.distributed.gallery_read import EntryRead, gallery_dataset
+from orchestrator.shard_update import (PixelEmbedder, ShardTarget, ShardUpdate, ShardUpdateResult, embedded_part,
+                                       finish_shard_update)
+from orchestrator.shard_update.parts import read_parts, staging_folder, write_parts
+
+PART_BATCHES = 8  # embedding batches per staged part: fewer, larger files and metadata rows
+
+
+@dataclass(frozen=True)
+class GenerationModel:
+    """The generation the workers embed with: its checkpoint (sha256-checked when loaded), its
+    space and curvature, and the preprocessing (image size, normalisation, the source's format)."""
+
+    name: str
+    checkpoint_uri: str
+    sha256: str
+    space: str
+    curv: float
+    image_size: int
+    image_format: ImageFormat
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    storage_options: dict | None = None
+
+    def embedder(self, device: str) -> PixelEmbedder:
+        from orchestrator.storage import load_generation
+
+        model, _card = load_generation(self.checkpoint_uri, expected_sha256=self.sha256, map_location=device,
+                                       storage_options=self.storage_options)
+        return PixelEmbedder(model, self.image_size, self.mean, self.std, device)
+
+
+class EmbedStage:
+    """Ray Data callable class: a batch of items (``gallery_read`` columns) → ``embedded_part``
+    rows (the batch without ``image``, with ``embedding`` and ``uncertainty``). Loads the
+    generation once per actor, on its GPU when Ray gave it one. ``decoded``: the ``image`` column
+    already holds raw pixels at the model's size (``decode_stage`` ran before)."""
+
+    def __init__(self, model: GenerationModel, threads: int, decoded: bool):
+        import torch
+
+        torch.set_num_threads(max(1, threads))
+        self.embedder = model.embedder("cuda" if torch.cuda.is_available() else "cpu")
+        self.size = model.image_size
+        self.image_format = ImageFormat("raw", (self.size, self.size, 3)) if decoded else model.image_format
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return embedded_part(batch, *self.embedder(decode_images(batch.column("image"), self.image_format, self.size)))
+
+
+def decode_stage(batch: pa.Table, image_format: ImageFormat, image_size: int) -> pa.Table:
+    """CPU tasks before a GPU model stage: the ``image`` column decoded to raw uint8 pixels at
+    (image_size, image_size, 3), so the GPU actors only run the model."""
+    pixels = decode_images(batch.column("image"), image_format, image_size)
+    return batch.set_column(batch.schema.get_field_index("image"), "image", raw_image_column(pixels))
+
+
+def write_stage(batch: pa.Table, folders: dict[int, str], storage_options: dict | None) -> pa.Table:
+    """The embedded rows of a batch staged as part files (``shard_update.parts.write_parts``)."""
+    return write_parts(batch, folders, storage_options)
+
+
+def finish_task(update: ShardUpdate, part_uris: list[str], model: GenerationModel,
+                target: ShardTarget) -> ShardUpdateResult:
+    """A Ray task: the staged parts of ``update`` → its shard files (``finish_shard_update``)."""
+    import ray
+
+    node = f"{socket.gethostname()}:{ray.get_runtime_context().get_node_id()[:12]}:{os.getpid()}"
+    return finish_shard_update(update, read_parts(part_uris, target.storage_options), model.name, model.space,
+                               model.curv, target, node=node)
+
+
+def actor_pool(resources: EmbeddingSpec, updates: int) -> tuple[int, int]:
+    """(min, max) embedding actors: ``concurrency`` (a size or [min, max]), no more than updates."""
+    low, high = resources.pool_size
+    return min(low, updates), max(1, min(high, updates))
+
+
+def step_dataset(source: GallerySource, work: Sequence[tuple[ShardUpdate, EntryRead]], model: GenerationModel,
+                 target: ShardTarget, resources: EmbeddingSpec, attempt_token: str):
+    """The step's lazy ``ray.data.Dataset`` (module docstring, stages 1-3): one row per staged
+    part (``entry``, ``uri``, ``n_items``). Ray must be initialised."""
+    from ray.data import ActorPoolStrategy
+
+    low, high = actor_pool(resources, len(work))
+    block_rows = 4 * resources.batch_size
+    dataset = gallery_dataset(source, [read for _update, read in work], block_rows=block_rows,
+                              rows_per_task=4 * block_rows, read_concurrency=2 * high)
+    decoded = bool(resources.num_gpus)
+    if decoded:
+        dataset = dataset.map_batches(decode_stage, fn_kwargs={"image_format": source.image_format,
+                                                               "image_size": model.image_size},
+                                      batch_size=resources.batch_size, batch_format="pyarrow", num_cpus=1)
+    dataset = dataset.map_batches(EmbedStage, fn_constructor_kwargs={"model": model, "threads": int(resources.num_cpus),
+                                                                     "decoded": decoded},
+                                  compute=ActorPoolStrategy(min_size=low, max_size=high),
+                                  batch_size=resources.batch_size, batch_format="pyarrow",
+                                  num_cpus=resources.num_cpus, num_gpus=resources.num_gpus or None)
+    folders = {read.entry: staging_folder(target.gallery_root, update.key, attempt_token) for update, read in work}
+    return dataset.map_batches(write_stage, fn_kwargs={"folders": folders,
+                                                       "storage_options": target.storage_options},
+                               batch_size=PART_BATCHES * resources.batch_size, batch_format="pyarrow", num_cpus=0)
+
+
+def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, EntryRead]], model: GenerationModel,
+                      target: ShardTarget, resources: EmbeddingSpec,
+                      on_lost: Callable[[ShardUpdate, BaseException], ShardUpdate | None]) -> Iterator[ShardUpdateResult]:
+    """Run every (update, the items it reads) of ``source`` through the step's stages; yield each
+    update's result as its finish task completes (any order). Ray must be initialised. A finish
+    task lost with its worker: ``on_lost(update, error)`` returns the update to finish again (from
+    the same parts), or None to raise the error. An error of an update itself (an undecodable
+    image, items not as planned, a file the lineage does not know) is raised as raised on the worker."""
+    import ray
+
+    if not work:
+        return
+    updates = {read.entry: update for update, read in work}
+    dataset = step_dataset(source, work, model, target, resources, uuid.uuid4().hex[:12])
+    finish = ray.remote(finish_task).options(num_cpus=0, max_retries=0, scheduling_strategy="SPREAD")
+    parts: dict[int, dict[str, int]] = {entry: {} for entry in updates}
+    running: dict[Any, tuple[int, ShardUpdate]] = {}
+
+    def start(entry: int, update: ShardUpdate) -> None:
+        running[finish.remote(update, sorted(parts[entry]), model, target)] = (entry, update)
+
+    def completed(timeout: float | None) -> Iterator[ShardUpdateResult]:
+        ready, _ = ray.wait(list(running), num_returns=len(running), timeout=timeout)
+        for ref in ready:
+            entry, update = running.pop(ref)
+            try:
+                yield _result(ref)
+            except _Lost as lost:
+                again = on_lost(update, lost.error)
+                if again is None:
+                    raise lost.error from None
+                start(entry, again)
+
+    for batch in _batches(dataset):
+        for entry, uri, n_items in zip(*(batch.column(c).to_pylist() for c in ("entry", "uri", "n_items"))):
+            if uri not in parts[entry]:
+                parts[entry][uri] = n_items
+                if sum(parts[entry].values()) == updates[entry].num_items:
+                    start(entry, updates[entry])
+        if running:
+            yield from completed(timeout=0)
+    for entry, update in updates.items():
+        staged = sum(parts[entry].values())
+        if staged != update.num_items:
+            raise RuntimeError(f"{update.key}: the step's stages staged {staged} items, the plan says {update.num_items}")
+    while running:
+        yield from completed(timeout=None)
+
+
+class _Lost(Exception):
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _result(ref) -> ShardUpdateResult:
+    """The finish task's result; its own error as raised on the worker; ``_Lost`` when its worker was."""
+    import ray
+    from ray.exceptions import RayError, RayTaskError
+
+    try:
+        return ray.get(ref)
+    except RayTaskError as failed:
+        raise failed.cause from failed
+    except RayError as lost:
+        raise _Lost(lost) from lost
+
+
+def _batches(dataset) -> Iterator[pa.Table]:
+    """The dataset's metadata rows as they stream out; a stage's own error re-raised as the worker
+    raised it (an undecodable image: its ValueError), not wrapped in Ray's."""
+    from ray.exceptions import RayTaskError
+
+    try:
+        yield from dataset.iter_batches(batch_size=None, batch_format="pyarrow")
+    except RayTaskError as failed:
+        raise failed.cause from failed
+    except Exception as failed:  # Ray Data wraps a user function's error in UserCodeException
+        cause = failed.__cause__
+        if cause is not None and type(failed).__name__ == "UserCodeException":
+            raise cause from failed
+        raise
