@@ -17,11 +17,12 @@ default pipeline's g0 encoder. ``cheap`` runs it on 8×8 images (about 20 µs pe
 core), ``realistic`` on 32×32 images as the default pipeline does. Both paths load it
 sha256-checked and feed it ``to_model_input``.
 
-  streamed  the pipeline's own gallery step (``GalleryUpdater.plan`` + ``execute``): one
-            ``ShardUpdateWorker`` per ``--concurrency`` (1 CPU each) on the local Ray (or the
-            cluster at ``--address``) reads each shard's rows from the Parquet files, embeds them,
-            writes the shard file and its flat FAISS index, and hands back metadata; the driver
-            commits each shard to a SQLite lineage;
+  streamed  the pipeline's own gallery step (``GalleryUpdater.plan`` + ``execute``): one Ray Data
+            pipeline on the local Ray (or the cluster at ``--address``): read tasks per shard
+            update over the Parquet files, ``--concurrency`` embedding actors (1 CPU each),
+            part files staged by CPU tasks, and per update a task that writes the shard file and
+            its flat FAISS index and hands back metadata; the driver commits each shard to a
+            SQLite lineage;
   plain     a single-process loop written here: pyarrow reads file by file, batch by batch →
             the encoder (one torch thread) → every ``--items-per-shard`` items a shard file
             (``write_shard``) and its flat FAISS index (``build_index``);
@@ -34,12 +35,10 @@ a thread samples that process's RSS (psutil, every 50 ms) and reports the peak: 
 path this process is the Ray driver. For the streamed path the driver's own CPU time (user +
 system, psutil) around plan and execution is ``driver_cpu_s``, and ``driver_cpu_us_per_item`` its
 growth per added item from the next smaller size; ``driver_result_bytes`` is the pickled size of
-what the workers handed back. The workers report when the first embedded batch came
-(``first_batch_s``: after ``first_worker_constructed_s`` for the plan, the worker process and its
-imports, ``first_model_load_s``, then the first read and batch), the steady rate
-after it, where their time went (``read_s``, ``embed_s`` decode+embed, ``write_s``
-assemble+write+index, summed over workers) and which node wrote how many shards
-(``shards_by_node``). Object-store spill is read from Ray's store stats
+what the finish tasks handed back. ``first_batch_s`` is when the first staged part (embedded rows)
+reached the driver, ``first_shard_s`` when the first shard's files were written; the steady rate is
+counted after the first part; ``write_s`` is the finish tasks' read-parts+assemble+write+index time
+(summed), ``shards_by_node`` which node wrote how many shards. Object-store spill is read from Ray's store stats
 (``memory_summary(stats_only=True)``) after the step. Wall time is the step alone (``ray.init``
 is timed apart); items/s = items / wall; per core = items/s / cores the path used (plain 1, the
 streamed path the workers' CPUs). Both paths' shard files are compared item for item.
@@ -375,34 +374,33 @@ def run_streamed(job: Job) -> dict[str, Any]:
         ray.shutdown()
     items = sum(s.n_items for s in shards)
     return {"path": "streamed", "items": items, "shards": len(shards), "cores": job.concurrency, "wall_s": wall,
-            "ray_init_s": ray_init_s, **worker_summary(results, clock.started_unix, items),
+            "ray_init_s": ray_init_s,
+            **worker_summary(results, updater.executor.first_staged, clock.started_unix, items),
             "driver_cpu_s": (after.user - cpu.user) + (after.system - cpu.system),
             "driver_result_bytes": sum(len(pickle.dumps(r)) for r in results),
             "start_rss_mb": rss.start_mb, "peak_rss_mb": rss.peak_mb, **spill,
             "shard_uris": [s.embeddings_uri for s in sorted(shards, key=lambda s: s.index)]}
 
 
-def worker_summary(results, started_unix: float, items: int) -> dict[str, Any]:
-    """From the workers' reports (``ShardUpdateResult.timing``): when the first embedded batch came
-    (seconds after the step started) and what came before it (the plan and the worker process's
-    start with its imports, ``first_worker_constructed_s``; the model's load; the first read and
-    batch), the steady rate after it, where the workers' time went
-    (read / decode+embed / write+index, summed over workers) and which node wrote how many shards."""
+def worker_summary(results, first_staged: tuple[float, int] | None, started_unix: float,
+                   items: int) -> dict[str, Any]:
+    """From the driver's first staged part (``GalleryExecutor.first_staged``: when the first
+    embedded rows reached it, and how many) and the finish tasks' reports
+    (``ShardUpdateResult.timing``): the seconds to the first staged part and to the first written
+    shard, the steady rate after the first part, the finish tasks' write+index time (summed) and
+    which node wrote how many shards."""
     timings = [r.timing for r in results]
-    first = min(timings, key=lambda t: t["first_batch"])
     finished = max(t["finished"] for t in timings)
     nodes: dict[str, int] = {}
     for t in timings:
         node = t["node"].rsplit(":", 1)[0]  # host:node id (the pid dropped)
         nodes[node] = nodes.get(node, 0) + 1
-    return {"first_batch_s": first["first_batch"] - started_unix,
-            "first_worker_constructed_s": first["worker_constructed"] - started_unix,
-            "first_model_load_s": first["model_loaded"] - first["worker_constructed"],
-            "first_worker_start_s": first["started"] - started_unix,
-            "first_read_and_batch_s": first["first_batch"] - first["started"],
-            "steady_items_per_s": items / (finished - first["first_batch"]) if finished > first["first_batch"] else None,
-            **{key: sum(t[key] for t in timings) for key in ("read_s", "embed_s", "write_s")},
-            "shards_by_node": nodes}
+    first_at, first_items = first_staged or (None, 0)
+    return {"first_batch_s": None if first_at is None else first_at - started_unix,
+            "first_shard_s": min(t["finished"] for t in timings) - started_unix,
+            "steady_items_per_s": (items - first_items) / (finished - first_at)
+            if first_at is not None and finished > first_at else None,
+            "write_s": sum(t["write_s"] for t in timings), "shards_by_node": nodes}
 
 
 def object_store_spill() -> dict[str, float]:
@@ -524,7 +522,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a text table, then the targets of every place measured."""
     header = (f"{'where':<16}{'path':<10}{'items':>11}{'cores':>6}{'wall s':>9}{'items/s':>10}{'/core':>9}"
               f"{'ratio':>7}{'steady':>8}{'vs x2':>7}{'x/10x':>7}{'RSS start MB':>13}{'peak MB':>8}{'spill MB':>9}"
-              f"{'drv CPU s':>10}{'us/item':>8}{'B/update':>9}{'1st s':>7}{'load':>6}")
+              f"{'drv CPU s':>10}{'us/item':>8}{'B/update':>9}{'1st s':>7}{'shard1 s':>9}{'load':>6}")
     lines = [header, "-" * len(header)]
     show = lambda value, fmt: "-" if value is None else format(value, fmt)  # noqa: E731
     for r in rows:
@@ -534,7 +532,8 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                      f"{show(r['growth_per_10x'], '.2f'):>7}{r['start_rss_mb']:>13.0f}{r['peak_rss_mb']:>8.0f}{show(r['spilled_mb'], '.0f'):>9}"
                      f"{show(r.get('driver_cpu_s'), '.2f'):>10}{show(r.get('driver_cpu_us_per_item'), '.3f'):>8}"
                      f"{show(r['driver_result_bytes'] / r['shards'] if r.get('driver_result_bytes') else None, '.0f'):>9}"
-                     f"{show(r.get('first_batch_s'), '.1f'):>7}{r['load'][0]:>6.2f}")
+                     f"{show(r.get('first_batch_s'), '.1f'):>7}{show(r.get('first_shard_s'), '.1f'):>9}"
+                     f"{r['load'][0]:>6.2f}")
     for where in dict.fromkeys(r["where"] for r in rows):
         lines.append("")
         for name, v in verdicts(rows, where).items():

@@ -13,7 +13,7 @@ generation, its uncertainty.
 
   plain  a single-process loop written here: fixed-size batches → ``model.encoder`` under
          ``torch.no_grad()``, one torch thread, in the driver;
-  ray    ``orchestrator.distributed.embed.embed_with_ray_data`` (``map_batches`` over an actor
+  ray    ``orchestrator.distributed.gallery_step.embed_gallery`` (``map_batches`` over an actor
          pool of ``c`` actors with 1 CPU each; every actor pins torch to one thread), consumed in
          the driver with ``iter_batches``; once for every ``c`` in ``--concurrency``.
 
@@ -23,7 +23,7 @@ Each path's output batches are time-stamped as they reach the driver. The steady
 (images after the first batch) / (last batch − first batch): everything one-off (loading the
 checkpoint, starting the actors, the first batch's warm-up) is before the first stamp. Also
 reported: ``first_batch_s`` (call → first batch out, one-off costs included), ``wall_s`` (call →
-last batch out) and, for the Ray path, ``dataset_s`` (the ``embed_with_ray_data`` call itself,
+last batch out) and, for the Ray path, ``dataset_s`` (the ``embed_gallery`` call itself,
 which builds the source dataset in the driver). ``ray.init`` is timed apart and is in none of
 these. With ``--repeat R`` every path runs R times (interleaved) and the median is reported.
 
@@ -193,17 +193,21 @@ def start_ray(address: str | None = None, num_cpus: int = 2) -> float:
 
 
 def run_ray(setup: Setup, concurrency: int, batch_size: int = 256) -> Embedded:
-    """``embed_with_ray_data`` with ``concurrency`` actors of 1 CPU, consumed with ``iter_batches``
-    (whole output blocks, as they arrive: each read task reads one batch, since Ray Data merges a
-    task's blocks into one). Ray must be initialised (``start_ray``)."""
+    """The gallery step's read and embedding stages (``gallery_step.embed_gallery``) with
+    ``concurrency`` actors of 1 CPU, consumed with ``iter_batches`` (whole output blocks, as they
+    arrive: each read task reads one batch). Ray must be initialised (``start_ray``)."""
     from orchestrator.config.gallery import EmbeddingSpec
-    from orchestrator.distributed.embed import embed_with_ray_data
+    from orchestrator.data.gallery_sources import MemorySource
+    from orchestrator.distributed.gallery_read import RowRange
+    from orchestrator.distributed.gallery_step import GenerationModel, embed_gallery
 
     settings = EmbeddingSpec(batch_size=batch_size, concurrency=concurrency, num_cpus=1.0, num_gpus=0.0)
     clock = BatchClock()
-    dataset = embed_with_ray_data(setup.gallery, setup.checkpoint_uri, setup.sha256, setup.name, IMAGE_SIZE,
-                                  setup.mean, setup.std, settings=settings, block_rows=batch_size,
-                                  rows_per_task=batch_size)
+    source = MemorySource(setup.gallery, "images")
+    model = GenerationModel.from_checkpoint(setup.name, setup.checkpoint_uri, setup.sha256, IMAGE_SIZE,
+                                            source.image_format, setup.mean, setup.std)
+    dataset = embed_gallery(source, [RowRange(0, 0, source.num_items)], model, settings, block_rows=batch_size,
+                            rows_per_task=batch_size)
     dataset_seconds = time.perf_counter() - clock.started
     ids, embeddings, uncertainty = [], [], []
     for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):

@@ -12,7 +12,7 @@ gallery's index (a full backfill). This benchmark puts the two costs side by sid
              batch 64, SGD lr 0.05, no augmentation). The parent (``hbct``'s parent method on
              classes 0-4, ``--parent-epochs``) is trained first and not timed. Measured once.
   embed      the new generation embedding ``--embed-items`` real images (digits repeated, as in
-             benchmarks/reembed.py) through ``embed_with_ray_data`` with ``--concurrency`` actors
+             benchmarks/reembed.py) through the gallery step's embedding stages (``gallery_step.embed_gallery``) with ``--concurrency`` actors
              (``--embed-path plain``: the plain single-process loop instead); the steady-state
              images/s after the first batch. The embedding time of a gallery of N items is
              N / that rate: measured for N ≤ ``--embed-items``, EXTRAPOLATED above it (marked *).
@@ -120,7 +120,7 @@ def _train_parent(compat, images, encoder, config, mean, std):
 
 def measure_embedding(update: TrainedUpdate, items: int, path: str = "ray", concurrency: int = 2,
                       batch_size: int = 256) -> dict[str, Any]:
-    """The update embedding ``items`` real images (``path`` "ray": ``embed_with_ray_data``, Ray must be
+    """The update embedding ``items`` real images (``path`` "ray": ``gallery_step.embed_gallery``, Ray must be
     initialised; "plain": the single-process loop). Returns reembed's timing summary."""
     setup = reembed.Setup(gallery=reembed.tiled_digits(items), checkpoint_uri=update.checkpoint_uri,
                           sha256=update.sha256, name="update", mean=update.mean, std=update.std,

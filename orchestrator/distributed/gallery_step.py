@@ -65,6 +65,16 @@ class GenerationModel:
     std: tuple[float, ...]
     storage_options: dict | None = None
 
+    @classmethod
+    def from_checkpoint(cls, name: str, checkpoint_uri: str, sha256: str, image_size: int, image_format: ImageFormat,
+                        mean, std, storage_options: dict | None = None) -> GenerationModel:
+        """The generation saved at ``checkpoint_uri``, its space and curvature read from its card."""
+        from orchestrator.storage import load_card
+
+        card = load_card(checkpoint_uri, storage_options)
+        return cls(name, checkpoint_uri, sha256, card.space, float(card.curv), image_size, image_format,
+                   tuple(mean), tuple(std), storage_options)
+
     def embedder(self, device: str) -> PixelEmbedder:
         from orchestrator.storage import load_generation
 
@@ -113,45 +123,75 @@ def finish_task(update: ShardUpdate, part_uris: list[str], model: GenerationMode
                                model.curv, target, node=node)
 
 
-def actor_pool(resources: EmbeddingSpec, updates: int) -> tuple[int, int]:
-    """(min, max) embedding actors: ``concurrency`` (a size or [min, max]), no more than updates."""
+def embedded_dataset(dataset, image_format: ImageFormat, model: GenerationModel, resources: EmbeddingSpec,
+                     max_actors: int):
+    """Stage 2 over a dataset of items (``gallery_read`` columns): decode (CPU tasks, with GPUs)
+    and the generation's actor pool, at most ``max_actors`` actors → ``embedded_part`` rows."""
+    from ray.data import ActorPoolStrategy
+
     low, high = resources.pool_size
-    return min(low, updates), max(1, min(high, updates))
+    decoded = bool(resources.num_gpus)
+    if decoded:
+        dataset = dataset.map_batches(decode_stage, fn_kwargs={"image_format": image_format,
+                                                               "image_size": model.image_size},
+                                      batch_size=resources.batch_size, batch_format="pyarrow", num_cpus=1)
+    return dataset.map_batches(EmbedStage, fn_constructor_kwargs={"model": model, "threads": int(resources.num_cpus),
+                                                                  "decoded": decoded},
+                               compute=ActorPoolStrategy(min_size=min(low, max_actors),
+                                                         max_size=max(1, min(high, max_actors))),
+                               batch_size=resources.batch_size, batch_format="pyarrow",
+                               num_cpus=resources.num_cpus, num_gpus=resources.num_gpus or None)
+
+
+def embed_gallery(source: GallerySource, reads: Sequence[EntryRead], model: GenerationModel,
+                  resources: EmbeddingSpec = EmbeddingSpec(), block_rows: int | None = None,
+                  rows_per_task: int | None = None, max_actors: int | None = None):
+    """A lazy ``ray.data.Dataset`` of the items that ``reads`` name embedded by ``model`` (stages 1
+    and 2: the rows the step stages, with their ``entry``), for consumers of the embeddings
+    themselves (the re-embedding benchmarks). Ray must be initialised.
+
+    block_rows:    rows per block a read task yields (default 4 batches);
+    rows_per_task: rows per read task (default 4 blocks);
+    max_actors:    no larger an actor pool than this (the step: its number of updates).
+    """
+    block_rows = block_rows or 4 * resources.batch_size
+    high = min(resources.pool_size[1], max_actors or resources.pool_size[1])
+    dataset = gallery_dataset(source, reads, block_rows=block_rows, rows_per_task=rows_per_task or 4 * block_rows,
+                              read_concurrency=2 * high)
+    return embedded_dataset(dataset, source.image_format, model, resources, max_actors=high)
 
 
 def step_dataset(source: GallerySource, work: Sequence[tuple[ShardUpdate, EntryRead]], model: GenerationModel,
                  target: ShardTarget, resources: EmbeddingSpec, attempt_token: str):
     """The step's lazy ``ray.data.Dataset`` (module docstring, stages 1-3): one row per staged
     part (``entry``, ``uri``, ``n_items``). Ray must be initialised."""
-    from ray.data import ActorPoolStrategy
-
-    low, high = actor_pool(resources, len(work))
-    block_rows = 4 * resources.batch_size
-    dataset = gallery_dataset(source, [read for _update, read in work], block_rows=block_rows,
-                              rows_per_task=4 * block_rows, read_concurrency=2 * high)
-    decoded = bool(resources.num_gpus)
-    if decoded:
-        dataset = dataset.map_batches(decode_stage, fn_kwargs={"image_format": source.image_format,
-                                                               "image_size": model.image_size},
-                                      batch_size=resources.batch_size, batch_format="pyarrow", num_cpus=1)
-    dataset = dataset.map_batches(EmbedStage, fn_constructor_kwargs={"model": model, "threads": int(resources.num_cpus),
-                                                                     "decoded": decoded},
-                                  compute=ActorPoolStrategy(min_size=low, max_size=high),
-                                  batch_size=resources.batch_size, batch_format="pyarrow",
-                                  num_cpus=resources.num_cpus, num_gpus=resources.num_gpus or None)
+    dataset = embed_gallery(source, [read for _update, read in work], model, resources, max_actors=len(work))
     folders = {read.entry: staging_folder(target.gallery_root, update.key, attempt_token) for update, read in work}
     return dataset.map_batches(write_stage, fn_kwargs={"folders": folders,
                                                        "storage_options": target.storage_options},
                                batch_size=PART_BATCHES * resources.batch_size, batch_format="pyarrow", num_cpus=0)
 
 
+def quiet_ray_data() -> None:
+    """Ray Data's per-dataset progress bars and INFO lines off in this driver (the pipeline
+    prints its own progress: one line per committed shard)."""
+    import logging
+
+    import ray.data
+
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    logging.getLogger("ray.data").setLevel(logging.WARNING)
+
+
 def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, EntryRead]], model: GenerationModel,
                       target: ShardTarget, resources: EmbeddingSpec,
-                      on_lost: Callable[[ShardUpdate, BaseException], ShardUpdate | None]) -> Iterator[ShardUpdateResult]:
+                      on_lost: Callable[[ShardUpdate, BaseException], ShardUpdate | None],
+                      on_staged: Callable[[int], None] = lambda n_items: None) -> Iterator[ShardUpdateResult]:
     """Run every (update, the items it reads) of ``source`` through the step's stages; yield each
     update's result as its finish task completes (any order). Ray must be initialised. A finish
     task lost with its worker: ``on_lost(update, error)`` returns the update to finish again (from
-    the same parts), or None to raise the error. An error of an update itself (an undecodable
+    the same parts), or None to raise the error. ``on_staged(n_items)``: a part of that many
+    embedded items was staged (progress before the first update completes). An error of an update itself (an undecodable
     image, items not as planned, a file the lineage does not know) is raised as raised on the worker."""
     import ray
 
@@ -182,6 +222,7 @@ def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, E
         for entry, uri, n_items in zip(*(batch.column(c).to_pylist() for c in ("entry", "uri", "n_items"))):
             if uri not in parts[entry]:
                 parts[entry][uri] = n_items
+                on_staged(n_items)
                 if sum(parts[entry].values()) == updates[entry].num_items:
                     start(entry, updates[entry])
         if running:

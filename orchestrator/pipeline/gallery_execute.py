@@ -19,10 +19,10 @@ file); an update whose final write is lost is written again from its parts, as a
 from __future__ import annotations
 
 import dataclasses
+import time
 
-from orchestrator.distributed.embed import quiet_ray_data
 from orchestrator.distributed.gallery_read import EntryRead, RowRange, StoredItems
-from orchestrator.distributed.gallery_step import GenerationModel, run_shard_updates
+from orchestrator.distributed.gallery_step import GenerationModel, quiet_ray_data, run_shard_updates
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.integrity import record_index
 from orchestrator.lineage.records import ShardAssignment
@@ -42,6 +42,7 @@ class GalleryExecutor:
     def __init__(self, ctx: GalleryContext):
         self.ctx = ctx
         self._runs: dict[str, int] = {}
+        self.first_staged: tuple[float, int] | None = None  # (Unix time, items) of the last execute's first part
 
     def execute(self, plan: GalleryPlan, generation: str) -> list[ShardUpdateResult]:
         """Run every entry of ``plan`` whose step has not committed, commit each as it completes;
@@ -69,13 +70,17 @@ class GalleryExecutor:
         ctx.say(f"{ctx.name}: embedding {total} items of {len(pending)} shard update(s) with {generation} on Ray Data "
                 f"({pool} embedding actor(s){' on GPUs' if resources.num_gpus else ''}, batch {resources.batch_size})")
         results = []
+        self.first_staged = None
         try:
             with Meter(ctx.say, f"{ctx.name}: embedded", total, "items") as meter:
+                def staged(n_items: int) -> None:
+                    self.first_staged = self.first_staged or (time.time(), n_items)
+                    meter.advance(n_items)
+
                 for result in run_shard_updates(ctx.source, work, self._generation_model(generation), self._target(),
-                                                resources, self._run_again):
+                                                resources, self._run_again, staged):
                     self._commit(entries[result.key], result, generation)
                     results.append(result)
-                    meter.advance(result.n_items)
         except BaseException as error:
             for update in updates:
                 if store.step_status(update.key) == "started":

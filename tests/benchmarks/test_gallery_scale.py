@@ -93,8 +93,8 @@ def test_the_streamed_step_embeds_the_same_ids_to_the_same_vectors(job, gallery,
     assert streamed["spilled_mb"] == 0.0 and streamed["peak_rss_mb"] >= streamed["start_rss_mb"] > 0
     assert sum(streamed["shards_by_node"].values()) == 4  # one local node wrote every shard
     assert 0 < streamed["driver_result_bytes"] < 4 * 2000  # metadata per shard update, never items
-    assert streamed["driver_cpu_s"] > 0 and 0 < streamed["first_worker_start_s"] < streamed["first_batch_s"]
-    assert min(streamed[k] for k in ("read_s", "embed_s", "write_s")) > 0
+    assert streamed["driver_cpu_s"] > 0 and 0 < streamed["first_batch_s"] <= streamed["first_shard_s"]
+    assert streamed["write_s"] > 0
     json.dumps(streamed)
 
 

@@ -1,5 +1,5 @@
-"""Gallery embedding through a Ray Data actor pool equals the local embedding path (the local Ray:
-``local_ray`` of tests/distributed/conftest.py)."""
+"""The gallery step's embedding stages (a Ray Data actor pool) equal the local embedding path (the
+local Ray: ``local_ray`` of tests/distributed/conftest.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,13 +8,21 @@ import torch
 
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
 from orchestrator.config.gallery import EmbeddingSpec
-from orchestrator.distributed.embed import embed_with_ray_data
+from orchestrator.data.gallery_sources import MemorySource
+from orchestrator.distributed.gallery_read import RowRange
+from orchestrator.distributed.gallery_step import GenerationModel, embed_gallery
 from orchestrator.geometry import lorentz
 from orchestrator.methods import create_method, embed_dataset
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.storage import save_generation
 
 pytestmark = pytest.mark.e2e
+
+
+def embed_images(images, uri: str, sha256: str, mean, std, settings: EmbeddingSpec = EmbeddingSpec()):
+    source = MemorySource(images, "digits:test")
+    model = GenerationModel.from_checkpoint("g0", uri, sha256, 32, source.image_format, mean, std)
+    return embed_gallery(source, [RowRange(0, 0, source.num_items)], model, settings)
 
 
 def test_actor_pool_embeddings_equal_the_local_ones(local_ray, tmp_path):
@@ -25,8 +33,8 @@ def test_actor_pool_embeddings_equal_the_local_ones(local_ray, tmp_path):
     model = method.build_model(EncoderConfig(arch="test_resnet", embed_dim=16), 10, range(10)).eval()
     card = save_generation(model, method, None, str(tmp_path / "g0"), name="g0")
 
-    rows = embed_with_ray_data(gallery, str(tmp_path / "g0"), card.sha256, "g0", 32, mean, std,
-                               EmbeddingSpec(batch_size=128, concurrency=2)).to_pandas()
+    rows = embed_images(gallery, str(tmp_path / "g0"), card.sha256, mean, std,
+                        EmbeddingSpec(batch_size=128, concurrency=2)).to_pandas()
     rows = rows.sort_values("id")
     assert rows["id"].tolist() == sorted(gallery.ids.tolist())  # every item once
     expected, labels = embed_dataset(model, ImageTensorDataset(gallery, 32, mean, std))
@@ -36,7 +44,7 @@ def test_actor_pool_embeddings_equal_the_local_ones(local_ray, tmp_path):
     np.testing.assert_array_equal(rows["label"].to_numpy(), labels.numpy()[order])
     np.testing.assert_allclose(rows["uncertainty"].to_numpy(),
                                lorentz.uncertainty(torch.from_numpy(embeddings), 1.0).numpy(), atol=1e-6)
-    assert set(rows["generation"]) == {"g0"}
+    assert set(rows["entry"]) == {0}
 
 
 def test_a_wrong_checkpoint_hash_fails(local_ray, tmp_path):
@@ -45,4 +53,4 @@ def test_a_wrong_checkpoint_hash_fails(local_ray, tmp_path):
     model = method.build_model(EncoderConfig(arch="test_resnet", embed_dim=8), 10, range(10)).eval()
     save_generation(model, method, None, str(tmp_path / "g0"), name="g0")
     with pytest.raises(Exception, match="checksum mismatch"):
-        embed_with_ray_data(gallery, str(tmp_path / "g0"), "0" * 64, "g0", 32, (0.5,) * 3, (0.25,) * 3).to_pandas()
+        embed_images(gallery, str(tmp_path / "g0"), "0" * 64, (0.5,) * 3, (0.25,) * 3).to_pandas()
