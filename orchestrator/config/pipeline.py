@@ -18,7 +18,8 @@ from orchestrator.config.generation import GenerationSpec, architecture_problems
 from orchestrator.config.problems import StrictModel, problem, raise_problems, suggest
 from orchestrator.config.runtime import RaySettings, TrackingSettings, local_path, url_scheme
 from orchestrator.config.sources import check_options, check_split, missing_options
-from orchestrator.data.registry import STREAMED_SOURCES, loader_kwargs
+from orchestrator.data.ray_data_read import ReadOptionError, read_spec
+from orchestrator.data.registry import RAY_DATA, STREAMED_SOURCES, loader_kwargs
 from orchestrator.geometry.spaces import Space
 from orchestrator.names import Name
 
@@ -202,6 +203,11 @@ class PipelineConfig(StrictModel):
             missing = missing_options(source, {**options, **split_options.get(self.gallery.split, {})})
             if missing:
                 problems.append(problem(("gallery", "options"), f"source {source!r} needs the option(s) {', '.join(missing)}"))
+        if source == RAY_DATA and not problems:
+            try:
+                read_spec(options)
+            except ReadOptionError as error:
+                problems.append(problem(("gallery", "options", *error.field.split(".")), error.reason, error.value))
         used = {self.data.train_split, self.data.eval_split} | ({self.gallery.split} if same_source else set())
         for split in self.data.split_options:
             if split not in used:

@@ -3,7 +3,9 @@
 - In-memory sources (``SOURCE_NAMES``: ``orchestrator.data.sources``) load a whole split as a
   ``LabeledImages``: ``load_source(name, **options)``.
 - Streamed sources (``STREAMED_SOURCES``: ``orchestrator.data.gallery_sources``) read a gallery
-  in pieces and never load it whole; only a gallery can use them: ``open_gallery_source``.
+  in pieces and never load it whole; only a gallery can use them: ``open_gallery_source``. One of
+  them, ``ray_data`` (``orchestrator.data.ray_data_read``), is a Ray Data read whose snapshot the
+  pipeline writes and opens.
 
 A loader's keyword parameters are its source's options (``loader_parameters``): the pipeline
 configuration checks a file's options against them, and ``loader_kwargs`` builds the keyword
@@ -18,6 +20,7 @@ from typing import Any
 
 from orchestrator.data.gallery_sources import GallerySource, ImageFilesSource, ParquetDatasetSource
 from orchestrator.data.images import LabeledImages
+from orchestrator.data.ray_data_read import RayDataRead
 from orchestrator.data.procedural import load_shapes
 from orchestrator.data.sources import load_cifar, load_digits, load_image_folder, load_parquet, load_tiny_imagenet
 
@@ -37,7 +40,11 @@ EXISTING_DATA_OPTIONS: dict[str, str] = {
     "image_folder": "root", "tiny_imagenet": "root", "parquet": "path_or_url",
     "parquet_dataset": "path", "image_files": "path",
 }
-STREAMED_SOURCES: dict[str, type[GallerySource]] = {"parquet_dataset": ParquetDatasetSource, "image_files": ImageFilesSource}
+#: A gallery read by Ray Data (``orchestrator.data.ray_data_read``): its options are a
+#: ``RayDataRead``; the pipeline opens it over its snapshot (``orchestrator.pipeline.gallery_snapshot``).
+RAY_DATA = "ray_data"
+STREAMED_SOURCES: dict[str, Callable[..., Any]] = {"parquet_dataset": ParquetDatasetSource, "image_files": ImageFilesSource,
+                                                   RAY_DATA: RayDataRead}
 # split names of the loaders that take a `split` argument (see orchestrator.data.sources)
 SPLITS: dict[str, tuple[str, ...]] = {
     "digits": ("train", "test", "all"),
@@ -59,6 +66,9 @@ def open_gallery_source(kind: str, options: dict[str, Any]) -> GallerySource:
     """A streamed gallery source by kind (``STREAMED_SOURCES``) with its options."""
     if kind not in STREAMED_SOURCES:
         raise ValueError(f"source: unknown gallery source {kind!r}; known: {', '.join(STREAMED_SOURCES)}")
+    if kind == RAY_DATA:
+        raise ValueError("source: a ray_data gallery is opened over its snapshot, under the pipeline's storage "
+                         "(orchestrator.pipeline.gallery_snapshot.open_snapshot)")
     return STREAMED_SOURCES[kind](**options)
 
 

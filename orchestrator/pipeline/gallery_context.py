@@ -11,12 +11,13 @@ import torch
 from orchestrator.config import PipelineConfig
 from orchestrator.data import ImageTensorDataset, LabeledImages, load_source
 from orchestrator.data.gallery_sources import GallerySource, MemorySource
-from orchestrator.data.registry import STREAMED_SOURCES, open_gallery_source
+from orchestrator.data.registry import RAY_DATA, STREAMED_SOURCES, open_gallery_source
 from orchestrator.gallery import ShardEmbeddings, read_shard
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.integrity import load_checked_generation
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import ShardRecord
+from orchestrator.pipeline.gallery_snapshot import open_snapshot
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.storage import join_uri
 from orchestrator.storage.locations import StorageRoot
@@ -51,11 +52,14 @@ class GalleryContext:
 
     @property
     def source(self) -> GallerySource:
-        """The gallery's items: a streamed source (Parquet dataset, image files) read in pieces, or
-        an in-memory data source's split; opened once (a listing, no image is read)."""
+        """The gallery's items: a streamed source (Parquet dataset, image files, a Ray Data read's
+        snapshot) read in pieces, or an in-memory data source's split; opened once (a listing, no
+        image is read; a Ray Data read's snapshot is written by Ray workers the first time)."""
         if self._source is None:
             kind, options = self.config.gallery_source
-            if kind in STREAMED_SOURCES:
+            if kind == RAY_DATA:  # its snapshot, written by Ray Data workers the first time
+                self._source = open_snapshot(self.store, self.name, self.root, options, self.ensure_ray, self.say)
+            elif kind in STREAMED_SOURCES:
                 self._source = open_gallery_source(kind, options)
             else:
                 source, kwargs = self.config.gallery_loader_kwargs()

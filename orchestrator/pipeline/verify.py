@@ -4,8 +4,8 @@
 (``orchestrator.integrity``): each trained generation's card and weights and its stored
 evaluation embeddings, each shard's Parquet file (sha256, and its id set against the one its
 index was built from) and index file (sha256 of the whole file, header included), the shard files
-of earlier deployments kept for a rollback, and each committed gallery plan (which must lie in
-the storage). A step whose recorded location would leave the storage root is a problem, not an
+of earlier deployments kept for a rollback, each committed gallery plan (which must lie in
+the storage), and a Ray Data gallery's snapshot (its manifest's sha256, its files' sizes). A step whose recorded location would leave the storage root is a problem, not an
 abort. A lineage that hashes no file verifies nothing: not ``ok``. It also lists *orphans* (files the lineage names that are
 missing) and *unreferenced* files (under ``generations/`` or ``galleries/`` of the storage, named
 nowhere in the lineage). Mismatches and orphans are errors; unreferenced files are listed only.
@@ -38,6 +38,7 @@ from orchestrator.integrity import (
     trained_outputs,
 )
 from orchestrator.lineage.locations import StorageRoot
+from orchestrator.pipeline.gallery_snapshot import check_snapshot
 from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, join_uri, read_bytes, read_json, redact_uri
 from orchestrator.storage.overwrite import UnknownArtefact, refuse_file_on_first_attempt
 
@@ -189,6 +190,8 @@ def verify_storage(store, storage: str) -> Verification:
                    lambda e=evaluation: _check_sha256(e["uri"], e["sha256"], "evaluation embeddings"))
         if step.key.startswith("plan:") and "sha256" in step.outputs:
             _check(result, f"plan {step.key}", lambda o=step.outputs: _check_plan(o, root))
+        if step.key.startswith("source:") and "manifest_uri" in step.outputs:
+            _check(result, f"gallery snapshot {step.key}", lambda o=step.outputs: check_snapshot(o))
     _check_superseded(store, committed, current, result)
     known = known_files(store, steps)
     result.unreferenced = [path for path in stored_files(storage) if path not in known]
