@@ -1,8 +1,9 @@
 """The pipeline on a real multi-node Ray cluster: clusters/local_multinode.sh starts a head and two
 worker nodes on this machine (1 CPU each, token authentication on); `orchestrator run` joins it
-with --ray-address. Training asks for 2 Ray Train workers and the gallery for 2 shard-update workers
-of 1 CPU each (spread over the nodes); with one CPU per node, each pair must span two nodes. Ray's state API (through
-the cluster's dashboard, with the token) tells where they ran."""
+with --ray-address. Training asks for 2 Ray Train workers and the gallery step for 2 embedding
+actors of 1 CPU each (Ray Data's actor pool); with one CPU per node, each pair must span two nodes.
+Ray's state API (through the cluster's dashboard, with the token) tells where they ran, and the
+lineage which node wrote each shard (the step's finish tasks, spread over the nodes)."""
 from __future__ import annotations
 
 import json
@@ -53,7 +54,7 @@ from ray.util.state import list_actors
 ray.init(address=os.environ["GCS"], log_to_driver=False)
 nodes = {}
 for actor in list_actors(address=os.environ["DASHBOARD"], limit=10000, detail=True):
-    for kind in ("RayTrainWorker", "ShardUpdateWorker"):
+    for kind in ("RayTrainWorker", "EmbedStage"):
         # node_id is None for an actor that was never placed (e.g. requested by the pool, then cancelled)
         if kind in actor.class_name and actor.node_id is not None:
             nodes.setdefault(kind, set()).add(actor.node_id)
@@ -82,11 +83,11 @@ def test_training_workers_and_embedding_actors_span_nodes(tmp_path):
         nodes, alive = json.loads(lines[-2]), json.loads(lines[-1])
         assert alive == 3
         assert len(nodes["RayTrainWorker"]) == 2, nodes
-        assert len(nodes["ShardUpdateWorker"]) == 2, nodes
+        assert len(nodes["EmbedStage"]) == 2, nodes
         store = LineageStore(f"sqlite:///{tmp_path / 'run' / 'lineage.db'}")
         assert [s.generation for s in store.shards("digits-test")] == ["g0-old"] * 4
         writers = {store.committed_outputs(f"embed:digits-test/{k}:g0-old")["node"].split(":")[1] for k in range(4)}
-        assert len(writers) == 2, writers  # the shards were written on both workers' nodes, not by the driver
+        assert len(writers) >= 2, writers  # the shards were written on several nodes, not by the driver alone
         store.close()
     finally:
         down = subprocess.run(["bash", str(SCRIPT), "down"], env=script_env, capture_output=True, text=True, timeout=120)
