@@ -157,7 +157,7 @@ def embed_gallery(source: GallerySource, reads: Sequence[EntryRead], model: Gene
     block_rows = block_rows or 4 * resources.batch_size
     high = min(resources.pool_size[1], max_actors or resources.pool_size[1])
     dataset = gallery_dataset(source, reads, block_rows=block_rows, rows_per_task=rows_per_task or 4 * block_rows,
-                              read_concurrency=2 * high)
+                              read_concurrency=max(2, high))
     return embedded_dataset(dataset, source.image_format, model, resources, max_actors=high)
 
 
@@ -169,7 +169,15 @@ def step_dataset(source: GallerySource, work: Sequence[tuple[ShardUpdate, EntryR
     folders = {read.entry: staging_folder(target.gallery_root, update.key, attempt_token) for update, read in work}
     return dataset.map_batches(write_stage, fn_kwargs={"folders": folders,
                                                        "storage_options": target.storage_options},
-                               batch_size=PART_BATCHES * resources.batch_size, batch_format="pyarrow", num_cpus=0)
+                               batch_size=PART_BATCHES * resources.batch_size, batch_format="pyarrow", num_cpus=0,
+                               concurrency=side_tasks(resources))
+
+
+def side_tasks(resources: EmbeddingSpec) -> int:
+    """Tasks at once of each CPU-light stage that asks Ray for no CPU (reading, staging, finishing):
+    as many as the embedding actors, at least 2. Without a bound, Ray starts a worker process per
+    zero-CPU task it can schedule (each one a Python interpreter with pyarrow and torch loaded)."""
+    return max(2, resources.pool_size[1])
 
 
 def quiet_ray_data() -> None:
@@ -191,48 +199,72 @@ def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, E
     update's result as its finish task completes (any order). Ray must be initialised. A finish
     task lost with its worker: ``on_lost(update, error)`` returns the update to finish again (from
     the same parts), or None to raise the error. ``on_staged(n_items)``: a part of that many
-    embedded items was staged (progress before the first update completes). An error of an update itself (an undecodable
-    image, items not as planned, a file the lineage does not know) is raised as raised on the worker."""
-    import ray
-
+    embedded items was staged (progress before the first update completes). An error of an update
+    itself (an undecodable image, items not as planned, a file the lineage does not know) is raised
+    as raised on the worker."""
     if not work:
         return
     updates = {read.entry: update for update, read in work}
-    dataset = step_dataset(source, work, model, target, resources, uuid.uuid4().hex[:12])
-    finish = ray.remote(finish_task).options(num_cpus=0, max_retries=0, scheduling_strategy="SPREAD")
+    finishes = _Finishes(model, target, side_tasks(resources), on_lost)
     parts: dict[int, dict[str, int]] = {entry: {} for entry in updates}
-    running: dict[Any, tuple[int, ShardUpdate]] = {}
-
-    def start(entry: int, update: ShardUpdate) -> None:
-        running[finish.remote(update, sorted(parts[entry]), model, target)] = (entry, update)
-
-    def completed(timeout: float | None) -> Iterator[ShardUpdateResult]:
-        ready, _ = ray.wait(list(running), num_returns=len(running), timeout=timeout)
-        for ref in ready:
-            entry, update = running.pop(ref)
-            try:
-                yield _result(ref)
-            except _Lost as lost:
-                again = on_lost(update, lost.error)
-                if again is None:
-                    raise lost.error from None
-                start(entry, again)
-
-    for batch in _batches(dataset):
+    for batch in _batches(step_dataset(source, work, model, target, resources, uuid.uuid4().hex[:12])):
         for entry, uri, n_items in zip(*(batch.column(c).to_pylist() for c in ("entry", "uri", "n_items"))):
             if uri not in parts[entry]:
                 parts[entry][uri] = n_items
                 on_staged(n_items)
                 if sum(parts[entry].values()) == updates[entry].num_items:
-                    start(entry, updates[entry])
-        if running:
-            yield from completed(timeout=0)
+                    finishes.add(updates[entry], sorted(parts[entry]))
+        yield from finishes.completed(timeout=0)
     for entry, update in updates.items():
         staged = sum(parts[entry].values())
         if staged != update.num_items:
             raise RuntimeError(f"{update.key}: the step's stages staged {staged} items, the plan says {update.num_items}")
-    while running:
-        yield from completed(timeout=None)
+    while finishes:
+        yield from finishes.completed(timeout=None)
+
+
+class _Finishes:
+    """The finish tasks of the updates whose parts are complete: at most ``at_once`` running (the
+    rest wait in order), each lost one handed to ``on_lost``."""
+
+    def __init__(self, model: GenerationModel, target: ShardTarget, at_once: int,
+                 on_lost: Callable[[ShardUpdate, BaseException], ShardUpdate | None]):
+        import ray
+
+        self.task = ray.remote(finish_task).options(num_cpus=0, max_retries=0, scheduling_strategy="SPREAD")
+        self.model, self.target, self.at_once, self.on_lost = model, target, at_once, on_lost
+        self.running: dict[Any, tuple[ShardUpdate, list[str]]] = {}
+        self.waiting: list[tuple[ShardUpdate, list[str]]] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    def add(self, update: ShardUpdate, part_uris: list[str]) -> None:
+        self.waiting.append((update, part_uris))
+        self._start()
+
+    def _start(self) -> None:
+        while self.waiting and len(self.running) < self.at_once:
+            update, part_uris = self.waiting.pop(0)
+            self.running[self.task.remote(update, part_uris, self.model, self.target)] = (update, part_uris)
+
+    def completed(self, timeout: float | None) -> Iterator[ShardUpdateResult]:
+        """The results of the finish tasks done within ``timeout`` seconds (None: at least one)."""
+        import ray
+
+        if self.running:
+            ready, _ = ray.wait(list(self.running), num_returns=1 if timeout is None else len(self.running),
+                                timeout=timeout)
+            for ref in ready:
+                update, part_uris = self.running.pop(ref)
+                try:
+                    yield _result(ref)
+                except _Lost as lost:
+                    again = self.on_lost(update, lost.error)
+                    if again is None:
+                        raise lost.error from None
+                    self.waiting.insert(0, (again, part_uris))
+        self._start()
 
 
 class _Lost(Exception):
