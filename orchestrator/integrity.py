@@ -92,7 +92,8 @@ def check_index_bytes(data: bytes, uri: str, record: Mapping[str, Any] | None, n
 
 
 def load_checked_index(store, shard, storage_options: Mapping[str, Any] | None = None):
-    """The index of lineage shard row ``shard``, its bytes checked against the lineage's hashes."""
+    """The index of lineage shard row ``shard``, its bytes checked against the lineage's hashes
+    (a shard whose rows a store holds: ``stores.load_checked_shard``)."""
     from orchestrator.index.factory import index_from_bytes
 
     data = read_bytes(shard.index_uri, storage_options)

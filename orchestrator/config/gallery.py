@@ -55,6 +55,76 @@ class EmbeddingSpec(StrictModel):
         return self.concurrency, self.max_concurrency or self.concurrency
 
 
+STORE_KINDS = ("files", "pgvector", "lance")
+#: The search index each store kind may build over its rows (``exact``: none, a scan).
+STORE_INDEXES = {"files": ("exact",), "pgvector": ("exact", "hnsw", "ivfflat"), "lance": ("exact", "ivf_pq", "hnsw")}
+#: The options of those indexes (checked by name here, by value when the store builds its index).
+STORE_INDEX_OPTIONS = {"exact": (), "hnsw": ("m", "ef_construction", "ef_search"),
+                       "ivfflat": ("lists", "probes"), "ivf_pq": ("num_partitions", "num_sub_vectors", "nprobes"),
+                       }
+
+
+class StoreSpec(StrictModel):
+    """Where the gallery's searched vectors live (docs/stores.md).
+
+    kind:      ``files`` (the default: a FAISS index file per shard beside its Parquet file, under
+               the storage), ``pgvector`` (a PostgreSQL database with the ``vector`` extension) or
+               ``lance`` (Lance datasets, embedded: a folder under the storage or ``path``).
+    url:       ``pgvector`` only: the database, ``postgresql://user@host:port/db`` (a Unix socket:
+               ``?host=/run/postgresql``); never a password in it (PGPASSWORD or ~/.pgpass, as for
+               the lineage).
+    table:     ``pgvector``: the prefix of the tables the store creates (one per generation,
+               ``<table>__<generation>``); default ``orchestrator_<gallery>``.
+    path:      ``lance``: the folder of its datasets (default ``<storage>/galleries/<gallery>/lance``).
+    index:     the store's own search index over each generation's rows: ``exact`` (none: an
+               exact scan, the same hits as the shard files), pgvector ``hnsw`` / ``ivfflat``,
+               lance ``ivf_pq`` / ``hnsw``; approximate candidates are over-fetched and re-ranked
+               exactly.
+    index_options: that index's options (``hnsw``: m, ef_construction, ef_search; ``ivfflat``:
+               lists, probes; ``ivf_pq``: num_partitions, num_sub_vectors, nprobes).
+    overfetch: candidates fetched per requested hit and re-ranked with the exact distance.
+    """
+
+    kind: str = "files"
+    url: str | None = None
+    table: str | None = Field(None, pattern=r"^[a-z_][a-z0-9_]{0,39}$")
+    path: str | None = None
+    index: str = "exact"
+    index_options: dict[str, Any] = Field(default_factory=dict)
+    overfetch: int = Field(4, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _check_store(self) -> StoreSpec:
+        if self.kind not in STORE_KINDS:
+            raise_problems([problem(("kind",), f"must be one of {', '.join(STORE_KINDS)}", self.kind)])
+        if self.index not in STORE_INDEXES[self.kind]:
+            raise_problems([problem(("index",), f"a {self.kind} store builds {', '.join(STORE_INDEXES[self.kind])}",
+                                    self.index)])
+        unknown = sorted(set(self.index_options) - set(STORE_INDEX_OPTIONS[self.index]))
+        raise_problems([problem(("index_options", name), f"is not an option of index {self.index!r} (its options: "
+                                f"{', '.join(STORE_INDEX_OPTIONS[self.index]) or 'none'})", self.index_options[name])
+                        for name in unknown])
+        if self.kind == "pgvector":
+            from orchestrator.stores.locations import password_in_url, postgres_url_problem
+
+            if self.url is None:
+                raise_problems([problem(("url",), "a pgvector store needs the database's URL "
+                                        "(postgresql://user@host:port/db)", None)])
+            if password_in_url(self.url):
+                raise_problems([problem(("url",), "never a password in the URL: give it in PGPASSWORD or ~/.pgpass",
+                                        "***")])
+            reason = postgres_url_problem(self.url)
+            if reason:
+                raise_problems([problem(("url",), reason, self.url)])
+        elif self.url is not None:
+            raise_problems([problem(("url",), f"only a pgvector store takes a url, this one is {self.kind}", self.url)])
+        if self.kind != "pgvector" and self.table is not None:
+            raise_problems([problem(("table",), "only a pgvector store has tables", self.table)])
+        if self.kind != "lance" and self.path is not None:
+            raise_problems([problem(("path",), "only a lance store takes a path", self.path)])
+        return self
+
+
 class GallerySpec(StrictModel):
     """The served gallery: which items, how many shards, which index per shard.
 
@@ -76,6 +146,8 @@ class GallerySpec(StrictModel):
     index_options:    that kind's build options (``orchestrator.index.OPTIONS[index]``, e.g.
                       ``{bits: 2}``); names are checked here, values when the index is built.
     embedding:        batch size, workers and resources of the gallery step's shard updates.
+    store:            where the searched vectors live (``StoreSpec``: the shard files by default,
+                      or pgvector, or lance; docs/stores.md).
     """
 
     name: Name = "gallery"
@@ -87,6 +159,16 @@ class GallerySpec(StrictModel):
     index: str = "flat"
     index_options: dict[str, Any] = Field(default_factory=dict)
     embedding: EmbeddingSpec = Field(default_factory=EmbeddingSpec)
+    store: StoreSpec = Field(default_factory=StoreSpec)
+
+    @model_validator(mode="after")
+    def _check_store_index(self) -> GallerySpec:
+        if self.store.kind != "files" and self.index != "flat":
+            raise_problems([problem(("index",), f"a {self.store.kind} store searches its own index (gallery.store.index"
+                                    f": {', '.join(STORE_INDEXES[self.store.kind])}); {self.index!r} is a shard-file "
+                                    "index kind (binary and compressed kinds are searched in shard files only)",
+                                    self.index)])
+        return self
 
     @model_validator(mode="after")
     def _check_index(self) -> GallerySpec:

@@ -13,7 +13,7 @@ import torch
 from orchestrator.backfill import DEFAULT_FRACTIONS, budget_count, write_backfill_curve
 from orchestrator.data import LabeledImages
 from orchestrator.gallery import ShardEmbeddings, comparable_shards, evaluate_mixed_gallery, read_shard
-from orchestrator.integrity import load_checked_index
+from orchestrator.stores import load_checked_shard
 from orchestrator.lineage.records import ShardRecord
 from orchestrator.metrics import METRICS
 from orchestrator.pipeline.gallery_context import GalleryContext
@@ -92,7 +92,7 @@ class GalleryEvaluator:
         by_uri = {s.index_uri: s for s in shards}
         try:
             router = SearchRouter(generation, models, parents, shards, criterion,
-                                  lambda uri: load_checked_index(self.ctx.store, by_uri[uri]), on_incompatible="skip",
+                                  lambda uri: load_checked_shard(self.ctx.store, by_uri[uri]), on_incompatible="skip",
                                   read_embeddings=self.ctx.read)
         except IncompatibleShards as refused:  # not one shard is searchable: report that, do not fail the step
             self.ctx.say(f"search {self.ctx.name} as {generation}: nothing searchable: {refused}")

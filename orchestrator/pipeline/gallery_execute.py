@@ -32,6 +32,8 @@ from orchestrator.progress import Meter
 from orchestrator.shard_update import ShardTarget, ShardUpdate, ShardUpdateResult
 from orchestrator.shard_update.parts import step_staging
 from orchestrator.storage import remove
+from orchestrator.stores import store_of
+from orchestrator.stores.lineage import record_store
 
 MAX_ATTEMPTS_PER_RUN = 3  # final writes of one update in one execution when their workers are lost
 
@@ -57,6 +59,11 @@ class GalleryExecutor:
         for entry in pending:
             if entry.kind == "embed" and plan.before[entry.shard].generation is not None:
                 store.start_backfill(ctx.name, entry.shard, generation, items=entry.num_items)
+        target = self._target()
+        gallery_store = target.gallery_store()
+        if gallery_store.kind != "files":
+            gallery_store.check_reachable()
+            record_store(store, ctx.name, gallery_store)
         shards = {s.index: s for s in store.shards(ctx.name)}
         updates = [self._update(entry, generation, shards) for entry in pending]
         ctx.ensure_ray()
@@ -77,7 +84,7 @@ class GalleryExecutor:
                     self.first_staged = self.first_staged or (time.time(), n_items)
                     meter.advance(n_items)
 
-                for result in run_shard_updates(ctx.source, work, self._generation_model(generation), self._target(),
+                for result in run_shard_updates(ctx.source, work, self._generation_model(generation), target,
                                                 resources, self._run_again, staged):
                     self._commit(entries[result.key], result, generation)
                     results.append(result)
@@ -121,7 +128,9 @@ class GalleryExecutor:
                                tuple(self.ctx.std))
 
     def _target(self) -> ShardTarget:
-        return ShardTarget(self.ctx.root, self.ctx.spec.index, dict(self.ctx.spec.index_options))
+        spec = self.ctx.spec
+        store = None if spec.store.kind == "files" else store_of(spec.store, self.ctx.root, self.ctx.name)
+        return ShardTarget(self.ctx.root, spec.index, dict(spec.index_options), store=store)
 
     @staticmethod
     def _entry_read(position: int, entry: PlanEntry, plan: GalleryPlan) -> EntryRead:

@@ -11,8 +11,10 @@ backfills grow the gallery) are left empty.
 deployments (the rollback targets), the files a running ``orchestrator serve`` holds (its leases,
 ``storage.leases``), every generation's checkpoint, plans and reports; it removes
 other shard files under ``galleries/<gallery>/``, the parts a killed gallery step staged there
-(``staging/``: never served; a run holds the lock gc takes, so none is in use) and Ray Train's epoch checkpoints of generations
-whose training committed (their finished checkpoint is saved separately).
+(``staging/``: never served; a run holds the lock gc takes, so none is in use), the rows of a
+gallery's store (pgvector, Lance) that nothing retained names (staged by an update that never
+committed, or superseded) and Ray Train's epoch checkpoints of generations whose training
+committed (their finished checkpoint is saved separately).
 """
 from __future__ import annotations
 
@@ -29,6 +31,9 @@ from orchestrator.storage.hashing import sha256_hex
 from orchestrator.storage.filesystem import is_local, open_filesystem, remove
 from orchestrator.shard_update.parts import STAGING_FOLDER
 from orchestrator.storage.leases import held_uris
+from orchestrator.integrity import recorded_index
+from orchestrator.stores import StoreLocation, is_store_uri, store_at
+from orchestrator.stores.lineage import recorded_stores
 
 SNAPSHOT_FIELDS = ("index", "generation", "embeddings_uri", "index_uri", "sha256", "n_items")
 
@@ -62,6 +67,13 @@ def redeploy(store: LineageStore, gallery: str, generation: str | None, rollback
     for row in snapshot:
         if not row["n_items"]:
             continue
+        if is_store_uri(row["index_uri"]):  # rows of a store: all still there
+            record = recorded_index(store, row["index_uri"])
+            held = store_at(row["index_uri"], record).count(row["index_uri"])
+            if held != row["n_items"]:
+                raise ValueError(f"shard {row['index']} of {generation!r}: {StoreLocation.parse(row['index_uri']).describe()} "
+                                 f"holds {held} rows, the deployment recorded {row['n_items']} (collected by gc?); it "
+                                 "cannot be served again")
         try:
             data = read_bytes(row["embeddings_uri"])
         except FileNotFoundError as missing:
@@ -113,6 +125,8 @@ def collect_garbage(store: LineageStore, storage: str, gallery: str, keep_deploy
     needed |= held_uris(storage)  # what a running `orchestrator serve` holds (orchestrator.storage.leases)
     stored, links = _shard_files(join_uri(storage, "galleries", gallery))
     unneeded = [uri for uri in stored if uri not in needed]
+    stores = recorded_stores(store, gallery=gallery)
+    rows = {id(s): [uri for uri in s.locations() if uri not in needed] for s in stores}
     trained = {s.key.split(":", 1)[1] for s in store.steps("train:") if s.status == "committed"}
     ray_root = join_uri(storage, "ray")
     ray_runs: list[str] = []
@@ -128,6 +142,9 @@ def collect_garbage(store: LineageStore, storage: str, gallery: str, keep_deploy
         _check_removable(unneeded, ray_runs)
         for uri in removed:
             remove(uri, recursive=uri in ray_runs, missing_ok=True)
+        for gallery_store in stores:  # rows nothing retained names: staged by updates that never committed, or superseded
+            gallery_store.remove(rows[id(gallery_store)])
+    removed += [uri for s in stores for uri in rows[id(s)]]
     return Collection(removed, len(stored) - len(unneeded), dry_run, links)
 
 

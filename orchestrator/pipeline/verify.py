@@ -151,10 +151,14 @@ def _check_index_file(store, uri: str, n_items: int | None) -> None:
 
 def _check_shard(store, shard) -> None:
     from orchestrator.gallery import read_shard
+    from orchestrator.stores import is_store_uri, store_at
 
     stored = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)
     record = recorded_index(store, shard.index_uri)
-    check_index_bytes(read_bytes(shard.index_uri), shard.index_uri, record, shard.n_items)
+    if is_store_uri(shard.index_uri):  # the rows of a store: their count and digest
+        store_at(shard.index_uri, record).check_shard(shard.index_uri, record, shard.n_items)
+    else:
+        check_index_bytes(read_bytes(shard.index_uri), shard.index_uri, record, shard.n_items)
     if ids_sha256(stored.ids) != record["ids_sha256"]:
         raise IntegrityError(f"{shard.index_uri}: the index was built over other items than shard {shard.index}'s "
                              f"file {shard.embeddings_uri} holds")
@@ -195,7 +199,27 @@ def verify_storage(store, storage: str) -> Verification:
     _check_superseded(store, committed, current, result)
     known = known_files(store, steps)
     result.unreferenced = [path for path in stored_files(storage) if path not in known]
+    result.unreferenced += _staged_rows(store, steps, known, result)
     return result
+
+
+def _staged_rows(store, steps, known: set[str], result: Verification) -> list[str]:
+    """The locations of rows the gallery's stores hold that the lineage names nowhere: an update's
+    rows staged by a run that never committed it (no query reaches them; ``gc`` removes them)."""
+    from orchestrator.outside import OutsideSystemError
+    from orchestrator.stores.lineage import recorded_stores
+
+    staged = []
+    stores = recorded_stores(store, steps)
+    folders = tuple(s.path.rstrip("/") + "/" for s in stores if s.kind == "lance")
+    result.unreferenced = [path for path in result.unreferenced if not path.startswith(folders)] if folders \
+        else result.unreferenced  # a Lance store's own files: its rows are checked, not its files
+    for gallery_store in stores:
+        try:
+            staged += [uri for uri in gallery_store.locations() if uri not in known]
+        except OutsideSystemError as error:
+            result.problems.append(f"{gallery_store.describe()}: {error}")
+    return staged
 
 
 def _check_superseded(store, committed: list, current: set[str], result: Verification) -> None:
@@ -211,8 +235,17 @@ def _check_superseded(store, committed: list, current: set[str], result: Verific
                 seen.add(row["embeddings_uri"])
                 _check(result, f"{step.key} shard {row['index']} (kept for a rollback)",
                        lambda r=row: _check_sha256(r["embeddings_uri"], r["sha256"], "shard file"))
+    from orchestrator.stores import is_store_uri, store_at
+
     for step in committed:
         uri = step.key[len(INTEGRITY_PREFIX):] if step.key.startswith(INTEGRITY_PREFIX) else None
+        if uri and uri not in seen and is_store_uri(uri):
+            seen.add(uri)
+            gallery_store = store_at(uri, step.outputs)
+            if gallery_store.count(uri):  # rows gc collected are not a problem (deploy refuses them)
+                _check(result, f"rows {uri} (kept for a rollback)",
+                       lambda u=uri, o=step.outputs, g=gallery_store: g.check_shard(u, o))
+            continue
         if uri and uri not in seen and os.path.exists(uri):
             seen.add(uri)
             _check(result, f"index {uri} (kept for a rollback)",

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from orchestrator.gallery import read_shard
-from orchestrator.integrity import load_checked_generation, load_checked_index
+from orchestrator.integrity import load_checked_generation
+from orchestrator.stores import load_checked_shard
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import GenerationRecord, ShardRecord
 from orchestrator.models.bundle import CompatibleModel
@@ -71,7 +72,7 @@ def open_router(store: LineageStore, gallery: str, serving: str | None = None, *
     """The router of ``gallery`` for ``serving`` (None: the deployed generation); see the module
     docstring. ``shards``: the gallery's shard rows as already read (a server's snapshot); None
     reads them now. ``load_index``: shard row → its index, checked against the lineage's hashes
-    (default ``load_checked_index``; a server reuses the indexes it loaded for an earlier snapshot);
+    (default ``stores.load_checked_shard``: a shard file's index or a store's rows; a server reuses the indexes it loaded for an earlier snapshot);
     ``load_model`` likewise for models (``open_plan``).
     ValueError names what is missing (no deployment, unknown gallery or generation)."""
     plan, models = open_plan(store, gallery, serving, metric=metric, dataset=dataset, on_incompatible=on_incompatible,
@@ -79,7 +80,7 @@ def open_router(store: LineageStore, gallery: str, serving: str | None = None, *
     by_uri = {shard.index_uri: shard for shard, _path in plan.admitted}
     if load_index is None:
         def load_index(shard: ShardRecord) -> Any:
-            return load_checked_index(store, shard, storage_options)
+            return load_checked_shard(store, shard, storage_options)
     return SearchRouter.of_plan(plan, models, lambda uri: load_index(by_uri[uri]),
                                 read_embeddings=lambda shard: read_shard(shard.embeddings_uri,
                                                                          expected_sha256=shard.sha256,

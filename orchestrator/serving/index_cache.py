@@ -1,7 +1,7 @@
 """The shard indexes a server holds, reused across snapshots while the lineage's hashes of them hold.
 
 ``IndexCache.load(shard)`` returns the index of a lineage shard row, loaded and checked against the
-lineage (``integrity.load_checked_index``) only when none is held under its key: the index URI and
+lineage (``stores.load_checked_shard``: an index file, or a store's rows) only when none is held under its key: the index URI and
 the sha256 the lineage records for it now, so a rewritten index is loaded again, never served
 stale. ``keep(uris)`` forgets every index whose URI no current shard row names. The single-process
 server (``serving.local``) and every shard-search replica (``serving.shares``) hold theirs here.
@@ -22,11 +22,12 @@ class IndexCache:
 
     def load(self, shard) -> Any:
         """The index of shard row ``shard``: the held one under its key, or loaded and checked."""
-        from orchestrator.integrity import load_checked_index, recorded_index
+        from orchestrator.integrity import recorded_index
+        from orchestrator.stores import load_checked_shard
 
         key = (shard.index_uri, (recorded_index(self.store, shard.index_uri) or {}).get("sha256"))
         if key not in self._indexes:
-            self._indexes[key] = load_checked_index(self.store, shard)
+            self._indexes[key] = load_checked_shard(self.store, shard)
             self.loads += 1
         return self._indexes[key]
 

@@ -1,9 +1,12 @@
-"""Writing one shard's files: its Parquet embeddings and its FAISS index, under content-addressed
-names (``gallery.shard_files.shard_file_uris``), never over a file the lineage does not know.
+"""Writing one shard: its Parquet embeddings (the lineage's record of its items) under a
+content-addressed name (``gallery.shard_files.shard_file_uris``), never over a file the lineage
+does not know, and its searched vectors into the gallery's store (``orchestrator.stores``): by
+default a FAISS index file beside the Parquet file, else staged rows of a pgvector or Lance store.
 
-The returned ``WrittenShard`` is what the lineage records of the shard: the two URIs, the
-Parquet file's sha256, the index record (``integrity.index_record``: the index bytes' sha256, the
-id set's sha256 and size). It holds no item.
+The returned ``WrittenShard`` is what the lineage records of the shard: the Parquet URI and
+sha256, the index URI (a file, or the store location of the rows) and its record
+(``integrity.index_record`` for a file: the index bytes' sha256, the id set's sha256 and size; a
+store's record: the rows' digest, the id set's sha256 and size). It holds no item.
 """
 from __future__ import annotations
 
@@ -12,8 +15,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.gallery.shard_files import ShardEmbeddings, shard_file_uris, shard_to_parquet
-from orchestrator.index import build_index
-from orchestrator.integrity import index_record
 from orchestrator.storage import sha256_hex, write_bytes_atomic
 from orchestrator.storage.overwrite import refuse_file_on_first_attempt
 
@@ -24,13 +25,24 @@ class ShardTarget:
 
     gallery_root:  the gallery's folder (``<storage>/galleries/<name>``);
     index_kind / index_options: the FAISS index built per shard (``orchestrator.index.build_index``);
-    storage_options: fsspec options of the storage (None: the environment's).
+    storage_options: fsspec options of the storage (None: the environment's);
+    store: the gallery's store (``orchestrator.stores``; None: the shard files, a FAISS index file
+                   per shard).
     """
 
     gallery_root: str
     index_kind: str = "flat"
     index_options: Mapping[str, Any] = field(default_factory=dict)
     storage_options: Mapping[str, Any] | None = None
+    store: Any = None
+
+    def gallery_store(self):
+        """The store the shards' searched vectors are written to."""
+        if self.store is not None:
+            return self.store
+        from orchestrator.stores.files import ShardFileStore
+
+        return ShardFileStore(self.gallery_root, self.index_kind, dict(self.index_options), self.storage_options)
 
 
 @dataclass(frozen=True)
@@ -53,15 +65,14 @@ class WrittenShard:
 def write_shard_files(shard_index: int, shard: ShardEmbeddings, target: ShardTarget, key: str,
                       first_attempt: bool) -> WrittenShard:
     """Write ``shard`` as shard ``shard_index`` of ``target``'s gallery: Parquet file first, then
-    the index built over it. On the first attempt of step ``key`` an existing file at either name
-    is refused (``storage.overwrite``); a later attempt rewrites what an earlier one left."""
+    its searched vectors into the gallery's store (the index file built over it, or the store's
+    staged rows). On the first attempt of step ``key`` an existing file (or rows) at either name is
+    refused (``storage.overwrite``); a later attempt rewrites what an earlier one left."""
     embeddings_uri, index_uri = shard_file_uris(target.gallery_root, shard_index, shard.generation, shard.ids)
-    for uri in (embeddings_uri, index_uri):
+    store = target.gallery_store()
+    for uri in (embeddings_uri, index_uri) if store.kind == "files" else (embeddings_uri,):
         refuse_file_on_first_attempt(key, uri, first_attempt, target.storage_options)
     data = shard_to_parquet(shard)
     write_bytes_atomic(embeddings_uri, data, target.storage_options)
-    index = build_index(shard.embeddings, shard.space, target.index_kind, shard.ids, curv=shard.curv,
-                        **dict(target.index_options)).to_bytes()
-    write_bytes_atomic(index_uri, index, target.storage_options)
-    return WrittenShard(shard_index, shard.generation, embeddings_uri, sha256_hex(data), index_uri,
-                        index_record(index, shard.ids), len(shard))
+    index_uri, record = store.write_shard(shard_index, shard, key, first_attempt)
+    return WrittenShard(shard_index, shard.generation, embeddings_uri, sha256_hex(data), index_uri, record, len(shard))

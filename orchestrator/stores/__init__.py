@@ -1,0 +1,61 @@
+"""Gallery stores: where a gallery's searched vectors live (``protocol.GalleryStore``;
+docs/stores.md). ``store_of(spec, gallery_root, gallery)`` is the configured store of a gallery,
+``store_at(uri)`` the store a lineage location names (readers: search, serve, verify, gc,
+rollback need nothing but the lineage). Nothing here imports Ray or torch."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from orchestrator.stores.locations import StoreLocation, is_store_uri
+
+
+def store_of(spec, gallery_root: str, gallery: str, index_kind: str = "flat",
+             index_options: Mapping[str, Any] | None = None):
+    """The store a gallery's ``store:`` section (``config.gallery.StoreSpec``) configures."""
+    kind = getattr(spec, "kind", "files") if spec is not None else "files"
+    if kind == "pgvector":
+        from orchestrator.stores.pgvector import PgVectorStore
+
+        return PgVectorStore(spec.url, spec.table or f"orchestrator_{gallery.lower().replace('-', '_').replace('.', '_')}"[:40],
+                             spec.index, dict(spec.index_options), spec.overfetch)
+    if kind == "lance":
+        from orchestrator.stores.lance import LanceStore
+        from orchestrator.storage import join_uri
+
+        return LanceStore(spec.path or join_uri(gallery_root, "lance"), spec.index, dict(spec.index_options),
+                          spec.overfetch)
+    from orchestrator.stores.files import ShardFileStore
+
+    return ShardFileStore(gallery_root, index_kind, dict(index_options or {}))
+
+
+def store_at(uri: str, record: Mapping[str, Any] | None = None):
+    """The store holding the location ``uri`` (its search settings from the lineage's ``record``)."""
+    location = StoreLocation.parse(uri)
+    record = record or {}
+    if location.scheme == "pgvector":
+        from orchestrator.stores.pgvector import PgVectorStore
+
+        prefix = location.table.rsplit("__", 1)[0]
+        return PgVectorStore(location.where, prefix, record.get("index", "exact"),
+                             dict(record.get("index_options") or {}), int(record.get("overfetch", 4)))
+    from orchestrator.stores.lance import LanceStore
+
+    return LanceStore(location.where, record.get("index", "exact"), dict(record.get("index_options") or {}),
+                      int(record.get("overfetch", 4)))
+
+
+def load_checked_shard(lineage, shard, storage_options: Mapping[str, Any] | None = None):
+    """What the router searches of lineage shard row ``shard``: the rows of its store (their count
+    checked against the lineage's record), or its index file (its bytes checked against the
+    lineage's hashes, ``integrity.load_checked_index``)."""
+    from orchestrator.integrity import load_checked_index, recorded_index
+
+    if is_store_uri(shard.index_uri):
+        record = recorded_index(lineage, shard.index_uri)
+        return store_at(shard.index_uri, record).open_shard(shard.index_uri, record, shard.n_items)
+    return load_checked_index(lineage, shard, storage_options)
+
+
+__all__ = ["StoreLocation", "is_store_uri", "load_checked_shard", "store_at", "store_of"]

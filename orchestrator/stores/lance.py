@@ -1,0 +1,263 @@
+"""The Lance store: a gallery's vectors in Lance datasets (embedded: files under a folder, local
+or object storage), the format LanceDB serves.
+
+What it creates (nothing else; docs/stores.md): under its folder (``store.path``, default
+``<storage>/galleries/<gallery>/lance``) one dataset per generation, ``<generation>.lance``, with
+the columns ``shard`` int32, ``version`` string, ``id`` int64, ``label`` int64, ``uri`` string,
+``embedding`` fixed-size list of float32 (the stored coordinates, ``stores.vectors``), and with
+``store.index`` an ``IVF_PQ`` or ``IVF_HNSW_SQ`` vector index once a dataset holds enough rows
+(``MIN_INDEX_ROWS``); rows appended later are searched unindexed (flat) until the index is rebuilt.
+
+Writes: a worker appends one shard update's rows as one Lance commit (a new table version): the
+rows appear all at once or not at all; Lance retries concurrent appends of other updates. The
+rows carry their ``version`` (the digest of their ids and vectors); no query reaches them until
+the lineage commit names ``(shard, version)``: every search filters on the versions the lineage
+(or a deployment, or a server's snapshot) names, before the vector search (``prefilter``).
+A retry of the same rows deletes the earlier ones first (they were never named).
+"""
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from orchestrator.integrity import IntegrityError, ids_sha256
+from orchestrator.stores.locations import StoreLocation
+from orchestrator.stores.vectors import (query_coordinates, ranks_by_inner_product, rerank, rows_digest,
+                                         stored_coordinates)
+
+VERSION_CHARS = 20
+MIN_INDEX_ROWS = 4096
+_COMMIT_TRIES = 5
+
+
+def dataset_name(generation: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", generation) + ".lance"
+
+
+@dataclass(frozen=True)
+class LanceStore:
+    """A gallery's Lance datasets under ``path`` (module docstring)."""
+
+    path: str
+    index: str = "exact"
+    index_options: Mapping[str, Any] = field(default_factory=dict)
+    overfetch: int = 4
+    kind: str = "lance"
+
+    def describe(self) -> str:
+        return f"lance store {self.path}"
+
+    def check_reachable(self) -> None:
+        return None  # a folder of the storage (checked before every command) or of the path's filesystem
+
+    def _uri(self, name: str) -> str:
+        return f"{self.path.rstrip('/')}/{name}"
+
+    def _open(self, name: str):
+        import lance
+
+        try:
+            return lance.dataset(self._uri(name))
+        except (ValueError, FileNotFoundError, OSError) as error:
+            if "not found" in str(error).lower() or "does not exist" in str(error).lower() or isinstance(
+                    error, FileNotFoundError):
+                return None
+            raise
+
+    def _location(self, uri: str) -> StoreLocation:
+        location = StoreLocation.parse(uri)
+        if location.scheme != "lance" or location.table is None:
+            raise ValueError(f"not a lance location: {uri}")
+        return location
+
+    @staticmethod
+    def _filter(location: StoreLocation) -> str:
+        return f"shard = {int(location.shard)} AND version = '{location.version}'"
+
+    def write_shard(self, shard_index: int, shard, key: str, first_attempt: bool) -> tuple[str, dict[str, Any]]:
+        import lance
+        import pyarrow as pa
+
+        from orchestrator.storage.overwrite import UnknownArtefact
+
+        vectors = stored_coordinates(shard.embeddings, shard.space, shard.curv)
+        digest = rows_digest(shard.ids, vectors)
+        name = dataset_name(shard.generation)
+        location = StoreLocation("lance", self.path, int(shard_index), digest[:VERSION_CHARS], name)
+        attributes = shard.attributes
+        uris = attributes.column("uri").to_pylist() if attributes is not None and "uri" in attributes.column_names \
+            else [None] * len(shard.ids)
+        n, dim = vectors.shape
+        table = pa.table({"shard": pa.array(np.full(n, shard_index, np.int32)),
+                          "version": pa.array([location.version] * n, pa.string()),
+                          "id": pa.array(np.asarray(shard.ids, np.int64)),
+                          "label": pa.array(np.asarray(shard.labels, np.int64)),
+                          "uri": pa.array(uris, pa.string()),
+                          "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dim)})
+        dataset = self._open(name)
+        if dataset is not None and dataset.count_rows(filter=self._filter(location)):
+            if first_attempt:
+                raise UnknownArtefact(f"{key}: {location.describe()} already holds rows, although the step is on its "
+                                      "first attempt (so the lineage does not know them); refusing to replace them")
+            dataset.delete(self._filter(location))
+        for attempt in range(_COMMIT_TRIES):  # two updates may create the generation's dataset at once
+            try:
+                if self._open(name) is None:
+                    os.makedirs(self.path, exist_ok=True) if "://" not in self.path else None
+                    lance.write_dataset(table, self._uri(name), mode="create")
+                else:
+                    lance.write_dataset(table, self._uri(name), mode="append")
+                break
+            except OSError:
+                if attempt == _COMMIT_TRIES - 1:
+                    raise
+                time.sleep(0.2 * (attempt + 1))
+        self._maybe_index(name, shard.space)
+        return location.uri, {"kind": "lance", "sha256": digest, "ids_sha256": ids_sha256(shard.ids),
+                              "n_items": int(n), "space": shard.space, "curv": float(shard.curv),
+                              "dim": int(np.asarray(shard.embeddings).shape[1]), "index": self.index,
+                              "index_options": dict(self.index_options), "overfetch": int(self.overfetch)}
+
+    def _maybe_index(self, name: str, space: str, force: bool = False) -> None:
+        """Build the dataset's vector index once it holds ``MIN_INDEX_ROWS`` rows (``force``: rebuild now)."""
+        if self.index == "exact":
+            return
+        dataset = self._open(name)
+        if dataset is None or (not force and (dataset.count_rows() < MIN_INDEX_ROWS or dataset.list_indices())):
+            return
+        self.build_index(name, space)
+
+    def build_index(self, name: str, space: str) -> None:
+        dataset = self._open(name)
+        options = dict(self.index_options)
+        metric = "dot" if ranks_by_inner_product(space) else "l2"
+        n = dataset.count_rows()
+        partitions = int(options.get("num_partitions", max(1, min(256, int(np.sqrt(n))))))
+        kwargs: dict[str, Any] = {"num_partitions": partitions, "metric": metric, "replace": True}
+        if self.index == "ivf_pq":
+            dim = dataset.schema.field("embedding").type.list_size
+            width = next(w for w in (4, 3, 2, 1) if dim % w == 0)  # narrow sub-vectors: a hyperboloid point's
+            sub = int(options.get("num_sub_vectors", dim // width))  # time coordinate dwarfs the others
+            dataset.create_index("embedding", index_type="IVF_PQ", num_sub_vectors=sub, **kwargs)
+        else:
+            dataset.create_index("embedding", index_type="IVF_HNSW_SQ", **kwargs)
+
+    def count(self, uri: str) -> int:
+        location = self._location(uri)
+        dataset = self._open(location.table)
+        return 0 if dataset is None else int(dataset.count_rows(filter=self._filter(location)))
+
+    def read_rows(self, uri: str) -> tuple[np.ndarray, np.ndarray]:
+        location = self._location(uri)
+        dataset = self._open(location.table)
+        if dataset is None:
+            return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+        table = dataset.to_table(columns=["id", "embedding"], filter=self._filter(location))
+        ids = table.column("id").to_numpy().astype(np.int64)
+        embedding = table.column("embedding").combine_chunks()
+        vectors = embedding.values.to_numpy().reshape(len(ids), embedding.type.list_size) if len(ids) else \
+            np.zeros((0, embedding.type.list_size), np.float32)
+        order = np.argsort(ids, kind="stable")
+        return ids[order], np.ascontiguousarray(vectors[order], dtype=np.float32)
+
+    def open_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None):
+        if record is None:
+            raise IntegrityError(f"{StoreLocation.parse(uri).describe()}: the lineage holds no record of these rows; "
+                                 "refusing to serve them (run `orchestrator verify FILE`)")
+        held = self.count(uri)
+        if held != int(record["n_items"]):
+            raise IntegrityError(f"{StoreLocation.parse(uri).describe()}: holds {held} rows, the lineage recorded "
+                                 f"{record['n_items']}; refusing to serve it (run `orchestrator verify FILE`)")
+        return LanceShard(self, uri, dict(record), held)
+
+    def check_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None) -> None:
+        location = self._location(uri)
+        if record is None:
+            raise IntegrityError(f"{location.describe()}: the lineage holds no record of these rows")
+        ids, vectors = self.read_rows(uri)
+        if not len(ids) and int(record["n_items"]):
+            raise FileNotFoundError(f"{location.describe()}: no rows")
+        if len(ids) != int(record["n_items"]):
+            raise IntegrityError(f"{location.describe()}: {len(ids)} rows, the lineage recorded {record['n_items']} "
+                                 "(rows missing or added)")
+        actual = rows_digest(ids, vectors)
+        if actual != record["sha256"]:
+            raise IntegrityError(f"{location.describe()}: rows changed since they were written (a vector or an id): "
+                                 f"digest {actual}, the lineage holds {record['sha256']}")
+
+    def datasets(self) -> list[str]:
+        from orchestrator.storage.filesystem import list_dir
+
+        try:
+            return sorted(name.rstrip("/").rsplit("/", 1)[-1] for name in list_dir(self.path)
+                          if name.rstrip("/").endswith(".lance"))
+        except FileNotFoundError:
+            return []
+
+    def locations(self) -> list[str]:
+        import pyarrow.compute as pc
+
+        found = []
+        for name in self.datasets():
+            dataset = self._open(name)
+            if dataset is None:
+                continue
+            table = dataset.to_table(columns=["shard", "version"])
+            pairs = set(zip(table.column("shard").to_pylist(), table.column("version").to_pylist())) if len(table) \
+                else set()
+            del pc
+            found += [StoreLocation("lance", self.path, int(s), v, name).uri for s, v in pairs]
+        return sorted(found)
+
+    def remove(self, uris: Iterable[str]) -> None:
+        for uri in uris:
+            location = self._location(uri)
+            dataset = self._open(location.table)
+            if dataset is not None:
+                dataset.delete(self._filter(location))
+
+
+class LanceShard:
+    """One shard's rows in a Lance dataset, searched as the router searches a shard index:
+    ``overfetch · k`` candidates (filtered to the shard's version before the vector search), re-ranked
+    with the space's exact distance (``stores.vectors``)."""
+
+    def __init__(self, store: LanceStore, uri: str, record: dict[str, Any], n_rows: int):
+        self.store, self.uri, self.record = store, uri, record
+        self.location = store._location(uri)
+        self.space, self.curv, self.dim = record["space"], float(record["curv"]), int(record["dim"])
+        self.kind = {"hnsw": "hnsw", "ivf_pq": "ivf"}.get(record.get("index", "exact"), "flat")
+        self._ntotal = n_rows
+        self._dataset = store._open(self.location.table)
+
+    @property
+    def ntotal(self) -> int:
+        return self._ntotal
+
+    def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
+        queries = np.asarray(queries, dtype=np.float64)
+        coords, searched = query_coordinates(queries, self.space, self.curv)
+        fetch = max(k, min(self.ntotal, k * self.store.overfetch))
+        metric = "dot" if ranks_by_inner_product(self.space) else "l2"
+        options = dict(self.store.index_options)
+        found, vectors = [], []
+        for vector in searched:
+            nearest: dict[str, Any] = {"column": "embedding", "q": vector, "k": fetch, "metric": metric,
+                                       "use_index": self.kind != "flat"}
+            if self.kind != "flat":
+                nearest["nprobes"] = int(options.get("nprobes", 20))
+            table = self._dataset.to_table(columns=["id", "embedding"], nearest=nearest,
+                                           filter=LanceStore._filter(self.location), prefilter=True,
+                                           disable_scoring_autoprojection=True)
+            ids = table.column("id").to_numpy().astype(np.int64)
+            embedding = table.column("embedding").combine_chunks()
+            found.append(ids)
+            vectors.append(embedding.values.to_numpy().reshape(len(ids), embedding.type.list_size).astype(np.float32)
+                           if len(ids) else np.zeros((0, searched.shape[1]), np.float32))
+        return rerank(coords, found, vectors, k, self.space, self.curv)

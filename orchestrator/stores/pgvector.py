@@ -1,0 +1,347 @@
+"""The pgvector store: a gallery's vectors in PostgreSQL tables with the ``vector`` extension.
+
+What it creates in the database (nothing else; docs/stores.md): the ``vector`` extension when it
+is missing (``CREATE EXTENSION IF NOT EXISTS vector``: the user needs that right, or a DBA creates
+it once), and per generation of the gallery one table ``<table>__<generation>``::
+
+    shard integer, version text, id bigint, label bigint, embedding vector(D'), uri text,
+    PRIMARY KEY (shard, version, id)
+
+with, when ``store.index`` says so, one approximate index on ``embedding`` (``hnsw`` or
+``ivfflat``, ``vector_l2_ops`` for euclidean galleries, ``vector_ip_ops`` otherwise). It never
+touches another table, and within its tables only the rows of the versions it wrote.
+
+Writes: a worker writes one shard update's rows in one transaction (``COPY … FROM STDIN`` in
+PostgreSQL's binary format), under the version that names them (the digest of its ids and
+vectors): they appear all at once or not at all, and a retry of the same rows replaces them in one
+transaction. No query reaches them until the lineage commit names ``(shard, version)``: every
+search filters on the versions the lineage (or the deployment, or the server's snapshot) names.
+
+Connection: the store's URL as the lineage takes it (never a password: PGPASSWORD or
+``~/.pgpass``, which libpq reads); a failure to connect or a connection lost is
+``StoreUnavailable``: one line naming the store and its location, the CLI's exit code 6.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import struct
+from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+import numpy as np
+
+from orchestrator.integrity import IntegrityError, ids_sha256
+from orchestrator.outside import OutsideSystemError
+from orchestrator.stores.locations import StoreLocation, libpq_url, shown
+from orchestrator.stores.vectors import (query_coordinates, ranks_by_inner_product, rerank, rows_digest,
+                                         stored_coordinates)
+
+_COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
+_COPY_TRAILER = struct.pack(">h", -1)
+VERSION_CHARS = 20
+CONNECT_TIMEOUT_S = 10
+
+
+class StoreUnavailable(OutsideSystemError):
+    """The store's database did not answer or dropped the connection (picklable: it crosses from
+    a Ray worker to the driver)."""
+
+    def __reduce__(self):
+        return (_rebuild, (self.system, self.location, str(self)))
+
+
+def _rebuild(system: str, location: str, message: str) -> StoreUnavailable:
+    error = StoreUnavailable.__new__(StoreUnavailable)
+    Exception.__init__(error, message)
+    error.system, error.location = system, location
+    return error
+
+
+def table_name(prefix: str, generation: str) -> str:
+    """``<prefix>__<generation>``: lower-case letters, digits and ``_``; a generation name that
+    needs changing for that (or is long) gets 8 hex characters of its hash, so two never share a table."""
+    clean = re.sub(r"[^a-z0-9_]", "_", generation.lower())
+    if clean != generation or len(prefix) + 2 + len(clean) > 63:
+        clean = f"{clean[:63 - len(prefix) - 12]}_{hashlib.sha256(generation.encode()).hexdigest()[:8]}"
+    return f"{prefix}__{clean}"
+
+
+@dataclass(frozen=True)
+class PgVectorStore:
+    """A gallery's pgvector tables (module docstring): ``url`` (no password), ``prefix`` (the
+    tables' name prefix), ``index`` (``exact``/``hnsw``/``ivfflat``) and its options,
+    ``overfetch`` (candidates per hit re-ranked exactly)."""
+
+    url: str
+    prefix: str
+    index: str = "exact"
+    index_options: Mapping[str, Any] = field(default_factory=dict)
+    overfetch: int = 4
+    kind: str = "pgvector"
+
+    def describe(self) -> str:
+        return f"pgvector store {shown(self.url)} (tables {self.prefix}__*)"
+
+    # -- connections ----------------------------------------------------------------------------
+    @contextmanager
+    def connect(self) -> Iterator[Any]:
+        """A psycopg connection (committed on leaving, rolled back on an error); a database that
+        does not answer or drops the connection raises ``StoreUnavailable``."""
+        import psycopg
+
+        try:
+            with psycopg.connect(libpq_url(self.url), connect_timeout=CONNECT_TIMEOUT_S) as connection:
+                yield connection
+        except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+            if isinstance(error, psycopg.errors.QueryCanceled):
+                raise
+            raise self.unavailable(error) from None
+
+    def unavailable(self, error: BaseException) -> StoreUnavailable:
+        cause = " ".join(str(error).split())[:300] or type(error).__name__
+        return StoreUnavailable("PostgreSQL (pgvector store)", shown(self.url), cause,
+                                "that the server runs and accepts this user (PGPASSWORD or ~/.pgpass; never a "
+                                "password in the URL), and the database exists; a re-run resumes the backfill")
+
+    def check_reachable(self) -> None:
+        with self.connect() as connection:
+            connection.execute("SELECT 1")
+
+    # -- tables ---------------------------------------------------------------------------------
+    def _ensure_table(self, connection, table: str, dim: int, space: str) -> None:
+        from psycopg import sql
+
+        connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"orchestrator-store:{table}",))
+        if connection.execute("SELECT to_regclass(%s)", (f'"{table}"',)).fetchone()[0] is not None:
+            return
+        if connection.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() is None:
+            connection.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        connection.execute(sql.SQL("CREATE TABLE {} (shard integer NOT NULL, version text NOT NULL, id bigint NOT NULL, "
+                                   "label bigint NOT NULL, embedding vector({}) NOT NULL, uri text, "
+                                   "PRIMARY KEY (shard, version, id))").format(sql.Identifier(table), sql.Literal(dim)))
+        ops = "vector_ip_ops" if ranks_by_inner_product(space) else "vector_l2_ops"
+        options = dict(self.index_options)
+        if self.index == "hnsw":
+            connection.execute(sql.SQL("CREATE INDEX {} ON {} USING hnsw (embedding {}) WITH (m = {}, ef_construction = {})")
+                               .format(sql.Identifier(f"{table}_hnsw"), sql.Identifier(table), sql.SQL(ops),
+                                       sql.Literal(int(options.get("m", 16))),
+                                       sql.Literal(int(options.get("ef_construction", 64)))))
+        elif self.index == "ivfflat":
+            connection.execute(sql.SQL("CREATE INDEX {} ON {} USING ivfflat (embedding {}) WITH (lists = {})")
+                               .format(sql.Identifier(f"{table}_ivfflat"), sql.Identifier(table), sql.SQL(ops),
+                                       sql.Literal(int(options.get("lists", 100)))))
+
+    def tables(self, connection) -> list[str]:
+        rows = connection.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND "
+                                  "tablename LIKE %s", (self.prefix.replace("_", r"\_") + r"\_\_%",)).fetchall()
+        return sorted(row[0] for row in rows)
+
+    def _location(self, uri: str) -> StoreLocation:
+        location = StoreLocation.parse(uri)
+        if location.scheme != "pgvector" or location.table is None:
+            raise ValueError(f"not a pgvector location: {shown(uri)}")
+        return location
+
+    # -- the protocol ---------------------------------------------------------------------------
+    def write_shard(self, shard_index: int, shard, key: str, first_attempt: bool) -> tuple[str, dict[str, Any]]:
+        from psycopg import sql
+
+        from orchestrator.storage.overwrite import UnknownArtefact
+
+        vectors = stored_coordinates(shard.embeddings, shard.space, shard.curv)
+        digest = rows_digest(shard.ids, vectors)
+        table = table_name(self.prefix, shard.generation)
+        location = StoreLocation("pgvector", self.url, int(shard_index), digest[:VERSION_CHARS], table)
+        attributes = shard.attributes
+        uris = attributes.column("uri").to_pylist() if attributes is not None and "uri" in attributes.column_names else None
+        data = _copy_rows(int(shard_index), location.version, shard.ids, shard.labels, vectors, uris)
+        with self.connect() as connection:
+            self._ensure_table(connection, table, vectors.shape[1], shard.space)
+            where = sql.SQL("WHERE shard = {} AND version = {}").format(sql.Literal(location.shard),
+                                                                         sql.Literal(location.version))
+            connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (location.uri,))
+            there = connection.execute(sql.SQL("SELECT 1 FROM {} ").format(sql.Identifier(table)) + where +
+                                       sql.SQL(" LIMIT 1")).fetchone()
+            if there is not None:
+                if first_attempt:
+                    raise UnknownArtefact(f"{key}: {location.describe()} already holds rows, although the step is on "
+                                          "its first attempt (so no earlier attempt wrote them and the lineage does not "
+                                          "know them); refusing to replace them")
+                connection.execute(sql.SQL("DELETE FROM {} ").format(sql.Identifier(table)) + where)
+            with connection.cursor().copy(sql.SQL("COPY {} (shard, version, id, label, embedding, uri) FROM STDIN "
+                                                  "(FORMAT BINARY)").format(sql.Identifier(table))) as copy:
+                copy.write(data)
+        return location.uri, {"kind": "pgvector", "sha256": digest, "ids_sha256": ids_sha256(shard.ids),
+                              "n_items": int(len(shard.ids)), "space": shard.space, "curv": float(shard.curv),
+                              "dim": int(np.asarray(shard.embeddings).shape[1]), "index": self.index,
+                              "index_options": dict(self.index_options), "overfetch": int(self.overfetch)}
+
+    def count(self, uri: str) -> int:
+        from psycopg import sql
+
+        location = self._location(uri)
+        with self.connect() as connection:
+            if connection.execute("SELECT to_regclass(%s)", (f'"{location.table}"',)).fetchone()[0] is None:
+                return 0
+            return int(connection.execute(sql.SQL("SELECT count(*) FROM {} WHERE shard = %s AND version = %s")
+                                          .format(sql.Identifier(location.table)),
+                                          (location.shard, location.version)).fetchone()[0])
+
+    def read_rows(self, uri: str) -> tuple[np.ndarray, np.ndarray]:
+        """(ids (N,) int64 ascending, stored float32 rows (N, D')) at ``uri``."""
+        from psycopg import sql
+
+        location = self._location(uri)
+        with self.connect() as connection:
+            if connection.execute("SELECT to_regclass(%s)", (f'"{location.table}"',)).fetchone()[0] is None:
+                return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+            buffer = bytearray()
+            with connection.cursor().copy(sql.SQL("COPY (SELECT id, embedding FROM {} WHERE shard = {} AND version = {} "
+                                                  "ORDER BY id) TO STDOUT (FORMAT BINARY)")
+                                          .format(sql.Identifier(location.table), sql.Literal(location.shard),
+                                                  sql.Literal(location.version))) as copy:
+                for chunk in copy:
+                    buffer += chunk
+        return _parse_id_vectors(bytes(buffer))
+
+    def open_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None):
+        if record is None:
+            raise IntegrityError(f"{StoreLocation.parse(uri).describe()}: the lineage holds no record of these rows; "
+                                 "refusing to serve them (run `orchestrator verify FILE`)")
+        held = self.count(uri)
+        if held != int(record["n_items"]):
+            raise IntegrityError(f"{StoreLocation.parse(uri).describe()}: holds {held} rows, the lineage recorded "
+                                 f"{record['n_items']}; refusing to serve it (run `orchestrator verify FILE`)")
+        return PgVectorShard(self, uri, dict(record), held)
+
+    def check_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None) -> None:
+        location = self._location(uri)
+        if record is None:
+            raise IntegrityError(f"{location.describe()}: the lineage holds no record of these rows")
+        ids, vectors = self.read_rows(uri)
+        if not len(ids) and int(record["n_items"]):
+            raise FileNotFoundError(f"{location.describe()}: no rows")
+        if len(ids) != int(record["n_items"]):
+            raise IntegrityError(f"{location.describe()}: {len(ids)} rows, the lineage recorded {record['n_items']} "
+                                 "(rows missing or added)")
+        actual = rows_digest(ids, vectors)
+        if actual != record["sha256"]:
+            raise IntegrityError(f"{location.describe()}: rows changed since they were written (a vector or an id): "
+                                 f"digest {actual}, the lineage holds {record['sha256']}")
+
+    def locations(self) -> list[str]:
+        from psycopg import sql
+
+        found = []
+        with self.connect() as connection:
+            for table in self.tables(connection):
+                for shard, version in connection.execute(sql.SQL("SELECT DISTINCT shard, version FROM {}")
+                                                         .format(sql.Identifier(table))).fetchall():
+                    found.append(StoreLocation("pgvector", self.url, int(shard), version, table).uri)
+        return sorted(found)
+
+    def remove(self, uris: Iterable[str]) -> None:
+        from psycopg import sql
+
+        with self.connect() as connection:
+            for uri in uris:
+                location = self._location(uri)
+                connection.execute(sql.SQL("DELETE FROM {} WHERE shard = %s AND version = %s")
+                                   .format(sql.Identifier(location.table)), (location.shard, location.version))
+
+
+class PgVectorShard:
+    """One shard's rows in a pgvector table, searched as the router searches a shard index:
+    ``overfetch · k`` candidates from the table (its exact scan or its approximate index), re-ranked
+    with the space's exact distance (``stores.vectors``)."""
+
+    def __init__(self, store: PgVectorStore, uri: str, record: dict[str, Any], n_rows: int):
+        self.store, self.uri, self.record = store, uri, record
+        self.location = store._location(uri)
+        self.space, self.curv, self.dim = record["space"], float(record["curv"]), int(record["dim"])
+        self.kind = {"hnsw": "hnsw", "ivfflat": "ivf"}.get(record.get("index", "exact"), "flat")
+        self._ntotal = n_rows
+
+    @property
+    def ntotal(self) -> int:
+        return self._ntotal
+
+    def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
+        from psycopg import sql
+
+        queries = np.asarray(queries, dtype=np.float64)
+        coords, searched = query_coordinates(queries, self.space, self.curv)
+        fetch = max(k, min(self.ntotal, k * self.store.overfetch))
+        operator = "<#>" if ranks_by_inner_product(self.space) else "<->"
+        texts = [_vector_text(row) for row in searched]
+        query = sql.SQL("SELECT q.n, t.id, t.embedding::text FROM unnest(%s::text[]) WITH ORDINALITY AS q(v, n) "
+                        "CROSS JOIN LATERAL (SELECT id, embedding FROM {} WHERE shard = %s AND version = %s "
+                        "ORDER BY embedding {} q.v::vector LIMIT %s) t").format(
+            sql.Identifier(self.location.table), sql.SQL(operator))
+        options = dict(self.store.index_options)
+        with self.store.connect() as connection:
+            if self.kind == "hnsw":
+                connection.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(
+                    sql.Literal(int(options.get("ef_search", max(40, fetch))))))
+                connection.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
+            elif self.kind == "ivf":
+                connection.execute(sql.SQL("SET LOCAL ivfflat.probes = {}").format(
+                    sql.Literal(int(options.get("probes", 10)))))
+                connection.execute("SET LOCAL ivfflat.iterative_scan = relaxed_order")
+            rows = connection.execute(query, (texts, self.location.shard, self.location.version, fetch)).fetchall()
+        found: list[list[int]] = [[] for _ in range(len(queries))]
+        vectors: list[list[np.ndarray]] = [[] for _ in range(len(queries))]
+        for n, item, text in rows:
+            found[n - 1].append(item)
+            vectors[n - 1].append(np.array(text[1:-1].split(","), dtype=np.float32))
+        return rerank(coords, [np.asarray(f, dtype=np.int64) for f in found],
+                      [np.stack(v) if v else np.zeros((0, searched.shape[1]), np.float32) for v in vectors],
+                      k, self.space, self.curv)
+
+
+def _vector_text(row: np.ndarray) -> str:
+    return "[" + ",".join(repr(float(v)) for v in row.astype(np.float32)) + "]"
+
+
+def _copy_rows(shard: int, version: str, ids: np.ndarray, labels: np.ndarray, vectors: np.ndarray,
+               uris: list[str | None] | None) -> bytes:
+    """The rows in PostgreSQL's binary COPY format: (shard, version, id, label, embedding, uri)."""
+    n, dim = vectors.shape
+    version_bytes = version.encode()
+    fixed = np.dtype([("fields", ">i2"), ("l_shard", ">i4"), ("shard", ">i4"), ("l_version", ">i4"),
+                      ("version", f"S{len(version_bytes)}"), ("l_id", ">i4"), ("id", ">i8"), ("l_label", ">i4"),
+                      ("label", ">i8"), ("l_vec", ">i4"), ("dim", ">i2"), ("unused", ">i2"), ("vec", ">f4", (dim,))])
+    rows = np.zeros(n, dtype=fixed)
+    rows["fields"], rows["l_shard"], rows["shard"] = 6, 4, shard
+    rows["l_version"], rows["version"] = len(version_bytes), version_bytes
+    rows["l_id"], rows["id"] = 8, np.asarray(ids, dtype=np.int64)
+    rows["l_label"], rows["label"] = 8, np.asarray(labels, dtype=np.int64)
+    rows["l_vec"], rows["dim"], rows["vec"] = 4 + 4 * dim, dim, vectors
+    raw = rows.tobytes()
+    size = fixed.itemsize
+    parts = [_COPY_HEADER]
+    for i in range(n):
+        parts.append(raw[i * size:(i + 1) * size])
+        uri = None if uris is None else uris[i]
+        if uri is None:
+            parts.append(b"\xff\xff\xff\xff")
+        else:
+            encoded = uri.encode()
+            parts.append(struct.pack(">i", len(encoded)) + encoded)
+    parts.append(_COPY_TRAILER)
+    return b"".join(parts)
+
+
+def _parse_id_vectors(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Binary COPY of (id bigint, embedding vector) rows → (ids, float32 vectors)."""
+    body = data[len(_COPY_HEADER):len(data) - len(_COPY_TRAILER)]
+    if not body:
+        return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+    dim = struct.unpack(">h", body[2 + 4 + 8 + 4:2 + 4 + 8 + 4 + 2])[0]
+    row = np.dtype([("fields", ">i2"), ("l_id", ">i4"), ("id", ">i8"), ("l_vec", ">i4"), ("dim", ">i2"),
+                    ("unused", ">i2"), ("vec", ">f4", (dim,))])
+    rows = np.frombuffer(body, dtype=row)
+    return rows["id"].astype(np.int64), np.ascontiguousarray(rows["vec"].astype(np.float32))

@@ -1,0 +1,68 @@
+"""The gallery store protocol: where a gallery's searched vectors live (docs/stores.md).
+
+A store is what the gallery step's workers write a shard update into, what the router searches,
+what ``verify`` checks, what ``gc`` collects and what a rollback serves again. The lineage stays
+the one authority on what is served: a shard row names the store *location* of its rows (its
+``index_uri``; ``stores.locations``) together with their record (row count, digest; the
+``integrity:<location>`` step), and only rows a lineage row, a recorded deployment or a running
+server names are ever searched. Whatever a store holds besides (rows of an update that never
+committed) is *staged*: no query reaches it, ``verify`` lists it, ``gc`` removes it.
+
+Implementations: ``stores.files.ShardFileStore`` (a FAISS index file per shard, the default),
+``stores.pgvector.PgVectorStore`` and ``stores.lance.LanceStore``. A store object is small and
+picklable (a spec, no live connection): it travels to Ray workers and opens its connection there.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class ShardSearch(Protocol):
+    """A searchable shard, as the router needs it (the interface of ``index.ShardIndex``)."""
+
+    kind: str
+    dim: int
+
+    @property
+    def ntotal(self) -> int: ...
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(Q, D) queries → (distances (Q, k) float64 ascending, ids (Q, k) int64); +inf / −1 = none."""
+
+
+@runtime_checkable
+class GalleryStore(Protocol):
+    """What the gallery step, the router, ``serve``, ``verify``, ``gc`` and rollback ask of a store."""
+
+    kind: str
+
+    def describe(self) -> str:
+        """Where the store is, as it may be printed (no password)."""
+
+    def check_reachable(self) -> None:
+        """Raise ``StoreUnavailable`` (one line: store, location, what to check) unless it answers."""
+
+    def write_shard(self, shard_index: int, shard, key: str, first_attempt: bool) -> tuple[str, dict[str, Any]]:
+        """Write ``shard`` (``ShardEmbeddings``) as shard ``shard_index``'s rows, staged: nothing a
+        query reads. Returns (its location URI, its record: ``sha256`` (the rows' digest),
+        ``ids_sha256``, ``n_items``, ``space``, ``curv``, ``dim``). On the first attempt of step
+        ``key`` rows already at that location are refused (``UnknownArtefact``); a later attempt
+        replaces them. Exactly once: the rows appear all at once or not at all."""
+
+    def open_shard(self, uri: str, record: Mapping[str, Any]) -> ShardSearch:
+        """The rows at ``uri`` as a searchable shard; ``IntegrityError`` when their count is not the
+        recorded one."""
+
+    def check_shard(self, uri: str, record: Mapping[str, Any]) -> None:
+        """``IntegrityError`` unless the rows at ``uri`` are the recorded ones (count and digest);
+        ``FileNotFoundError`` when there are none."""
+
+    def locations(self) -> list[str]:
+        """Every shard location the store holds, committed or staged."""
+
+    def remove(self, uris: Iterable[str]) -> None:
+        """Remove the rows at ``uris`` (``gc``: locations nothing retained names)."""

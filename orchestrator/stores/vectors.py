@@ -1,0 +1,90 @@
+"""What every vector store holds of a shard, and the exact re-rank of what it returns.
+
+A store row holds the item's id, label, source URI and its *stored coordinates*: the float32
+coordinates the exact shard index holds (``index.shard_index``, kind ``flat``):
+``Geometry.coordinates(x, hyperbolic_model="lorentz")`` — the raw vector (euclidean), the
+L2-normalised vector (cosine), the full hyperboloid point ``[x_t, x_s]`` (lorentz; poincaré points
+mapped to it by the isometry).
+
+Ranking inside the store:
+
+* euclidean: the store's L2 distance;
+* cosine: its inner product (negated) on the normalised rows;
+* lorentz and poincaré: its inner product with the query's first coordinate's sign flipped,
+  ``[-q_t, q_s] · [x_t, x_s] = <q, x>_L``, the Lorentz inner product. The geodesic distance
+  ``arccosh(-K <q,x>_L) / sqrt(K)`` decreases as ``<q,x>_L`` grows, so the largest inner product
+  is the nearest point: an exact max-inner-product search is an exact geodesic search.
+
+A store returns ``overfetch · k`` candidates in that order (with an approximate index, what that
+index found); their distances are then computed here in float64 from the stored float32 rows with
+the space's own distance (``Geometry.coordinate_distance``), exactly as the shard index's refine
+step does, and the ``k`` nearest kept. With an exact scan the hits and distances are those of the
+``flat`` shard index. An approximate index's graph or cells are built from gallery-gallery
+similarities, which on hyperboloid points are not Lorentz ones: over-fetch and the exact re-rank
+keep its recall (docs/stores.md).
+
+The digest of a shard's rows (``rows_digest``) is what ``verify`` compares: sha256 over the ids
+sorted ascending (int64 little-endian) followed by each row's stored float32 coordinates
+(little-endian) in that order.
+"""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+
+def stored_coordinates(embeddings: np.ndarray, space: str, curv: float) -> np.ndarray:
+    """(N, D) embeddings → (N, D') float32 stored coordinates (module docstring)."""
+    from orchestrator.geometry.geometry import Geometry
+
+    coords = Geometry(space, curv).coordinates(np.ascontiguousarray(embeddings, dtype=np.float64),
+                                               hyperbolic_model="lorentz")
+    return np.ascontiguousarray(np.asarray(coords, dtype=np.float32))
+
+
+def query_coordinates(queries: np.ndarray, space: str, curv: float) -> tuple[np.ndarray, np.ndarray]:
+    """(Q, D) queries → (their float64 coordinates, the float32 vectors the store ranks by: the
+    coordinates, with the first one negated for the hyperbolic spaces)."""
+    from orchestrator.geometry.geometry import Geometry
+
+    coords = np.asarray(Geometry(space, curv).coordinates(np.ascontiguousarray(queries, dtype=np.float64),
+                                                          hyperbolic_model="lorentz"), dtype=np.float64)
+    searched = coords.copy()
+    if space in ("lorentz", "poincare"):
+        searched[:, 0] = -searched[:, 0]
+    return coords, np.ascontiguousarray(searched, dtype=np.float32)
+
+
+def ranks_by_inner_product(space: str) -> bool:
+    """Whether the store ranks ``space`` by (negated) inner product; else by L2."""
+    return space != "euclidean"
+
+
+def rows_digest(ids: np.ndarray, vectors: np.ndarray) -> str:
+    """sha256 (hex) of the rows: sorted ids, then their float32 vectors in that order."""
+    ids = np.asarray(ids, dtype=np.int64)
+    order = np.argsort(ids, kind="stable")
+    digest = hashlib.sha256(ids[order].astype("<i8").tobytes())
+    digest.update(np.ascontiguousarray(np.asarray(vectors, dtype=np.float32)[order]).astype("<f4").tobytes())
+    return digest.hexdigest()
+
+
+def rerank(query_coords: np.ndarray, candidate_ids: list[np.ndarray], candidate_vectors: list[np.ndarray],
+           k: int, space: str, curv: float) -> tuple[np.ndarray, np.ndarray]:
+    """Per query its candidates (ids (m_q,), float32 stored rows (m_q, D')) → (distances (Q, k)
+    float64 ascending, ids (Q, k) int64), +inf / −1 where fewer than k."""
+    from orchestrator.geometry.geometry import Geometry
+
+    geometry = Geometry(space, curv)
+    n = len(candidate_ids)
+    distances, ids = np.full((n, k), np.inf), np.full((n, k), -1, dtype=np.int64)
+    for q, (found, vectors) in enumerate(zip(candidate_ids, candidate_vectors)):
+        if not len(found):
+            continue
+        exact = np.asarray(geometry.coordinate_distance(np.broadcast_to(query_coords[q], vectors.shape),
+                                                        vectors.astype(np.float64), hyperbolic_model="lorentz"),
+                           dtype=np.float64)
+        order = np.lexsort((found, exact))[:k]
+        distances[q, :len(order)], ids[q, :len(order)] = exact[order], found[order]
+    return distances, ids

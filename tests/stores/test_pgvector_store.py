@@ -1,0 +1,131 @@
+"""The pgvector store on a real PostgreSQL server (the ``vector`` extension the test server ships):
+exact search gives the shard index's hits and distances in every space (Lorentz through the inner
+product with the first coordinate's sign flipped), HNSW/IVFFlat with over-fetch and exact re-rank
+recall what exact search finds, a changed or missing row is caught by the digest, staged rows are
+listed and removed, the first attempt never replaces rows, and a database that does not answer is
+one line naming the store (no password), picklable across a Ray worker."""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from orchestrator.gallery.shard_files import ShardEmbeddings
+from orchestrator.geometry.geometry import Geometry
+from orchestrator.index import build_index
+from orchestrator.integrity import IntegrityError
+from orchestrator.outside import OutsideSystemError
+from orchestrator.storage.overwrite import UnknownArtefact
+from orchestrator.stores import StoreLocation, store_at
+from orchestrator.stores.pgvector import PgVectorStore
+from orchestrator.stores.vectors import query_coordinates, stored_coordinates
+
+
+def libpq(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+def points(space: str, n: int, dim: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, dim)) * (0.6 if space != "poincare" else 0.1)
+    if space == "lorentz":
+        spatial = x[:, 1:]
+        x[:, 0] = np.sqrt(1.0 + (spatial ** 2).sum(axis=1))
+    if space == "poincare":
+        x = x / (1.0 + np.linalg.norm(x, axis=1, keepdims=True))
+    return x.astype(np.float32)
+
+
+def shard(space: str, n: int = 600, dim: int = 9, seed: int = 0, generation: str = "g1") -> ShardEmbeddings:
+    ids = np.random.default_rng(seed + 1).permutation(10 * n)[:n].astype(np.int64)
+    return ShardEmbeddings(ids, ids % 10, points(space, n, dim, seed), np.zeros(n, np.float32), generation, space, 1.0,
+                           attributes=pa.table({"uri": [f"item://{i}" for i in ids]}))
+
+
+@pytest.mark.parametrize("space", ["lorentz", "euclidean", "cosine", "poincare"])
+def test_exact_search_returns_the_flat_shard_index_hits_and_distances(postgres_url, space):
+    store = PgVectorStore(libpq(postgres_url), "orchestrator_test")
+    rows = shard(space)
+    uri, record = store.write_shard(3, rows, "embed:test/3:g1", first_attempt=True)
+    assert StoreLocation.parse(uri).shard == 3 and record["n_items"] == len(rows.ids)
+    found = store_at(uri, record).open_shard(uri, record)
+    queries = points(space, 25, 9, seed=7).astype(np.float64)
+    distances, ids = found.search(queries, 10)
+    expected_distances, expected_ids = build_index(rows.embeddings, space, "flat", rows.ids).search(queries, 10)
+    np.testing.assert_array_equal(ids, expected_ids)
+    np.testing.assert_allclose(distances, expected_distances, rtol=1e-9, atol=1e-12)
+
+
+def test_the_lorentz_inner_product_is_the_flipped_euclidean_one():
+    """docs/stores.md: ``[-q_t, q_s] · [x_t, x_s] = <q, x>_L``, and the geodesic distance falls as it grows."""
+    x, q = points("lorentz", 50, 6, 1).astype(np.float64), points("lorentz", 1, 6, 2).astype(np.float64)
+    coords, searched = query_coordinates(q, "lorentz", 1.0)
+    stored = stored_coordinates(x, "lorentz", 1.0).astype(np.float64)
+    lorentz = -stored[:, 0] * coords[0, 0] + stored[:, 1:] @ coords[0, 1:]
+    np.testing.assert_allclose(stored @ searched[0].astype(np.float64), lorentz, rtol=1e-5)
+    geodesic = Geometry("lorentz", 1.0).coordinate_distance(np.broadcast_to(coords[0], stored.shape), stored,
+                                                             hyperbolic_model="lorentz")
+    assert (np.argsort(-lorentz) == np.argsort(geodesic)).mean() > 0.95  # float32 ties aside, the same order
+
+
+@pytest.mark.parametrize("index,options", [("hnsw", {"m": 16, "ef_construction": 64}), ("ivfflat", {"lists": 20, "probes": 5})])
+def test_approximate_indexes_recall_with_overfetch_and_exact_rerank(postgres_url, index, options):
+    store = PgVectorStore(libpq(postgres_url), "orchestrator_test", index, options, overfetch=4)
+    rows = shard("lorentz", n=2000, dim=17)
+    uri, record = store.write_shard(0, rows, "embed:test/0:g1", first_attempt=True)
+    found = store.open_shard(uri, record)
+    assert found.kind == {"hnsw": "hnsw", "ivfflat": "ivf"}[index]
+    queries = points("lorentz", 50, 17, seed=9).astype(np.float64)
+    _d, ids = found.search(queries, 10)
+    _e, exact = build_index(rows.embeddings, "lorentz", "flat", rows.ids).search(queries, 10)
+    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)])
+    assert recall >= 0.9, recall
+
+
+def test_verify_catches_a_changed_vector_and_a_missing_row(postgres_url):
+    import psycopg
+
+    store = PgVectorStore(libpq(postgres_url), "orchestrator_test")
+    rows = shard("lorentz")
+    uri, record = store.write_shard(1, rows, "embed:test/1:g1", first_attempt=True)
+    store.check_shard(uri, record)
+    location = StoreLocation.parse(uri)
+    with psycopg.connect(libpq(postgres_url)) as connection:
+        connection.execute(f'UPDATE "{location.table}" SET embedding = embedding + embedding WHERE id = %s',
+                           (int(rows.ids[5]),))
+    with pytest.raises(IntegrityError, match="rows changed since they were written"):
+        store.check_shard(uri, record)
+    with psycopg.connect(libpq(postgres_url)) as connection:
+        connection.execute(f'DELETE FROM "{location.table}" WHERE id = %s', (int(rows.ids[7]),))
+    with pytest.raises(IntegrityError, match="rows missing or added"):
+        store.check_shard(uri, record)
+    with pytest.raises(IntegrityError, match="holds 599 rows, the lineage recorded 600"):
+        store.open_shard(uri, record)
+
+
+def test_rows_are_written_once_and_staged_rows_listed_and_removed(postgres_url):
+    store = PgVectorStore(libpq(postgres_url), "orchestrator_test")
+    rows = shard("euclidean")
+    uri, record = store.write_shard(2, rows, "embed:test/2:g1", first_attempt=True)
+    with pytest.raises(UnknownArtefact, match="first attempt"):
+        store.write_shard(2, rows, "embed:test/2:g1", first_attempt=True)
+    again, _ = store.write_shard(2, rows, "embed:test/2:g1", first_attempt=False)  # a later attempt replaces them
+    assert again == uri and store.count(uri) == len(rows.ids)
+    other, _ = store.write_shard(2, shard("euclidean", seed=5), "embed:test/2:g2", first_attempt=True)
+    assert store.locations() == sorted([uri, other])
+    store.remove([other])
+    assert store.locations() == [uri] and store.count(other) == 0
+
+
+def test_a_database_that_does_not_answer_is_one_line_naming_the_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("PGPASSWORD", "s3cret-pw")
+    store = PgVectorStore(f"postgresql://reader@/gallery?host={tmp_path}", "orchestrator_test")
+    with pytest.raises(OutsideSystemError) as caught:
+        store.write_shard(0, shard("euclidean", n=20), "embed:test/0:g1", first_attempt=True)
+    message = str(caught.value)
+    assert message.startswith(f"PostgreSQL (pgvector store) at postgresql://reader@/gallery?host={tmp_path}: ")
+    assert "\n" not in message and "s3cret" not in message
+    copied = pickle.loads(pickle.dumps(caught.value))  # it crosses from a Ray worker to the driver
+    assert isinstance(copied, OutsideSystemError) and str(copied) == message
