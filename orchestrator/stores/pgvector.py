@@ -8,7 +8,9 @@ it once), and per generation of the gallery one table ``<table>__<generation>``:
     PRIMARY KEY (shard, version, id)
 
 with, when ``store.index`` says so, one approximate index on ``embedding`` (``hnsw`` or
-``ivfflat``, ``vector_l2_ops`` for euclidean galleries, ``vector_ip_ops`` otherwise). It never
+``ivfflat``, ``vector_l2_ops`` for euclidean galleries, ``vector_ip_ops`` otherwise), built once
+the table holds ``MIN_INDEX_ROWS`` rows (IVFFlat trains its lists on the rows there; later rows
+join the lists as they come: rebuild it with ``REINDEX`` after a backfill much larger than them). It never
 touches another table, and within its tables only the rows of the versions it wrote.
 
 Writes: a worker writes one shard update's rows in one transaction (``COPY … FROM STDIN`` in
@@ -43,6 +45,9 @@ _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 _COPY_TRAILER = struct.pack(">h", -1)
 VERSION_CHARS = 20
 CONNECT_TIMEOUT_S = 10
+_READERS: dict[str, Any] = {}  # database URL → this process's reading connection
+#: Rows a generation's table holds before its approximate index is built (until then: exact scans).
+MIN_INDEX_ROWS = 1000
 
 
 class StoreUnavailable(OutsideSystemError):
@@ -100,6 +105,26 @@ class PgVectorStore:
                 raise
             raise self.unavailable(error) from None
 
+    @contextmanager
+    def reading(self) -> Iterator[Any]:
+        """A transaction on this process's reading connection to the store (opened once, kept for
+        the searches that follow: a server searches many times a second); a lost connection is
+        dropped (the next search opens a new one) and raises ``StoreUnavailable``."""
+        import psycopg
+
+        connection = _READERS.get(self.url)
+        try:
+            if connection is None or connection.closed:
+                connection = _READERS[self.url] = psycopg.connect(libpq_url(self.url), autocommit=True,
+                                                                  connect_timeout=CONNECT_TIMEOUT_S)
+            with connection.transaction():
+                yield connection
+        except (psycopg.OperationalError, psycopg.InterfaceError) as error:
+            _READERS.pop(self.url, None)
+            if isinstance(error, psycopg.errors.QueryCanceled):
+                raise
+            raise self.unavailable(error) from None
+
     def unavailable(self, error: BaseException) -> StoreUnavailable:
         cause = " ".join(str(error).split())[:300] or type(error).__name__
         return StoreUnavailable("PostgreSQL (pgvector store)", shown(self.url), cause,
@@ -122,17 +147,32 @@ class PgVectorStore:
         connection.execute(sql.SQL("CREATE TABLE {} (shard integer NOT NULL, version text NOT NULL, id bigint NOT NULL, "
                                    "label bigint NOT NULL, embedding vector({}) NOT NULL, uri text, "
                                    "PRIMARY KEY (shard, version, id))").format(sql.Identifier(table), sql.Literal(dim)))
+
+    def build_index(self, connection, table: str, space: str) -> bool:
+        """Create the table's approximate index (``store.index``) unless it has one; True if created.
+        Built over the rows already there: IVFFlat trains its lists on them, and an HNSW graph
+        built at once is faster than one grown row by row."""
+        from psycopg import sql
+
+        if self.index == "exact":
+            return False
+        name = f"{table}_{self.index}"
+        connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"orchestrator-index:{table}",))
+        if connection.execute("SELECT to_regclass(%s)", (f'"{name}"',)).fetchone()[0] is not None:
+            return False
         ops = "vector_ip_ops" if ranks_by_inner_product(space) else "vector_l2_ops"
         options = dict(self.index_options)
         if self.index == "hnsw":
             connection.execute(sql.SQL("CREATE INDEX {} ON {} USING hnsw (embedding {}) WITH (m = {}, ef_construction = {})")
-                               .format(sql.Identifier(f"{table}_hnsw"), sql.Identifier(table), sql.SQL(ops),
+                               .format(sql.Identifier(name), sql.Identifier(table), sql.SQL(ops),
                                        sql.Literal(int(options.get("m", 16))),
                                        sql.Literal(int(options.get("ef_construction", 64)))))
-        elif self.index == "ivfflat":
+        else:
+            n = connection.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))).fetchone()[0]
+            lists = int(options.get("lists", max(1, min(4096, int(round(np.sqrt(n)))))))
             connection.execute(sql.SQL("CREATE INDEX {} ON {} USING ivfflat (embedding {}) WITH (lists = {})")
-                               .format(sql.Identifier(f"{table}_ivfflat"), sql.Identifier(table), sql.SQL(ops),
-                                       sql.Literal(int(options.get("lists", 100)))))
+                               .format(sql.Identifier(name), sql.Identifier(table), sql.SQL(ops), sql.Literal(lists)))
+        return True
 
     def tables(self, connection) -> list[str]:
         rows = connection.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema() AND "
@@ -174,6 +214,11 @@ class PgVectorStore:
             with connection.cursor().copy(sql.SQL("COPY {} (shard, version, id, label, embedding, uri) FROM STDIN "
                                                   "(FORMAT BINARY)").format(sql.Identifier(table))) as copy:
                 copy.write(data)
+        if self.index != "exact":  # once the table holds enough rows to train on (a separate transaction)
+            with self.connect() as connection:
+                held = connection.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))).fetchone()[0]
+                if held >= MIN_INDEX_ROWS:
+                    self.build_index(connection, table, shard.space)
         return location.uri, {"kind": "pgvector", "sha256": digest, "ids_sha256": ids_sha256(shard.ids),
                               "n_items": int(len(shard.ids)), "space": shard.space, "curv": float(shard.curv),
                               "dim": int(np.asarray(shard.embeddings).shape[1]), "index": self.index,
@@ -282,7 +327,7 @@ class PgVectorShard:
                         "ORDER BY embedding {} q.v::vector LIMIT %s) t").format(
             sql.Identifier(self.location.table), sql.SQL(operator))
         options = dict(self.store.index_options)
-        with self.store.connect() as connection:
+        with self.store.reading() as connection:
             if self.kind == "hnsw":
                 connection.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(
                     sql.Literal(int(options.get("ef_search", max(40, fetch))))))
@@ -292,14 +337,13 @@ class PgVectorShard:
                     sql.Literal(int(options.get("probes", 10)))))
                 connection.execute("SET LOCAL ivfflat.iterative_scan = relaxed_order")
             rows = connection.execute(query, (texts, self.location.shard, self.location.version, fetch)).fetchall()
-        found: list[list[int]] = [[] for _ in range(len(queries))]
-        vectors: list[list[np.ndarray]] = [[] for _ in range(len(queries))]
-        for n, item, text in rows:
-            found[n - 1].append(item)
-            vectors[n - 1].append(np.array(text[1:-1].split(","), dtype=np.float32))
-        return rerank(coords, [np.asarray(f, dtype=np.int64) for f in found],
-                      [np.stack(v) if v else np.zeros((0, searched.shape[1]), np.float32) for v in vectors],
-                      k, self.space, self.curv)
+        width = searched.shape[1]
+        numbers = np.array([n for n, _item, _text in rows], dtype=np.int64) - 1
+        items = np.array([item for _n, item, _text in rows], dtype=np.int64)
+        vectors = (np.array(",".join(text[1:-1] for _n, _item, text in rows).split(","), dtype=np.float32)
+                   .reshape(len(rows), width) if rows else np.zeros((0, width), np.float32))
+        return rerank(coords, [items[numbers == q] for q in range(len(queries))],
+                      [vectors[numbers == q] for q in range(len(queries))], k, self.space, self.curv)
 
 
 def _vector_text(row: np.ndarray) -> str:
