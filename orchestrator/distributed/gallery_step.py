@@ -5,17 +5,20 @@ The stages (each on Ray workers, streamed with Ray Data's backpressure):
 
 1. **read**: ``gallery_read.gallery_dataset``, read tasks partitioned by shard update (every block
    holds rows of one update, tagged with its ``entry``), a bounded block at a time;
-2. **embed**: ``map_batches(EmbedStage)`` on an actor pool holding the generation
-   (``embedding.concurrency``: a size, or ``[min, max]`` for an autoscaling pool). With
-   ``embedding.num_gpus`` the images are decoded first by CPU tasks (``decode_stage``) and the
-   actors, on GPUs, only run the model;
-3. **stage**: ``map_batches(write_stage)`` writes each batch's embedded rows as one part file per
-   update (``shard_update.parts``) and passes on one row per part (entry, URI, count): these small
-   rows are all that reaches the driver from the dataset;
-4. **finish**: once the parts of an update hold all its items, the driver starts one Ray task
+2. **embed and stage**: ``map_batches(EmbedAndStage)`` on an actor pool holding the generation
+   (``embedding.concurrency``, growing to ``max_concurrency``): each actor embeds its batch and
+   writes its rows as one part file per update (``shard_update.parts``), passing on one row per
+   part (entry, URI, count): these small rows are all that reaches the driver from the dataset.
+   With ``embedding.num_gpus`` the images are decoded first by CPU tasks (``decode_stage``) and
+   the actors, on GPUs, only run the model and write the part;
+3. **finish**: once the parts of an update hold all its items, the driver starts one Ray task
    (``finish_task``) that reads them, writes the update's Parquet file and index (for a split,
    the source shard without the moved items too) and returns a ``ShardUpdateResult`` (URIs,
    sha256s, counts: about a kilobyte). The caller commits it as it comes.
+
+Why the parts are staged by the actor that embedded them: a stage of its own would be another
+pool of worker processes between the model and the files, and move every embedding through the
+object store once more; measured on 2 cores it delayed the first part by 20 s.
 
 Why the finish is a task and not a ``Datasink`` or a ``groupby``: a Datasink's
 ``on_write_complete`` runs once, at the end of the whole write, which would lose the per-update
@@ -23,8 +26,8 @@ commit; ``groupby(update).map_groups`` shuffles every row before the first shard
 let the first update commit as soon as its own rows are embedded.
 
 Exactly once: part names are the hash of the rows they hold, inside a folder unique to the step's
-attempt, so a part that Ray Data's retry writes again is the same file, and an item reported twice
-counts once (``assemble_shard``); the shard files keep their content-addressed names and the
+attempt, so a part that Ray Data's retried actor call writes again is the same file, and an item
+reported twice counts once (``assemble_shard``); the shard files keep their content-addressed names and the
 first-attempt rule (``storage.overwrite``), applied by the finish task, which Ray does not retry:
 a finish task lost with its worker is handed to ``on_lost``, which starts a new attempt of the step.
 """
@@ -47,6 +50,7 @@ from orchestrator.shard_update import (PixelEmbedder, ShardTarget, ShardUpdate, 
 from orchestrator.shard_update.parts import read_parts, staging_folder, write_parts
 
 PART_BATCHES = 8  # embedding batches per staged part: fewer, larger files and metadata rows
+TASK_BLOCKS = 16  # blocks per read task
 
 
 @dataclass(frozen=True)
@@ -85,20 +89,40 @@ class GenerationModel:
 
 class EmbedStage:
     """Ray Data callable class: a batch of items (``gallery_read`` columns) → ``embedded_part``
-    rows (the batch without ``image``, with ``embedding`` and ``uncertainty``). Loads the
-    generation once per actor, on its GPU when Ray gave it one. ``decoded``: the ``image`` column
-    already holds raw pixels at the model's size (``decode_stage`` ran before)."""
+    rows (the batch without ``image``, with ``embedding`` and ``uncertainty``), the model called on
+    slices of ``batch_size`` items. Loads the generation once per actor, on its GPU when Ray gave
+    it one. ``decoded``: the ``image`` column already holds raw pixels at the model's size
+    (``decode_stage`` ran before)."""
 
-    def __init__(self, model: GenerationModel, threads: int, decoded: bool):
+    def __init__(self, model: GenerationModel, threads: int, decoded: bool, batch_size: int):
         import torch
 
         torch.set_num_threads(max(1, threads))
         self.embedder = model.embedder("cuda" if torch.cuda.is_available() else "cpu")
-        self.size = model.image_size
+        self.size, self.batch_size = model.image_size, batch_size
         self.image_format = ImageFormat("raw", (self.size, self.size, 3)) if decoded else model.image_format
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        return pa.concat_tables([self._embedded(batch.slice(start, self.batch_size))
+                                 for start in range(0, len(batch), self.batch_size)])
+
+    def _embedded(self, batch: pa.Table) -> pa.Table:
         return embedded_part(batch, *self.embedder(decode_images(batch.column("image"), self.image_format, self.size)))
+
+
+class EmbedAndStage(EmbedStage):
+    """The step's embedding stage: a batch embedded (``EmbedStage``) and its rows staged as one part
+    file per update (``shard_update.parts.write_parts``) by the same actor, which passes on only
+    one row per part (``entry``, ``uri``, ``n_items``). Staging in the actor that embedded the rows
+    spares a stage of its own: no embedding leaves the process that computed it but in a file."""
+
+    def __init__(self, model: GenerationModel, threads: int, decoded: bool, batch_size: int,
+                 folders: dict[int, str], storage_options: dict | None):
+        super().__init__(model, threads, decoded, batch_size)
+        self.folders, self.storage_options = folders, storage_options
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return write_parts(super().__call__(batch), self.folders, self.storage_options)
 
 
 def decode_stage(batch: pa.Table, image_format: ImageFormat, image_size: int) -> pa.Table:
@@ -106,11 +130,6 @@ def decode_stage(batch: pa.Table, image_format: ImageFormat, image_size: int) ->
     (image_size, image_size, 3), so the GPU actors only run the model."""
     pixels = decode_images(batch.column("image"), image_format, image_size)
     return batch.set_column(batch.schema.get_field_index("image"), "image", raw_image_column(pixels))
-
-
-def write_stage(batch: pa.Table, folders: dict[int, str], storage_options: dict | None) -> pa.Table:
-    """The embedded rows of a batch staged as part files (``shard_update.parts.write_parts``)."""
-    return write_parts(batch, folders, storage_options)
 
 
 def finish_task(update: ShardUpdate, part_uris: list[str], model: GenerationModel,
@@ -124,9 +143,12 @@ def finish_task(update: ShardUpdate, part_uris: list[str], model: GenerationMode
 
 
 def embedded_dataset(dataset, image_format: ImageFormat, model: GenerationModel, resources: EmbeddingSpec,
-                     max_actors: int):
+                     max_actors: int, staging: tuple[dict[int, str], dict | None] | None = None):
     """Stage 2 over a dataset of items (``gallery_read`` columns): decode (CPU tasks, with GPUs)
-    and the generation's actor pool, at most ``max_actors`` actors → ``embedded_part`` rows."""
+    and the generation's actor pool, at most ``max_actors`` actors → ``embedded_part`` rows; with
+    ``staging`` (each entry's part folder, the storage options) the actors stage them
+    (``EmbedAndStage``) and pass on one row per part. Each actor call takes ``PART_BATCHES`` model
+    batches."""
     from ray.data import ActorPoolStrategy
 
     low, high = resources.pool_size
@@ -135,46 +157,48 @@ def embedded_dataset(dataset, image_format: ImageFormat, model: GenerationModel,
         dataset = dataset.map_batches(decode_stage, fn_kwargs={"image_format": image_format,
                                                                "image_size": model.image_size},
                                       batch_size=resources.batch_size, batch_format="pyarrow", num_cpus=1)
-    return dataset.map_batches(EmbedStage, fn_constructor_kwargs={"model": model, "threads": int(resources.num_cpus),
-                                                                  "decoded": decoded},
+    stage, arguments = EmbedStage, {"model": model, "threads": int(resources.num_cpus), "decoded": decoded,
+                                    "batch_size": resources.batch_size}
+    if staging is not None:
+        stage, arguments = EmbedAndStage, {**arguments, "folders": staging[0], "storage_options": staging[1]}
+    return dataset.map_batches(stage, fn_constructor_kwargs=arguments,
                                compute=ActorPoolStrategy(min_size=min(low, max_actors),
                                                          max_size=max(1, min(high, max_actors))),
-                               batch_size=resources.batch_size, batch_format="pyarrow",
+                               batch_size=PART_BATCHES * resources.batch_size, batch_format="pyarrow",
                                num_cpus=resources.num_cpus, num_gpus=resources.num_gpus or None)
 
 
 def embed_gallery(source: GallerySource, reads: Sequence[EntryRead], model: GenerationModel,
                   resources: EmbeddingSpec = EmbeddingSpec(), block_rows: int | None = None,
-                  rows_per_task: int | None = None, max_actors: int | None = None):
+                  rows_per_task: int | None = None, max_actors: int | None = None,
+                  staging: tuple[dict[int, str], dict | None] | None = None):
     """A lazy ``ray.data.Dataset`` of the items that ``reads`` name embedded by ``model`` (stages 1
-    and 2: the rows the step stages, with their ``entry``), for consumers of the embeddings
-    themselves (the re-embedding benchmarks). Ray must be initialised.
+    and 2: the rows the step stages, with their ``entry``; with ``staging``, the part rows), for
+    consumers of the embeddings themselves (the re-embedding benchmarks). Ray must be initialised.
 
-    block_rows:    rows per block a read task yields (default 4 batches);
-    rows_per_task: rows per read task (default 4 blocks);
+    block_rows:    rows per block a read task yields (default ``PART_BATCHES`` batches);
+    rows_per_task: rows per read task (default ``TASK_BLOCKS`` blocks: few tasks, little work for the
+                   driver's scheduler; a task streams its blocks as it reads them);
     max_actors:    no larger an actor pool than this (the step: its number of updates).
     """
-    block_rows = block_rows or 4 * resources.batch_size
+    block_rows = block_rows or PART_BATCHES * resources.batch_size
     high = min(resources.pool_size[1], max_actors or resources.pool_size[1])
-    dataset = gallery_dataset(source, reads, block_rows=block_rows, rows_per_task=rows_per_task or 4 * block_rows,
-                              read_concurrency=max(2, high))
-    return embedded_dataset(dataset, source.image_format, model, resources, max_actors=high)
+    dataset = gallery_dataset(source, reads, block_rows=block_rows, rows_per_task=rows_per_task or TASK_BLOCKS * block_rows,
+                              read_concurrency=side_tasks(resources))
+    return embedded_dataset(dataset, source.image_format, model, resources, max_actors=high, staging=staging)
 
 
 def step_dataset(source: GallerySource, work: Sequence[tuple[ShardUpdate, EntryRead]], model: GenerationModel,
                  target: ShardTarget, resources: EmbeddingSpec, attempt_token: str):
-    """The step's lazy ``ray.data.Dataset`` (module docstring, stages 1-3): one row per staged
+    """The step's lazy ``ray.data.Dataset`` (module docstring, stages 1 and 2): one row per staged
     part (``entry``, ``uri``, ``n_items``). Ray must be initialised."""
-    dataset = embed_gallery(source, [read for _update, read in work], model, resources, max_actors=len(work))
     folders = {read.entry: staging_folder(target.gallery_root, update.key, attempt_token) for update, read in work}
-    return dataset.map_batches(write_stage, fn_kwargs={"folders": folders,
-                                                       "storage_options": target.storage_options},
-                               batch_size=PART_BATCHES * resources.batch_size, batch_format="pyarrow", num_cpus=0,
-                               concurrency=side_tasks(resources))
+    return embed_gallery(source, [read for _update, read in work], model, resources, max_actors=len(work),
+                         staging=(folders, target.storage_options))
 
 
 def side_tasks(resources: EmbeddingSpec) -> int:
-    """Tasks at once of each CPU-light stage that asks Ray for no CPU (reading, staging, finishing):
+    """Tasks at once of each CPU-light stage that asks Ray for no CPU (reading, finishing):
     as many as the embedding actors, at least 2. Without a bound, Ray starts a worker process per
     zero-CPU task it can schedule (each one a Python interpreter with pyarrow and torch loaded)."""
     return max(2, resources.pool_size[1])

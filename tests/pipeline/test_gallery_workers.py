@@ -9,8 +9,12 @@ import os
 import pickle
 import signal
 import sys
+import threading
+import time
+from pathlib import Path
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pytest
 import ray
@@ -102,20 +106,23 @@ def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch)
         store.close()
 
 
-class KillingEmbedStage(gallery_step.EmbedStage):
-    """The embedding stage, whose process SIGKILLs itself on its first batch holding entry 2 (a
-    marker file says it happened): an embedding actor lost in the middle of an update."""
+class ActorKiller(threading.Thread):
+    """SIGKILLs one embedding actor's process (found by its Ray process title) as soon as the first
+    part is staged under ``staging``: an actor lost in the middle of the step's updates."""
 
-    marker = ""
+    def __init__(self, staging: Path):
+        super().__init__(daemon=True)
+        self.staging, self.killed, self.stop = staging, None, threading.Event()
 
-    def __call__(self, batch):
-        if 2 in batch.column("entry").to_pylist():
-            try:
-                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
-            except FileExistsError:
-                return super().__call__(batch)
-            os.kill(os.getpid(), signal.SIGKILL)
-        return super().__call__(batch)
+    def run(self) -> None:
+        while not self.stop.is_set() and self.killed is None:
+            if self.staging.exists() and any(self.staging.rglob("*.arrow")):
+                for process in psutil.process_iter(["pid", "cmdline"]):
+                    if "MapBatches(EmbedAndStage)" in " ".join(process.info["cmdline"] or []):
+                        os.kill(process.info["pid"], signal.SIGKILL)
+                        self.killed = process.info["pid"]
+                        return
+            time.sleep(0.01)
 
 
 def finish_killing_once(update, part_uris, model, target, marker):
@@ -131,16 +138,19 @@ def finish_killing_once(update, part_uris, model, target, marker):
 
 
 def test_workers_killed_mid_update_cost_no_item_and_no_copy(ray_here, tmp_path, monkeypatch):
-    config, store, updater = first_generation(tmp_path, items_per_shard=100)
-    embed_marker, finish_marker = str(tmp_path / "embed-killed"), str(tmp_path / "finish-killed")
-    KillingEmbedStage.marker = embed_marker
-    monkeypatch.setattr(gallery_step, "EmbedStage", KillingEmbedStage)
+    config, store, updater = first_generation(tmp_path, items_per_shard=100, batch_size=4)
+    finish_marker = str(tmp_path / "finish-killed")
+    killer = ActorKiller(tmp_path / "run" / "galleries" / "photos" / "staging")
+    killer.start()
     monkeypatch.setattr(gallery_step, "finish_task",
                         lambda update, uris, model, target: finish_killing_once(update, uris, model, target,
                                                                                 finish_marker))
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the killers reach workers by value
-    results = updater.execute(updater.committed_plan("g0-old"), "g0-old")
-    assert os.path.exists(embed_marker) and os.path.exists(finish_marker)  # both kills happened
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the finish killer reaches workers by value
+    try:
+        results = updater.execute(updater.committed_plan("g0-old"), "g0-old")
+    finally:
+        killer.stop.set()
+    assert killer.killed is not None and os.path.exists(finish_marker)  # both kills happened
     assert sorted(r.key for r in results) == sorted(f"embed:photos/{k}:g0-old" for k in range(6))
     assert np.array_equal(np.sort(served_rows(store)), np.arange(539))  # every item, once
     attempts = {s.key: s.attempts for s in store.steps("embed:photos/")}
