@@ -147,8 +147,10 @@ def embedded_dataset(dataset, image_format: ImageFormat, model: GenerationModel,
     """Stage 2 over a dataset of items (``gallery_read`` columns): decode (CPU tasks, with GPUs)
     and the generation's actor pool, at most ``max_actors`` actors → ``embedded_part`` rows; with
     ``staging`` (each entry's part folder, the storage options) the actors stage them
-    (``EmbedAndStage``) and pass on one row per part. Each actor call takes ``PART_BATCHES`` model
-    batches."""
+    (``EmbedAndStage``) and pass on one row per part. The first stage takes whole blocks (no
+    ``batch_size`` for Ray Data, which then fuses the read into it: its workers read their own
+    items); GPU actors (Ray Data wants a batch size there) take ``PART_BATCHES`` model batches a
+    call. The model runs on slices of ``batch_size``."""
     from ray.data import ActorPoolStrategy
 
     low, high = resources.pool_size
@@ -156,7 +158,7 @@ def embedded_dataset(dataset, image_format: ImageFormat, model: GenerationModel,
     if decoded:
         dataset = dataset.map_batches(decode_stage, fn_kwargs={"image_format": image_format,
                                                                "image_size": model.image_size},
-                                      batch_size=resources.batch_size, batch_format="pyarrow", num_cpus=1)
+                                      batch_size=None, batch_format="pyarrow", num_cpus=1)
     stage, arguments = EmbedStage, {"model": model, "threads": int(resources.num_cpus), "decoded": decoded,
                                     "batch_size": resources.batch_size}
     if staging is not None:
@@ -164,8 +166,9 @@ def embedded_dataset(dataset, image_format: ImageFormat, model: GenerationModel,
     return dataset.map_batches(stage, fn_constructor_kwargs=arguments,
                                compute=ActorPoolStrategy(min_size=min(low, max_actors),
                                                          max_size=max(1, min(high, max_actors))),
-                               batch_size=PART_BATCHES * resources.batch_size, batch_format="pyarrow",
-                               num_cpus=resources.num_cpus, num_gpus=resources.num_gpus or None)
+                               batch_size=PART_BATCHES * resources.batch_size if decoded else None,
+                               batch_format="pyarrow", num_cpus=resources.num_cpus,
+                               num_gpus=resources.num_gpus or None)
 
 
 def embed_gallery(source: GallerySource, reads: Sequence[EntryRead], model: GenerationModel,
@@ -183,8 +186,8 @@ def embed_gallery(source: GallerySource, reads: Sequence[EntryRead], model: Gene
     """
     block_rows = block_rows or PART_BATCHES * resources.batch_size
     high = min(resources.pool_size[1], max_actors or resources.pool_size[1])
-    dataset = gallery_dataset(source, reads, block_rows=block_rows, rows_per_task=rows_per_task or TASK_BLOCKS * block_rows,
-                              read_concurrency=side_tasks(resources))
+    dataset = gallery_dataset(source, reads, block_rows=block_rows,
+                              rows_per_task=rows_per_task or TASK_BLOCKS * block_rows)
     return embedded_dataset(dataset, source.image_format, model, resources, max_actors=high, staging=staging)
 
 
