@@ -307,3 +307,18 @@ def test_an_uncertainty_order_needs_hyperbolic_generations_before_it():
         "(got \"uncertainty\") [set by override]")
     assert load_pipeline(path).generation("g1").backfill.order == "class_mean_distance"
     assert load_pipeline(PIPELINES / "lifelong.yaml").generation("g1").backfill.order == "uncertainty"
+
+
+def test_the_actor_pools_writers_setting_names_its_replacement(tmp_path):
+    path = write(tmp_path, VALID + "gallery: {embedding: {concurrency: 2, num_gpus: 1, writers: 8}}\n")
+    message = errors_of(path)
+    assert len(message.splitlines()) == 1
+    assert message.startswith(f"{path}: gallery.embedding.writers: was removed: the gallery step runs on Ray Data")
+    assert "concurrency (and max_concurrency to autoscale)" in message and "(got 8)" in message
+
+
+def test_an_autoscaling_pool_has_a_least_size_below_its_largest(tmp_path):
+    assert load_pipeline(write(tmp_path, VALID + "gallery: {embedding: {concurrency: 2, max_concurrency: 6}}\n",
+                               "pool.yaml")).gallery.embedding.pool_size == (2, 6)
+    message = errors_of(write(tmp_path, VALID + "gallery: {embedding: {concurrency: 4, max_concurrency: 2}}\n"))
+    assert "gallery.embedding.max_concurrency: at least concurrency (4) (got 2)" in message
