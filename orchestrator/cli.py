@@ -7,7 +7,9 @@ a generation back; 4 busy: another process holds the pipeline's run lock (the me
 nothing was done); 5 integrity: a stored file is not what the lineage recorded (a checksum
 mismatch, whichever file; a file it hashes is missing; ``verify`` found a problem or had nothing to
 check); 6 an outside system (S3, PostgreSQL, SQLite, Ray) did not answer or refused: the one line
-names the system, its location (credentials redacted) and what to check (``orchestrator.outside``).
+names the system, its location (credentials redacted) and what to check (``orchestrator.outside``);
+7 unhealthy: the health check stopped a generation at its train step (it does not learn: the one
+line names it, the epochs and what was seen; nothing of it was evaluated or deployed).
 Every error is reported before any other
 output where it can be checked up front (arguments, files, method names).
 """
@@ -47,6 +49,7 @@ class ExitCode(enum.IntEnum):
     BUSY = 4  # another process holds the pipeline's run lock (nothing was done)
     INTEGRITY = 5  # a stored file is not what the lineage recorded (any file), or verify checked nothing
     UNREACHABLE = 6  # S3, PostgreSQL, SQLite or Ray did not answer or refused (the line names which, and where)
+    UNHEALTHY = 7  # the health check stopped a generation at train:<gen> (nothing of it evaluated or deployed)
 
 
 def _methods_command(args: argparse.Namespace) -> int:
@@ -354,6 +357,10 @@ def _reported(error: Exception, verbose: bool) -> ExitCode | None:
     if isinstance(error, DeploymentHeld):  # the gate held a generation back: nothing broke, nothing was deployed
         print(f"orchestrator: held: {error}", file=sys.stderr)
         return ExitCode.HELD
+    unhealthy = getattr(sys.modules.get("orchestrator.training.health"), "TrainingUnhealthy", ())
+    if isinstance(error, unhealthy):  # a generation that does not learn, stopped at its train step
+        print(f"orchestrator: unhealthy: {error}", file=sys.stderr)
+        return ExitCode.UNHEALTHY
     if isinstance(error, RuntimeError):  # a failed step; the lineage records it and a re-run resumes
         print(f"orchestrator: failed: {error}", file=sys.stderr)
         return ExitCode.FAILED

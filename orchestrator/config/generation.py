@@ -15,7 +15,7 @@ from orchestrator.methods.descriptions import MethodDescription
 from orchestrator.methods.registry import available_methods, create_method, method_description
 from orchestrator.models.encoder_config import HUB, EncoderConfig
 from orchestrator.names import Name
-from orchestrator.training.config import TrainConfig
+from orchestrator.training.config import HealthSpec, TrainConfig
 
 
 class ClassSelection(StrictModel):
@@ -156,6 +156,8 @@ class GenerationSpec(StrictModel):
                       this generation starts from, as in the released code.
     backfill:         the backfill policy applied when this generation is deployed.
     gate:             what must hold before it serves, and what happens otherwise (``GateSpec``).
+    health:           whether it learns, checked while it trains and when it ends (``HealthSpec``):
+                      a generation that does not stops at ``train:<gen>`` (exit code 7).
     """
 
     name: Name
@@ -170,6 +172,7 @@ class GenerationSpec(StrictModel):
     replaces: bool = False
     backfill: BackfillPolicy = Field(default_factory=BackfillPolicy)
     gate: GateSpec = Field(default_factory=GateSpec)
+    health: HealthSpec = Field(default_factory=HealthSpec)
 
     @model_validator(mode="after")
     def _check_generation(self) -> GenerationSpec:

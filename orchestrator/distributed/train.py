@@ -8,6 +8,10 @@ Ray Train checkpoint after a failure (``FailureConfig``).
 Per-epoch metrics (every loss term, the learning rate, and ``start_epoch``: the epoch this
 attempt resumed from) are reported to Ray Train; rank 0 writes
 the finished generation (safetensors + card) to ``output_uri`` through the storage layer.
+The health check (``orchestrator.training.health``) is judged on rank 0 after every epoch and
+agreed by every rank; a stop is reported with the epoch (``health/stop``, its one line), nothing is
+written, and the driver raises ``TrainingUnhealthy`` with that line. A stopped run's checkpoint
+keeps the stop: an attempt resumed from it stops again at once.
 """
 from __future__ import annotations
 
@@ -25,6 +29,7 @@ from orchestrator.progress import Meter
 from orchestrator.storage import load_training_state, save_training_state
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.generation import GenerationJob, GenerationTraining
+from orchestrator.training.health import STOP, TrainingUnhealthy
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +86,10 @@ def train_generation_with_ray(job: GenerationJob, scaling: RaySettings, storage_
         torch.set_num_threads(driver_threads)
         if watcher is not None:
             watcher.stop()
-    return dict(result.metrics or {})
+    metrics = dict(result.metrics or {})
+    if metrics.get(STOP):
+        raise TrainingUnhealthy(str(metrics[STOP]))
+    return metrics
 
 
 def _ray_storage(storage_path: str, storage_options: dict[str, Any] | None):
@@ -109,11 +117,20 @@ def _train_worker(config: dict[str, Any]) -> None:
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     session = GenerationTraining(job, device=ray.train.torch.get_device())
-    start_epoch = _restore(ray.train.get_checkpoint(), session.model, session.optimizer)
+    start_epoch, restored = _restore(ray.train.get_checkpoint(), session.model, session.optimizer)
+    if restored.get(STOP):  # the attempt this resumes was stopped by the health check: stop again
+        ray.train.report({**restored, "start_epoch": start_epoch})
+        return
+    if rank == 0:
+        session.watch_health(first_loss=restored.get("health/first_loss"))
     # moves the model to the device; DDP when world_size > 1
     session.start(forward_model=ray.train.torch.prepare_model(session.model))
     for epoch in range(start_epoch, session.training.epochs):
-        metrics = {**session.train_epoch(epoch, rank=rank, world_size=world_size), "start_epoch": start_epoch}
+        stats = session.train_epoch(epoch, rank=rank, world_size=world_size)
+        stop = _agreed(session.check_health(epoch, stats), world_size)
+        metrics = {**stats, "start_epoch": start_epoch, **(session.health.measured if session.health else {})}
+        if stop is not None:
+            metrics[STOP] = stop
         with tempfile.TemporaryDirectory() as folder:
             checkpoint = None
             if rank == 0:
@@ -122,10 +139,28 @@ def _train_worker(config: dict[str, Any]) -> None:
             ray.train.report(metrics, checkpoint=checkpoint)
         if rank == 0 and config.get("epoch_queue") is not None:
             config["epoch_queue"].put({**metrics, "epoch": epoch})
+        if stop is not None:
+            return  # nothing written: the driver raises TrainingUnhealthy
     session.finish()
+    stop = _agreed(session.check_health_at_end(), world_size)
+    if stop is not None:
+        ray.train.report({"epoch": session.training.epochs - 1, "start_epoch": start_epoch, STOP: stop})
+        return
     if rank == 0:
         card = session.save()
         log.info("generation %s written to %s (sha256 %s)", job.name, job.output_uri, card.sha256)
+
+
+def _agreed(stop, world_size: int) -> str | None:
+    """Rank 0's health verdict (a ``HealthStop`` or None) as every rank's: its line, or None."""
+    line = None if stop is None else stop.line
+    if world_size > 1:
+        import torch.distributed as dist
+
+        shared = [line]
+        dist.broadcast_object_list(shared, src=0)
+        line = shared[0]
+    return line
 
 
 def _save_epoch_state(folder: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, epoch: int,
@@ -186,10 +221,12 @@ def epoch_note(metrics: dict[str, float]) -> str:
     return f"loss {metrics.get('loss', float('nan')):.4f} ({terms})  lr {metrics.get('lr', float('nan')):.4g}"
 
 
-def _restore(checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
-    """Load the last epoch checkpoint, if any; returns the epoch to start from."""
+def _restore(checkpoint, model: torch.nn.Module,
+             optimizer: torch.optim.Optimizer) -> tuple[int, dict[str, Any]]:
+    """Load the last epoch checkpoint, if any; returns the epoch to start from and that epoch's
+    metrics (empty without a checkpoint)."""
     if checkpoint is None:
-        return 0
+        return 0, {}
     from safetensors.torch import load_file
 
     with checkpoint.as_directory() as folder:
@@ -197,4 +234,4 @@ def _restore(checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimize
         state = load_training_state(str(Path(folder) / _STATE))
     optimizer.load_state_dict(state.optimizer_state)
     log.info("resuming after epoch %d", state.epoch)
-    return state.epoch + 1
+    return state.epoch + 1, dict((state.extra or {}).get("metrics") or {})

@@ -13,6 +13,11 @@ Trainings are independent given their inputs (each is seeded from the training s
 and the classes it sees), so ``run_update_experiment(..., workers=N)`` trains the old and
 reference models, then the new models, in N processes (spawned, one torch thread each) and gets
 the same weights as one process.
+
+Every training is checked by the pipeline's health rule (``orchestrator.training.health``,
+``ExperimentSettings.health``): own CMC@1 on a sample of the evaluation split, of the classes the
+model trains on, and its loss; a model that does not learn raises ``TrainingUnhealthy`` (its one
+line names the model, e.g. ``ref/independent: own CMC@1 0.017 after 4 epochs, chance is 0.016``).
 """
 from __future__ import annotations
 
@@ -36,7 +41,8 @@ from orchestrator.methods import CompatibilityMethod, create_method
 from orchestrator.metrics import KEY_METRICS, METRICS, UPDATE_SCORES, format_value
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import EncoderConfig
-from orchestrator.training.config import TrainConfig
+from orchestrator.training.config import HealthSpec, TrainConfig
+from orchestrator.training.health import HealthMonitor, health_sample
 from orchestrator.training.loop import train_generation
 from orchestrator.training.seeds import derive_seed
 
@@ -57,6 +63,7 @@ class ExperimentSettings(BaseModel):
     small_input: bool = False
     old_class_fraction: float = Field(0.5, gt=0, lt=1)
     training: TrainConfig = DEFAULT_TRAINING
+    health: HealthSpec = HealthSpec()
 
 
 @dataclass
@@ -115,10 +122,12 @@ class UpdateExperiment:
         parent: CompatibleModel | None = None,
         arch: str | None = None,
         init_from_parent: bool = False,
+        name: str | None = None,
     ) -> CompatibleModel:
         """Train a generation with ``method`` on the training items of ``classes`` (all when None);
         ``init_from_parent``: start from ``parent``'s weights (sequential fine-tuning, as a pipeline
-        generation with ``init_from_parent: true``) instead of the seeded initialisation."""
+        generation with ``init_from_parent: true``) instead of the seeded initialisation. Checked
+        by ``settings.health`` (``health_monitor``; ``name`` names the model in a stop's line)."""
         images = self.train_images
         if classes is not None:
             images = images.subset(np.flatnonzero(np.isin(images.labels, np.asarray(classes))))
@@ -139,8 +148,22 @@ class UpdateExperiment:
             config=self.settings.training,
             old_model=parent,
             device=self.device,
+            health=self.health_monitor(name or method.name, classes, from_scratch=not init_from_parent),
         )
         return model
+
+    def health_monitor(self, name: str, classes: Sequence[int] | np.ndarray | None,
+                       from_scratch: bool = True) -> HealthMonitor | None:
+        """The health check of a model trained on ``classes``: its sample is drawn from the
+        evaluation split (``eval_images``), never from the training items; None when disabled."""
+        spec = self.settings.health
+        if not spec.enabled:
+            return None
+        sample = health_sample(self.eval_images, None if classes is None else np.asarray(classes), spec.sample,
+                               self.settings.image_size, self.mean, self.std)
+        training = self.settings.training
+        return HealthMonitor(spec, name, training.epochs, training.warmup_epochs, sample, check_loss=from_scratch,
+                             device=self.device)
 
     def evaluate(self, models: dict[str, CompatibleModel], parents: dict[str, str] | None = None) -> CompatibilityReport:
         return evaluate_generations(models, self.dataset(self.eval_images), parents=parents, device=self.device)
@@ -199,10 +222,11 @@ def run_update_experiment(
 
     # 2. train them: the parent-free models first, then every new model against its old model
     with _trainer_pool(workers) as pool:
-        pending = {name: _submit(pool, experiment, method, **kwargs) for name, method, kwargs in base_jobs.values()}
+        pending = {name: _submit(pool, experiment, method, name=name, **kwargs)
+                   for name, method, kwargs in base_jobs.values()}
         _collect(pending, models, train_seconds)
         pending = {label: _submit(pool, experiment, method, parent=models[old], arch=new_arch,
-                                  init_from_parent=init_from_parent)
+                                  init_from_parent=init_from_parent, name=label)
                    for label, method, old, init_from_parent in new_jobs}
         _collect(pending, models, train_seconds)
 

@@ -4,7 +4,10 @@
 Key metrics of a generation g come from the compatibility table: ``self`` = g's queries against
 g's own gallery, ``cross→p`` = g's queries against its parent p's gallery (the backward-compatible
 search a mixed-generation gallery relies on). Shown: CMC@1 and mAP, when recorded. A tuning
-sweep's candidates appear under their parent with their outcome instead of a status.
+sweep's candidates appear under their parent with their outcome instead of a status. A
+generation the health check stopped has status ``failed``; its ``train:<gen>`` step is listed as
+failed with the check's one line (``stopped by the health check: g1: own CMC@1 ...``), and a
+collapsed sweep trial shows as ``candidate collapsed``.
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from typing import Any, Optional, Sequence
 from orchestrator.lineage.records import CandidateRecord, CompatibilityRecord, GenerationRecord
 from orchestrator.lineage.store import LineageStore
 from orchestrator.metrics import KEY_METRICS
+
+HEALTH_STOP = "health/stop"  # ``orchestrator.training.config.STOP``: a health check's line in a generation's metrics
 
 
 def metric_label(metric: str) -> str:
@@ -153,10 +158,12 @@ def _backfill_summary(store: LineageStore) -> list[str]:
 
 
 def _status(gen: GenerationRecord, candidate: Optional[CandidateRecord]) -> str:
-    """A generation's status; a sweep candidate's shows its outcome and epochs (never deployed)."""
+    """A generation's status; a sweep candidate's shows its outcome and epochs (never deployed), a
+    trial the health check stopped as ``collapsed`` (recorded as stopped, with the check's line)."""
     if candidate is None:
         return gen.status
-    return f"candidate {candidate.outcome} @{candidate.epochs} ep"
+    outcome = "collapsed" if (gen.metrics or {}).get(HEALTH_STOP) else candidate.outcome
+    return f"candidate {outcome} @{candidate.epochs} ep"
 
 
 def lineage_json(store: LineageStore) -> dict[str, Any]:

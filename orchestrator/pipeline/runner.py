@@ -52,6 +52,7 @@ from orchestrator.pipeline.report import (
 )
 from orchestrator.pipeline.tracking import open_tracker
 from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, join_uri, load_card, remove_stale_temporaries
+from orchestrator.training.health import TrainingUnhealthy
 from orchestrator.training.seeds import derive_seed
 
 log = logging.getLogger(__name__)
@@ -293,8 +294,9 @@ class PipelineRunner:
         started = time.perf_counter()
         try:
             action(key)
-        except BaseException as error:
-            self.store.fail_step(key, error)
+        except BaseException as error:  # a health stop is recorded as its one line
+            self.store.fail_step(key, f"stopped by the health check: {error.line}"
+                                 if isinstance(error, TrainingUnhealthy) else error)
             raise
         self._say(f"{key}: done in {time.perf_counter() - started:.1f} s")
         return True
@@ -335,6 +337,8 @@ class PipelineRunner:
             train_ids=images.ids[indices].tolist(), parent_name=generation.parent, parent_uri=parent_uri,
             parent_sha256=parent_sha, seed=derive_seed(generation.training.seed, generation.name), output_uri=output_uri,
             init_from_parent=generation.init_from_parent, replaces=generation.replaces,
+            health=generation.health.model_dump(mode="json"), health_source=config.data.source,
+            health_options=config.data.loader_kwargs(config.data.eval_split),
         )
 
     def _train_spec(self, generation) -> dict[str, Any]:
@@ -357,16 +361,24 @@ class PipelineRunner:
         self._say(f"{key}: {generation.method.name} on {len(job.train_ids)} items, {generation.training.epochs} epochs, "
                   f"{where}")
         self.ensure_ray()
-        metrics = train_generation_with_ray(job, scaling, storage_path=join_uri(self.storage, "ray"),
-                                            run_name=f"train-{generation.name}-{self.config_sha[:8]}",
-                                            progress=lambda line: self._say(f"{key}: {line}"),
-                                            on_epoch=self.tracker.epoch_callback(generation.name))
+        try:
+            metrics = train_generation_with_ray(job, scaling, storage_path=join_uri(self.storage, "ray"),
+                                                run_name=f"train-{generation.name}-{self.config_sha[:8]}",
+                                                progress=lambda line: self._say(f"{key}: {line}"),
+                                                on_epoch=self.tracker.epoch_callback(generation.name))
+        except TrainingUnhealthy as stop:
+            self.store.set_generation_status(generation.name, "failed")
+            self._say(f"{key}: stopped by the health check: {stop.line}")
+            raise TrainingUnhealthy(stop.line, key=key, setting=f"generations.{self.config.generations.index(generation)}"
+                                    ".health") from None
+        health = {k.removeprefix("health/"): v for k, v in metrics.items() if k.startswith("health/")}
         card = load_card(output)
         self.store.upsert_generation(generation.name, space=card.space, curv=card.curv)
         self.store.mark_generation_trained(
             generation.name, output, card.sha256,
-            metrics={k: v for k, v in metrics.items() if k.startswith("loss") or k in ("epoch", "lr")},
-            step=key, step_outputs=trained_outputs(output, card.sha256),
+            metrics={k: v for k, v in metrics.items()
+                     if k.startswith(("loss", "health/")) or k in ("epoch", "lr")},
+            step=key, step_outputs={**trained_outputs(output, card.sha256), **({"health": health} if health else {})},
         )
 
     def _evaluate(self, generation, key: str) -> None:

@@ -9,7 +9,8 @@ search depth of the report and ``data.scenario`` (a label checked against the ge
 recorded before it was left out are read without it, ``NOT_COUNTED``). A recorded spec is read
 with today's defaults for settings added since (``recorded_spec``).
 
-- ``train:<gen>``: the generation (all but its backfill policy and gate), the data settings of
+- ``train:<gen>``: the generation (all but its backfill policy, gate and health check: a
+  committed generation passed the check it ran with), the data settings of
   training, and the parent's checkpoint sha256 (its identity);
 - ``evaluate:<gen>``: the data settings of the evaluation split and the evaluation sample
   (``evaluation.eval_sample``); the other evaluation settings change the gallery steps or the
@@ -44,7 +45,7 @@ NOT_COUNTED = {"scenario"}  # data fields that change no result, left out of eve
 
 def train_spec(config: PipelineConfig, generation: GenerationSpec, parent_sha256: str | None) -> dict[str, Any]:
     data = config.data.model_dump(mode="json", include={"source", "options", "split_options", "image_size"} | TRAINING_ONLY)
-    return {"generation": generation.model_dump(mode="json", exclude={"backfill", "gate"}), "data": data,
+    return {"generation": generation.model_dump(mode="json", exclude={"backfill", "gate", "health"}), "data": data,
             "parent_sha256": parent_sha256}
 
 

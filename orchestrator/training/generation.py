@@ -21,7 +21,8 @@ from orchestrator.data import ImageTensorDataset, load_source
 from orchestrator.methods import TrainContext, create_method
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.storage import CheckpointCard, load_generation, save_generation
-from orchestrator.training.config import TrainConfig
+from orchestrator.training.config import HealthSpec, TrainConfig
+from orchestrator.training.health import HealthMonitor, HealthStop, health_sample
 from orchestrator.training.loop import freeze, make_train_loader, train_one_epoch
 from orchestrator.training.optim import build_optimizer, set_learning_rate
 
@@ -37,6 +38,10 @@ class GenerationJob:
     replaces: a model replacement: the encoder starts from ``encoder["pretrained"]`` and the frozen
               model of the alignment term is that starting checkpoint, not the parent
               (stationary_dsimplex.md §6.3, as in the released code).
+    health: the generation's ``HealthSpec`` (as a dict); None: not checked.
+    health_source, health_options: the evaluation split's source and loader keyword arguments,
+              which the health check's own-retrieval sample is drawn from (``health_sample``);
+              None: no own-retrieval check (the loss is still judged).
     """
 
     name: str
@@ -59,6 +64,9 @@ class GenerationJob:
     storage_options: dict[str, Any] | None = None
     init_from_parent: bool = False
     replaces: bool = False
+    health: dict[str, Any] | None = None
+    health_source: str | None = None
+    health_options: dict[str, Any] = field(default_factory=dict)
 
 
 class GenerationTraining:
@@ -100,6 +108,35 @@ class GenerationTraining:
         self.optimizer = build_optimizer(self.model, self.training)
         self.ctx: TrainContext | None = None
         self.forward_model: nn.Module = self.model
+        self.health: HealthMonitor | None = None
+        self._train_classes = np.unique(images.labels)
+
+    def watch_health(self, first_loss: float | None = None) -> HealthMonitor | None:
+        """Build the job's ``HealthMonitor`` (None when the job has no ``health``): its sample is
+        drawn from the evaluation split (``job.health_source``) on this generation's classes.
+        ``first_loss``: the first epoch's loss when resuming after it. Call on the rank that judges."""
+        job = self.job
+        if job.health is None:
+            return None
+        spec = HealthSpec(**job.health)
+        sample = None
+        if spec.enabled and job.health_source is not None:
+            images = load_source(job.health_source, **job.health_options)
+            sample = health_sample(images, self._train_classes, spec.sample, job.image_size, job.mean, job.std)
+        from_scratch = not (job.init_from_parent or job.replaces or self.encoder_config.pretrained)
+        self.health = HealthMonitor(spec, job.name, self.training.epochs, self.training.warmup_epochs, sample,
+                                    check_loss=from_scratch, device=self.device, first_loss=first_loss)
+        return self.health
+
+    def check_health(self, epoch: int, stats: dict[str, float]) -> HealthStop | None:
+        """The health judgement after ``epoch`` (``HealthMonitor.after_epoch``); None without a monitor."""
+        return None if self.health is None else self.health.after_epoch(epoch, stats["loss"], self.model)
+
+    def check_health_at_end(self) -> HealthStop | None:
+        """After ``finish()``: a generation that trains no encoder is judged on its map's fit."""
+        if self.health is None or self.ctx is None:
+            return None
+        return self.health.after_training(self.model, self.ctx.state)
 
     def start(self, forward_model: nn.Module | None = None) -> None:
         """Create the method's context and run its ``on_train_start`` hook. ``forward_model`` is

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from orchestrator.methods.base import CompatibilityMethod, TrainContext
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.training.config import TrainConfig
+from orchestrator.training.health import HealthMonitor, TrainingUnhealthy
 from orchestrator.training.optim import build_optimizer, set_learning_rate
 
 EpochCallback = Callable[[int, dict[str, float]], None]
@@ -111,12 +112,16 @@ def train_generation(
     old_model: CompatibleModel | None = None,
     device: torch.device | str = "cpu",
     on_epoch_end: EpochCallback | None = None,
+    health: HealthMonitor | None = None,
 ) -> list[dict[str, float]]:
     """Train ``model`` in place with ``method`` for ``config.epochs`` epochs.
 
     train_data: items ``(image, label, id)`` with augmentation, used for the gradient steps.
     plain_data: the same items without augmentation, used by the method's hooks (prototypes).
     old_model:  the parent generation (frozen here), required when ``method.requires_parent``.
+    health:     the generation's health check (``orchestrator.training.health``), judged after
+                every epoch and after the method's end hook; a stop raises ``TrainingUnhealthy``
+                (its one line) and leaves the model as trained so far.
     Returns one stats dict per epoch (``epoch``, ``lr``, ``seconds``, ``loss``, ``loss/<term>``).
     """
     if method.requires_parent and old_model is None:
@@ -145,9 +150,18 @@ def train_generation(
         lr = set_learning_rate(optimizer, epoch, config)
         stats = train_one_epoch(method, ctx, make_train_loader(train_data, config, epoch), optimizer, config)
         stats.update(epoch=float(epoch), lr=lr, seconds=time.perf_counter() - started)
+        stop = None if health is None else health.after_epoch(epoch, stats["loss"], model)
+        if health is not None:
+            stats.update(health.measured)
         history.append(stats)
         if on_epoch_end is not None:
             on_epoch_end(epoch, stats)
+        if stop is not None:
+            model.eval()
+            raise TrainingUnhealthy(stop.line)
     method.on_train_end(ctx)
     model.eval()
+    stop = None if health is None else health.after_training(model, ctx.state)
+    if stop is not None:
+        raise TrainingUnhealthy(stop.line)
     return history

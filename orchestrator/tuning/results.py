@@ -2,7 +2,8 @@
 plot (PNG), the best configuration as a generation block for the pipeline file (YAML), and the
 trials in the lineage as candidate generations.
 
-A row per trial: ``trial_id``, ``outcome`` (finished: ran every epoch; stopped: by ASHA; error),
+A row per trial: ``trial_id``, ``outcome`` (finished: ran every epoch; stopped: by ASHA; collapsed:
+stopped by the health check, ``collapsed`` holding its one line; error),
 ``epochs`` run, ``seconds``, ``param_<name>`` for each searched parameter, the trial's last
 reported metrics (``METRIC_NAMES``, ``old_self_<m>``, ``objective``, ``feasible``), ``pareto``
 (on the front of the plotted pair among finished trials), ``best`` and ``checkpoint_uri``.
@@ -28,9 +29,10 @@ from orchestrator.lineage import LineageStore
 from orchestrator.metrics import METRICS, format_value
 from orchestrator.storage import join_uri, load_card, write_bytes_atomic
 from orchestrator.tuning import objective as objectives
+from orchestrator.training.config import STOP as HEALTH_STOP
 from orchestrator.tuning.config import METRIC_NAMES, Objective, TuneFile
 
-OUTCOMES = ("finished", "stopped", "error")
+OUTCOMES = ("finished", "stopped", "collapsed", "error")
 FILES = {"csv": "trials.csv", "parquet": "trials.parquet", "plot": "pareto.png", "best": "best_generation.yaml"}
 REPORTED = (*METRIC_NAMES, *(f"old_self_{m}" for m in METRICS), objectives.OBJECTIVE, "feasible")
 
@@ -48,6 +50,7 @@ class TrialRow:
     checkpoint_uri: str | None = None
     pareto: bool = False
     best: bool = False
+    collapsed: str | None = None  # the health check's line, for a collapsed trial
 
     def record(self, space: Sequence[str]) -> dict[str, Any]:
         """The flat table row (module docstring)."""
@@ -55,7 +58,7 @@ class TrialRow:
                                "seconds": round(self.seconds, 3)}
         row.update({f"param_{name}": self.params.get(name) for name in space})
         row.update({name: _number(self.metrics.get(name)) for name in REPORTED})
-        row.update(pareto=self.pareto, best=self.best, checkpoint_uri=self.checkpoint_uri)
+        row.update(pareto=self.pareto, best=self.best, checkpoint_uri=self.checkpoint_uri, collapsed=self.collapsed)
         return row
 
 
@@ -190,11 +193,15 @@ def record_candidates(store: LineageStore, tune_file: TuneFile, rows: list[Trial
         compatibility = [(name, gallery, metric, row.metrics[f"{kind}_{metric}"], dataset)
                          for kind, gallery in (("self", name), ("cross", candidate.parent)) for metric in METRICS
                          if f"{kind}_{metric}" in row.metrics]
+        # the lineage's outcomes are those of its schema: a collapsed trial is a stopped one whose
+        # metrics hold the health check's line (``orchestrator lineage`` shows it as collapsed)
+        health = {} if row.collapsed is None else {HEALTH_STOP: row.collapsed}
         store.record_candidate(
             name, sweep=spec.name, trial_id=row.trial_id, parent=candidate.parent, method=candidate.method.name,
-            params={**candidate.method.params, **row.params}, outcome=row.outcome, epochs=row.epochs,
+            params={**candidate.method.params, **row.params},
+            outcome="stopped" if row.outcome == "collapsed" else row.outcome, epochs=row.epochs,
             objective=row.metrics.get(objectives.OBJECTIVE),
-            metrics={k: row.metrics[k] for k in REPORTED if k in row.metrics}, arch=candidate.model.arch,
+            metrics={**{k: row.metrics[k] for k in REPORTED if k in row.metrics}, **health}, arch=candidate.model.arch,
             space=None if card is None else card.space, curv=None if card is None else card.curv,
             checkpoint_uri=row.checkpoint_uri, sha256=None if card is None else card.sha256,
             compatibility=compatibility,

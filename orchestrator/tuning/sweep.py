@@ -36,6 +36,7 @@ from orchestrator.distributed.runtime import connect, dashboard_message
 from orchestrator.progress import Meter
 from orchestrator.evaluation import evaluate_generations
 from orchestrator.pipeline.runner import PipelineRunner
+from orchestrator.training.config import COLLAPSED
 from orchestrator.storage import checkpoint_exists, exists, join_uri, load_generation, read_json, write_json_atomic
 from orchestrator.tuning import results as outputs
 from orchestrator.tuning import space as spaces
@@ -117,6 +118,10 @@ class TrialLines(Callback):
     def on_trial_complete(self, iteration, trials, trial, **info):
         result = trial.last_result or {}
         done = result.get(spaces.EPOCHS, 0)
+        if result.get(COLLAPSED):
+            self._say(f"trial {trial.trial_id} collapsed after {done}/{self.epochs} epochs: {result[COLLAPSED]}")
+            self.meter.advance()
+            return
         state = "finished" if done == self.epochs else "stopped early"
         self._say(f"trial {trial.trial_id} {state} after {done}/{self.epochs} epochs: "
                   f"{OBJECTIVE} {result.get(OBJECTIVE, float('nan')):.4f}")
@@ -238,12 +243,15 @@ def _rows(grid, space: list[str], epochs: int, candidates_uri: str) -> list[Tria
         metrics = dict(result.metrics or {})
         trial_id = PurePosixPath(str(result.path)).name
         done = int(metrics.get(spaces.EPOCHS, 0))
-        outcome = "error" if result.error is not None else ("finished" if done == epochs else "stopped")
+        collapsed = metrics.get(COLLAPSED) or None
+        outcome = ("error" if result.error is not None else "collapsed" if collapsed
+                   else "finished" if done == epochs else "stopped")
         checkpoint = join_uri(candidates_uri, trial_id)
         rows.append(TrialRow(
             trial_id=trial_id, outcome=outcome, epochs=done, seconds=float(metrics.get("time_total_s", 0.0)),
             params={name: result.config.get(name) for name in space},
             metrics={k: float(metrics[k]) for k in REPORTED if metrics.get(k) is not None},
             checkpoint_uri=checkpoint if outcome == "finished" and checkpoint_exists(checkpoint) else None,
+            collapsed=None if collapsed is None else str(collapsed),
         ))
     return rows

@@ -21,6 +21,11 @@ Per epoch a trial reports (``orchestrator.tuning.config.METRIC_NAMES``): ``self_
 evaluation reference, ``p_com_<m>`` and ``p_up_<m>``; ``objective`` (``objective.scalar``),
 ``feasible``, ``loss`` and ``lr``. A trial that runs every epoch writes its generation
 (safetensors + card) to ``<sweep>/candidates/<trial id>`` before its last report.
+
+The pipeline's health check (``orchestrator.training.health``, the candidate's ``health``) is
+judged after every epoch as in ``orchestrator run``: a trial that does not learn reports its
+epoch with ``collapsed`` (the check's one line) and ends there, writing nothing; the sweep's table
+calls its outcome ``collapsed`` (``results``).
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ from orchestrator.metrics import METRICS, NORMALISED_SCORES
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.storage import join_uri, load_generation
 from orchestrator.training.generation import GenerationJob, GenerationTraining
+from orchestrator.training.health import COLLAPSED
 from orchestrator.tuning import objective as objectives
 from orchestrator.tuning.config import Objective
 
@@ -113,16 +119,24 @@ def run_trial(config: dict[str, Any], setup: dict[str, Any]) -> None:
     job = trial_job(shared, config)
     evaluate = TrialEvaluator(shared, job)  # first: loading the parent draws from torch's RNG, and
     session = GenerationTraining(job)       # the session seeds it, as a Ray Train worker does
+    session.watch_health()
     session.start()
     epochs = session.training.epochs
     for epoch in range(epochs):
         stats = session.train_epoch(epoch)
-        last = epoch == epochs - 1
+        stop = session.check_health(epoch, stats)
+        last = epoch == epochs - 1 and stop is None
         if last:
             session.finish()
+            stop = session.check_health_at_end()
+            last = stop is None
         metrics = evaluate(session.model)
         if last:
             trial_id = tune.get_context().get_trial_id()
             session.save(join_uri(shared.candidates_uri, trial_id), extra={"trial_id": trial_id, "params": config})
+        health = {} if stop is None else {COLLAPSED: stop.line}
         tune.report({**metrics, objectives.OBJECTIVE: objectives.scalar(metrics, objective),
-                     "feasible": objectives.feasible(metrics, objective), "loss": stats["loss"], "lr": stats["lr"]})
+                     "feasible": objectives.feasible(metrics, objective), "loss": stats["loss"], "lr": stats["lr"],
+                     **health})
+        if stop is not None:
+            return

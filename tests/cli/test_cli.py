@@ -265,8 +265,24 @@ def test_a_generation_held_by_the_gate_exits_3(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_run_command", held)
     assert main(["run", "pipelines/lifelong.yaml"]) == ExitCode.HELD == 3
     assert capsys.readouterr().err.startswith("orchestrator: held: gate of g2")
-    # 4: busy (tests/cli/test_cli_lineage_store.py); 5, 6: tests/cli/test_honest_failure.py, test_lineage_recovery.py
-    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 5, 6]
+    # 4: busy (tests/cli/test_cli_lineage_store.py); 5, 6: tests/cli/test_honest_failure.py, test_lineage_recovery.py;
+    # 7: below
+    assert [int(c) for c in ExitCode] == [0, 1, 2, 3, 4, 5, 6, 7]
+
+
+def test_a_generation_stopped_by_the_health_check_exits_7_with_one_line(monkeypatch, capsys):
+    from orchestrator.training.health import TrainingUnhealthy
+
+    def stopped(args):
+        raise TrainingUnhealthy("g1: own CMC@1 0.017 after 4 epochs, chance is 0.016", key="train:g1",
+                                setting="generations.1.health")
+
+    monkeypatch.setattr(cli, "_run_command", stopped)
+    assert main(["run", "pipelines/lifelong.yaml"]) == ExitCode.UNHEALTHY == 7
+    err = capsys.readouterr().err
+    assert err.startswith("orchestrator: unhealthy: g1: own CMC@1 0.017 after 4 epochs, chance is 0.016; "
+                          "train:g1 failed, nothing of g1 was evaluated or deployed")
+    assert "generations.1.health" in err and err.count("\n") == 1
 
 
 def test_schema_prints_the_json_schema_and_the_reference(capsys):
