@@ -69,7 +69,7 @@ class MethodSpec(StrictModel):
     """
 
     name: str
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: dict[str, Any] = Field(default_factory=dict, validate_default=True)  # completed when left out too
 
     @field_validator("name")
     @classmethod

@@ -83,3 +83,13 @@ def test_the_plan_spec_covers_the_gallery_and_the_backfill_policy_only(tmp_path)
     changed = runner(tmp_path, **{"generations.1.backfill.budget": 0.25, "gallery.embedding.concurrency": 2}).config
     fields = changed_fields(plan_spec(base, base.generations[1]), plan_spec(changed, changed.generations[1]))
     assert fields == ["backfill.budget (0.5 → 0.25)"]
+
+
+def test_a_generation_whose_method_parameters_are_left_out_is_skipped_on_a_rerun(tmp_path):
+    # the phi-star of the default file names its method without parameters; they are completed
+    # when the file is read, as they are when a recorded spec is read again: nothing changed
+    r = runner(tmp_path, **{"generations.3.method": {"name": "independent"}})
+    phi_star = r.config.generations[3]
+    assert phi_star.method.params == {"space": "cosine", "curv": 1.0, "clip": 1.0}
+    assert run_train_step(r, 3) is True
+    assert run_train_step(r, 3) is False  # skipped, not refused as changed
