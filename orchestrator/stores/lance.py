@@ -201,8 +201,6 @@ class LanceStore:
             return []
 
     def locations(self) -> list[str]:
-        import pyarrow.compute as pc
-
         found = []
         for name in self.datasets():
             dataset = self._open(name)
@@ -211,7 +209,6 @@ class LanceStore:
             table = dataset.to_table(columns=["shard", "version"])
             pairs = set(zip(table.column("shard").to_pylist(), table.column("version").to_pylist())) if len(table) \
                 else set()
-            del pc
             found += [StoreLocation("lance", self.path, int(s), v, name).uri for s, v in pairs]
         return sorted(found)
 

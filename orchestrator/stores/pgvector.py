@@ -143,6 +143,7 @@ class PgVectorStore:
         if connection.execute("SELECT to_regclass(%s)", (f'"{table}"',)).fetchone()[0] is not None:
             return
         if connection.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() is None:
+            connection.execute("SELECT pg_advisory_xact_lock(hashtext('orchestrator-store:vector-extension'))")
             connection.execute("CREATE EXTENSION IF NOT EXISTS vector")
         connection.execute(sql.SQL("CREATE TABLE {} (shard integer NOT NULL, version text NOT NULL, id bigint NOT NULL, "
                                    "label bigint NOT NULL, embedding vector({}) NOT NULL, uri text, "
