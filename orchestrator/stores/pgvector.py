@@ -218,8 +218,8 @@ class PgVectorStore:
         if self.index != "exact":  # once the table holds enough rows to train on (a separate transaction)
             with self.connect() as connection:
                 held = connection.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))).fetchone()[0]
-                if held >= MIN_INDEX_ROWS:
-                    self.build_index(connection, table, shard.space)
+                if held >= MIN_INDEX_ROWS and self.build_index(connection, table, shard.space):
+                    connection.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))  # the planner's statistics
         return location.uri, {"kind": "pgvector", "sha256": digest, "ids_sha256": ids_sha256(shard.ids),
                               "n_items": int(len(shard.ids)), "space": shard.space, "curv": float(shard.curv),
                               "dim": int(np.asarray(shard.embeddings).shape[1]), "index": self.index,
