@@ -189,7 +189,7 @@ class MlflowTracker(Tracker):
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(key, value, now, step) for key, value in values.items()]
+        items = [Metric(metric_key(key), value, now, step) for key, value in values.items()]
         for start in range(0, len(items), 1000):  # MLflow's limit on metrics per call
             self.client.log_batch(run_id, metrics=items[start:start + 1000])
 

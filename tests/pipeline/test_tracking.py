@@ -128,8 +128,8 @@ def test_a_tracked_run_reads_back_from_the_store(tmp_path):
         matrix[0, 1] = np.nan  # an old model's queries are never scored on a newer gallery
     update = {"map": {"self": 0.8, "cross": 0.6, "old_self": 0.5, "p_com": None, "p_up": 0.25, "compatible": True}}
     files = write_report(str(tmp_path / "reports"), names, [], {"g0-old → g1": update})
-    epochs = [{"epoch": e, "loss": 2.0 - e / 2, "loss/base": 1.5 - e / 4, "lr": 0.05 / (e + 1), "start_epoch": 0}
-              for e in range(3)]
+    epochs = [{"epoch": e, "loss": 2.0 - e / 2, "loss/base": 1.5 - e / 4, "lr": 0.05 / (e + 1), "start_epoch": 0,
+               "health/own_cmc@1": 0.3 + e / 10} for e in range(3)]
 
     with tracker.pipeline_run("c0ffee"):
         for generation in (g0, g1):
@@ -158,6 +158,8 @@ def test_a_tracked_run_reads_back_from_the_store(tmp_path):
         history = sorted(client.get_metric_history(child.info.run_id, key), key=lambda m: m.step)
         assert [(m.step, m.value) for m in history] == [(e["epoch"], pytest.approx(e[key])) for e in epochs]
     assert client.get_metric_history(runs["g0-old"].info.run_id, "loss") == []  # not trained here
+    health = sorted(client.get_metric_history(child.info.run_id, "health/own_cmc1"), key=lambda m: m.step)
+    assert [m.value for m in health] == [pytest.approx(e["health/own_cmc@1"]) for e in epochs]  # the @ dropped
 
     assert child.data.tags["checkpoint_uri"].endswith("generations/g1")
     assert child.data.tags["checkpoint_sha256"] == "ab" * 32
