@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.integrity import IntegrityError, ids_sha256
+from orchestrator.integrity import ids_sha256
 from orchestrator.stores.locations import StoreLocation
-from orchestrator.stores.vectors import (query_coordinates, ranks_by_inner_product, rerank, rows_digest,
-                                         stored_coordinates)
+from orchestrator.stores.vectors import (check_rows, check_servable, query_coordinates, ranks_by_inner_product,
+                                         rerank, rows_digest, stored_coordinates)
 
 VERSION_CHARS = 20
 MIN_INDEX_ROWS = 4096
@@ -167,29 +167,12 @@ class LanceStore:
         return ids[order], np.ascontiguousarray(vectors[order], dtype=np.float32)
 
     def open_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None):
-        if record is None:
-            raise IntegrityError(f"{StoreLocation.parse(uri).describe()}: the lineage holds no record of these rows; "
-                                 "refusing to serve them (run `orchestrator verify FILE`)")
         held = self.count(uri)
-        if held != int(record["n_items"]):
-            raise IntegrityError(f"{StoreLocation.parse(uri).describe()}: holds {held} rows, the lineage recorded "
-                                 f"{record['n_items']}; refusing to serve it (run `orchestrator verify FILE`)")
+        check_servable(StoreLocation.parse(uri).describe(), record, held)
         return LanceShard(self, uri, dict(record), held)
 
     def check_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None) -> None:
-        location = self._location(uri)
-        if record is None:
-            raise IntegrityError(f"{location.describe()}: the lineage holds no record of these rows")
-        ids, vectors = self.read_rows(uri)
-        if not len(ids) and int(record["n_items"]):
-            raise FileNotFoundError(f"{location.describe()}: no rows")
-        if len(ids) != int(record["n_items"]):
-            raise IntegrityError(f"{location.describe()}: {len(ids)} rows, the lineage recorded {record['n_items']} "
-                                 "(rows missing or added)")
-        actual = rows_digest(ids, vectors)
-        if actual != record["sha256"]:
-            raise IntegrityError(f"{location.describe()}: rows changed since they were written (a vector or an id): "
-                                 f"digest {actual}, the lineage holds {record['sha256']}")
+        check_rows(self._location(uri).describe(), record, *self.read_rows(uri))
 
     def datasets(self) -> list[str]:
         from orchestrator.storage.filesystem import list_dir

@@ -35,11 +35,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from orchestrator.integrity import IntegrityError, ids_sha256
+from orchestrator.integrity import ids_sha256
 from orchestrator.outside import OutsideSystemError
 from orchestrator.stores.locations import StoreLocation, libpq_url, shown
-from orchestrator.stores.vectors import (query_coordinates, ranks_by_inner_product, rerank, rows_digest,
-                                         stored_coordinates)
+from orchestrator.stores.vectors import (check_rows, check_servable, query_coordinates, ranks_by_inner_product,
+                                         rerank, rows_digest, stored_coordinates)
 
 _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 _COPY_TRAILER = struct.pack(">h", -1)
@@ -254,29 +254,12 @@ class PgVectorStore:
         return _parse_id_vectors(bytes(buffer))
 
     def open_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None):
-        if record is None:
-            raise IntegrityError(f"{StoreLocation.parse(uri).describe()}: the lineage holds no record of these rows; "
-                                 "refusing to serve them (run `orchestrator verify FILE`)")
         held = self.count(uri)
-        if held != int(record["n_items"]):
-            raise IntegrityError(f"{StoreLocation.parse(uri).describe()}: holds {held} rows, the lineage recorded "
-                                 f"{record['n_items']}; refusing to serve it (run `orchestrator verify FILE`)")
+        check_servable(StoreLocation.parse(uri).describe(), record, held)
         return PgVectorShard(self, uri, dict(record), held)
 
     def check_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None) -> None:
-        location = self._location(uri)
-        if record is None:
-            raise IntegrityError(f"{location.describe()}: the lineage holds no record of these rows")
-        ids, vectors = self.read_rows(uri)
-        if not len(ids) and int(record["n_items"]):
-            raise FileNotFoundError(f"{location.describe()}: no rows")
-        if len(ids) != int(record["n_items"]):
-            raise IntegrityError(f"{location.describe()}: {len(ids)} rows, the lineage recorded {record['n_items']} "
-                                 "(rows missing or added)")
-        actual = rows_digest(ids, vectors)
-        if actual != record["sha256"]:
-            raise IntegrityError(f"{location.describe()}: rows changed since they were written (a vector or an id): "
-                                 f"digest {actual}, the lineage holds {record['sha256']}")
+        check_rows(self._location(uri).describe(), record, *self.read_rows(uri))
 
     def locations(self) -> list[str]:
         from psycopg import sql

@@ -30,8 +30,12 @@ sorted ascending (int64 little-endian) followed by each row's stored float32 coo
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
+
+from orchestrator.integrity import IntegrityError
 
 
 def stored_coordinates(embeddings: np.ndarray, space: str, curv: float) -> np.ndarray:
@@ -88,3 +92,30 @@ def rerank(query_coords: np.ndarray, candidate_ids: list[np.ndarray], candidate_
         order = np.lexsort((found, exact))[:k]
         distances[q, :len(order)], ids[q, :len(order)] = exact[order], found[order]
     return distances, ids
+
+
+def check_servable(where: str, record: Mapping[str, Any] | None, held: int) -> None:
+    """``IntegrityError`` unless a store's rows at ``where`` (``held`` of them) may be served: the
+    lineage holds their record and it counts as many rows."""
+    if record is None:
+        raise IntegrityError(f"{where}: the lineage holds no record of these rows; refusing to serve them "
+                             "(run `orchestrator verify FILE`)")
+    if held != int(record["n_items"]):
+        raise IntegrityError(f"{where}: holds {held} rows, the lineage recorded {record['n_items']}; refusing to "
+                             "serve it (run `orchestrator verify FILE`)")
+
+
+def check_rows(where: str, record: Mapping[str, Any] | None, ids: np.ndarray, vectors: np.ndarray) -> None:
+    """``verify``'s check of a store's rows at ``where`` against the lineage's ``record``: the row
+    count and the digest of ids and vectors (``rows_digest``); ``FileNotFoundError`` when none are left."""
+    if record is None:
+        raise IntegrityError(f"{where}: the lineage holds no record of these rows")
+    if not len(ids) and int(record["n_items"]):
+        raise FileNotFoundError(f"{where}: no rows")
+    if len(ids) != int(record["n_items"]):
+        raise IntegrityError(f"{where}: {len(ids)} rows, the lineage recorded {record['n_items']} "
+                             "(rows missing or added)")
+    actual = rows_digest(ids, vectors)
+    if actual != record["sha256"]:
+        raise IntegrityError(f"{where}: rows changed since they were written (a vector or an id): "
+                             f"digest {actual}, the lineage holds {record['sha256']}")
