@@ -202,10 +202,10 @@ def step_dataset(source: GallerySource, work: Sequence[tuple[ShardUpdate, EntryR
                          staging=(folders, target.storage_options))
 
 
-def side_tasks(resources: EmbeddingSpec) -> int:
-    """Tasks at once of each CPU-light stage that asks Ray for no CPU (reading, finishing):
-    as many as the embedding actors, at least 2. Without a bound, Ray starts a worker process per
-    zero-CPU task it can schedule (each one a Python interpreter with pyarrow and torch loaded)."""
+def finish_tasks_at_once(resources: EmbeddingSpec) -> int:
+    """Finish tasks (which ask Ray for no CPU) running at once: as many as the embedding actors, at
+    least 2. Without a bound, Ray starts a worker process per zero-CPU task it can schedule (each
+    one a Python interpreter with pyarrow and FAISS loaded)."""
     return max(2, resources.pool_size[1])
 
 
@@ -234,7 +234,7 @@ def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, E
     if not work:
         return
     updates = {read.entry: update for update, read in work}
-    finishes = _Finishes(model, target, side_tasks(resources), on_lost)
+    finishes = _Finishes(model, target, finish_tasks_at_once(resources), on_lost)
     parts: dict[int, dict[str, int]] = {entry: {} for entry in updates}
     for batch in _batches(step_dataset(source, work, model, target, resources, uuid.uuid4().hex[:12])):
         for entry, uri, n_items in zip(*(batch.column(c).to_pylist() for c in ("entry", "uri", "n_items"))):
