@@ -88,6 +88,8 @@ class GalleryExecutor:
                                                 resources, self._run_again, staged):
                     self._commit(entries[result.key], result, generation)
                     results.append(result)
+            for update in updates:  # a batch Ray Data ran twice (its actor lost) may stage after its commit
+                remove(step_staging(ctx.root, update.key), recursive=True, missing_ok=True)
         except BaseException as error:
             for update in updates:
                 if store.step_status(update.key) == "started":

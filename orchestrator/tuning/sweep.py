@@ -43,6 +43,7 @@ from orchestrator.tuning import space as spaces
 from orchestrator.tuning.config import TuneFile
 from orchestrator.tuning.objective import OBJECTIVE
 from orchestrator.tuning.results import REPORTED, TrialRow
+from orchestrator.tuning.saved_state import damaged_state_files
 from orchestrator.tuning.trial import TrialSetup, run_trial
 
 Progress = Callable[[str], None]
@@ -218,6 +219,11 @@ def _tuner(tune_file: TuneFile, setup: TrialSetup, sweep_uri: str, experiment: s
     resources = {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu}
     trainable = tune.with_resources(tune.with_parameters(run_trial, setup=asdict(setup)), resources)
     if tune.Tuner.can_restore(experiment):
+        damaged = damaged_state_files(experiment)
+        if damaged:
+            raise ValueError(f"{tune_file.path}: the sweep's saved state {damaged[0]} is cut short (the sweep was "
+                             f"stopped while Ray Tune copied its state there), so it cannot resume; remove "
+                             f"{experiment} to run the sweep afresh")
         return tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True, restart_errored=True), True
     epochs = tune_file.candidate.training.epochs
     concurrent = spaces.max_concurrent_trials(spec.resources, spec.max_concurrent_trials, ray.cluster_resources())

@@ -44,6 +44,10 @@ def cluster_env(state: Path) -> dict[str, str]:
     values = dict(line.split("=", 1) for line in (state / "cluster.env").read_text().split())
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
     env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=values["RAY_AUTH_TOKEN_PATH"])
+    # Ray Data starts a pool's actors without waiting for them: on a small gallery the first actor
+    # placed (while Ray Train's workers still hold the other nodes' CPUs) can embed every item
+    # before the second one starts. The placement check needs both to have worked: wait for them.
+    env["RAY_DATA_DEFAULT_WAIT_FOR_MIN_ACTORS_S"] = "120"
     return env | {"GCS": values["GCS_ADDRESS"], "DASHBOARD": values["DASHBOARD"]}
 
 
@@ -54,7 +58,7 @@ from ray.util.state import list_actors
 ray.init(address=os.environ["GCS"], log_to_driver=False)
 nodes = {}
 for actor in list_actors(address=os.environ["DASHBOARD"], limit=10000, detail=True):
-    for kind in ("RayTrainWorker", "EmbedStage"):
+    for kind in ("RayTrainWorker", "EmbedAndStage"):
         # node_id is None for an actor that was never placed (e.g. requested by the pool, then cancelled)
         if kind in actor.class_name and actor.node_id is not None:
             nodes.setdefault(kind, set()).add(actor.node_id)
@@ -83,7 +87,7 @@ def test_training_workers_and_embedding_actors_span_nodes(tmp_path):
         nodes, alive = json.loads(lines[-2]), json.loads(lines[-1])
         assert alive == 3
         assert len(nodes["RayTrainWorker"]) == 2, nodes
-        assert len(nodes["EmbedStage"]) == 2, nodes
+        assert len(nodes["EmbedAndStage"]) == 2, (nodes, run.stdout[-3000:])
         store = LineageStore(f"sqlite:///{tmp_path / 'run' / 'lineage.db'}")
         assert [s.generation for s in store.shards("digits-test")] == ["g0-old"] * 4
         writers = {store.committed_outputs(f"embed:digits-test/{k}:g0-old")["node"].split(":")[1] for k in range(4)}

@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from orchestrator.lineage import LineageStore
+from orchestrator.tuning.saved_state import damaged_state_files
 
 pytestmark = pytest.mark.e2e
 
@@ -50,6 +51,13 @@ class Driver:
         return "\n".join(line for _t, line in self.lines)
 
 
+def saved_after(experiment, moment) -> bool:
+    states = [p for pattern in ("experiment_state-*", "search_gen_state-*", "searcher-state-*")
+              for p in experiment.glob(pattern)]
+    return (len(states) == 3 and all(p.stat().st_mtime > moment for p in states)
+            and not damaged_state_files(str(experiment)))
+
+
 def test_a_killed_sweep_resumes_without_rerunning_finished_trials(small, ray_address):
     config = yaml.safe_load(small.pipeline.read_text())
     for generation in config["generations"]:
@@ -69,8 +77,9 @@ def test_a_killed_sweep_resumes_without_rerunning_finished_trials(small, ray_add
         assert time.time() < deadline, first.text()[-3000:]
         time.sleep(0.2)
     second_finish = time.time()
-    # Tune saves the experiment state every few seconds: wait for a save after the second finish
-    while not any(p.stat().st_mtime > second_finish for p in experiment.glob("experiment_state-*.json")):
+    # Tune saves the experiment state every few seconds, then copies it into the sweep folder: wait
+    # for a save after the second finish whose copy is done (every state file dated after it, whole)
+    while not saved_after(experiment, second_finish):
         assert first.process.poll() is None, "the sweep ended before it could be killed:\n" + first.text()[-3000:]
         assert time.time() < deadline, first.text()[-3000:]
         time.sleep(0.2)
