@@ -27,8 +27,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from orchestrator.benchmarks.compatibility import (DEFAULT_METHODS, METHODS, _cell, _criterion_cells, _p_up_cells,
-                                                   experiment_for, measure_experiment, seed_means)
+from orchestrator.benchmarks.compatibility import (DEFAULT_METHODS, METHODS, Row, _cell, _criterion_cells,
+                                                   _p_up_cells, experiment_for, measure_experiment, seed_means)
 from orchestrator.evaluation.update_experiment import UpdateExperiment
 from orchestrator.training.config import HealthSpec
 
@@ -53,13 +53,14 @@ def unchecked(experiment: UpdateExperiment) -> UpdateExperiment:
     return UpdateExperiment(settings, experiment.train_images, experiment.eval_images, experiment.device)
 
 
-def measure_seed(dataset: str, epochs: int, seed: int, labels: Sequence[str], workers: int = 1,
+def measure_seed(dataset: str, epochs: int, seed: int, methods: Sequence[Row], workers: int = 1,
                  device: str = "cpu") -> dict[str, Any]:
-    """One stored record: the rows of ``labels`` (labels of ``ROWS``) on ``dataset`` at ``epochs`` and
-    base seed ``seed``, each with ``collapsed`` added, and the record's ``num_classes``."""
+    """One stored record: the rows of ``methods`` (rows as ``compatibility.METHODS``' ones) on
+    ``dataset`` at ``epochs`` and base seed ``seed``, each with ``collapsed`` added, and the
+    record's ``num_classes``."""
     experiment = unchecked(experiment_for(dataset, epochs, seed, device=device))
     num_classes = experiment.train_images.num_classes
-    rows = measure_experiment(experiment, [ROWS[label] for label in labels], workers)
+    rows = measure_experiment(experiment, methods, workers)
     for row in rows:
         row["collapsed"] = collapsed(row["cmc@1"]["self"], num_classes)
     return {"dataset": dataset, "epochs": epochs, "seed": seed, "num_classes": num_classes, "device": device,
@@ -235,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     for dataset in args.datasets.split(","):
         for seed in seeds:
             started = time.perf_counter()
-            record = measure_seed(dataset, args.epochs, seed, labels, args.workers, args.device)
+            record = measure_seed(dataset, args.epochs, seed, [ROWS[label] for label in labels], args.workers,
+                                  args.device)
             record = {"stage": args.stage, "commit": commit, **record,
                       "seconds": round(time.perf_counter() - started, 1)}
             if args.rows_out is not None:
