@@ -46,6 +46,8 @@ class TrainContext:
                  reversal), or None where the caller does not say.
     batch_size:  batch size for the hooks' full passes over ``train_data``.
     state:       per-method scratch space (prototypes, synthesised classifiers, ...).
+    pair_data:   the items a post-hoc map's paired sample is drawn from (the gallery's), items as
+                 ``train_data``'s; None: ``train_data``.
     """
 
     new_model: CompatibleModel
@@ -57,6 +59,7 @@ class TrainContext:
     epochs: int | None = None
     batch_size: int = 256
     state: dict[str, Any] = field(default_factory=dict)
+    pair_data: Dataset | None = None
 
     @torch.no_grad()
     def embed_train_data(self, model: CompatibleModel) -> tuple[ModelOutput, torch.Tensor]:

@@ -420,6 +420,9 @@ class MethodDescription(ABC):
     requires_parent_embed_dim: ClassVar[bool] = True
     requires_embed_dim_at_least_parents: ClassVar[bool] = False
     replacement_keeps_parent_embed_dim: ClassVar[bool] = False
+    #: False for a method that fits only a map to the parent on a given, frozen encoder (the
+    #: post-hoc methods, ``orchestrator.methods.posthoc``): it has no training epochs.
+    trains_encoder: ClassVar[bool] = True
     #: Parameters that act only when a parent is given (alignment weights): a parent-free method's
     #: old model and reference φ_* set them to their defaults, so variants of one method that differ
     #: only there share their old model and φ_* (``CompatibilityMethod.reference_method``).

@@ -18,12 +18,15 @@ import importlib
 import os
 from typing import TYPE_CHECKING, Any, Mapping
 
-from orchestrator.methods.descriptions import BUILTIN, MethodDescription
+from orchestrator.methods import descriptions, posthoc_descriptions
+from orchestrator.methods.descriptions import MethodDescription
 
 if TYPE_CHECKING:
     from orchestrator.methods.base import CompatibilityMethod
 
 _METHODS: dict[str, type[CompatibilityMethod]] = {}
+#: The built-in methods: name -> (description, the module whose import registers the method).
+BUILTIN = {**descriptions.BUILTIN, **posthoc_descriptions.POSTHOC}
 
 
 def register_method(cls: type[CompatibilityMethod]) -> type[CompatibilityMethod]:

@@ -1,5 +1,5 @@
-"""Adapters between embedding spaces: the modules (``layers``) and the registry of adapter kinds
-that checkpoints describe and rebuild them through (``registry``)."""
+"""Adapters between embedding spaces: the modules (``layers``, the post-hoc maps' ``posthoc``) and
+the registry of adapter kinds that checkpoints describe and rebuild them through (``registry``)."""
 
 from orchestrator.models.adapters.layers import (
     GRAM_EPS,
@@ -11,6 +11,7 @@ from orchestrator.models.adapters.layers import (
     lambda_orthogonality_penalty,
     truncate_to_common,
 )
+from orchestrator.models.adapters.posthoc import ChartMap, LowRankAffineAdapter, ResidualMLPAdapter
 from orchestrator.models.adapters.registry import (
     BACKWARD_ADAPTER,
     FORWARD_ADAPTER,
@@ -26,9 +27,12 @@ __all__ = [
     "FORWARD_ADAPTER",
     "GRAM_EPS",
     "AffineAdapter",
+    "ChartMap",
     "EmbeddingMap",
+    "LowRankAffineAdapter",
     "MLPAdapter",
     "OrthogonalAdapter",
+    "ResidualMLPAdapter",
     "adapter_class",
     "adapter_spec",
     "available_adapters",
