@@ -23,11 +23,12 @@ tried in this order:
   generation in between) is not formed.
 - ``direct``: both generations embed into the same space (same kind and, for hyperbolic spaces,
   the same curvature): compatible-by-training methods (BCT, HBCT, d-Simplex, …) compare raw
-  embeddings with the gallery generation's distance. Refused when a generation with a lone
-  forward map lies between the two in the lineage (on either side, below their nearest common
-  ancestor; both whole ancestries when they share none): that generation was trained
-  independently of its parent, so raw embeddings across it share no space (φ_new/φ_old of FCT is
-  refused, not computed). Generations missing from ``models`` are not inspected.
+  embeddings with the gallery generation's distance. Refused when a generation trained apart from
+  its parent lies between the two in the lineage (on either side, below their nearest common
+  ancestor; both whole ancestries when they share none): one with a lone forward map (FCT) or a
+  post-hoc one, whose given encoder reaches its parent through a ``ChartMap`` only
+  (``orchestrator.methods.posthoc``); raw embeddings across it share no space (φ_new/φ_old of FCT
+  is refused, not computed). Generations missing from ``models`` are not inspected.
 
 Anything else raises ``IncomparableGenerations`` naming both generations and the reason, so a
 caller can refuse instead of returning meaningless distances.
@@ -43,7 +44,7 @@ import torch
 from torch import nn
 
 from orchestrator.geometry.spaces import Space
-from orchestrator.models.adapters import BACKWARD_ADAPTER, FORWARD_ADAPTER, truncate_to_common
+from orchestrator.models.adapters import BACKWARD_ADAPTER, FORWARD_ADAPTER, ChartMap, truncate_to_common
 from orchestrator.models.bundle import CompatibleModel
 
 
@@ -183,8 +184,8 @@ def comparison_path(query: str, gallery: str, models: Mapping[str, CompatibleMod
     if independent is not None:
         raise IncomparableGenerations(
             query, gallery, f"no common space: generation {independent!r} was trained independently of its parent "
-            "(it has only a forward map F, e.g. fct), so raw embeddings on either side of it are not comparable; "
-            "only an older generation's gallery mapped by F is searchable by it")
+            "(it has only a forward map F, e.g. fct, or a post-hoc map B to its parent), so raw embeddings on either "
+            "side of it are not comparable; only through its map is it searchable")
     return ComparisonPath(query, gallery, "direct", gallery_model.space, gallery_model.curv)
 
 
@@ -192,6 +193,13 @@ def has_lone_forward_map(model: CompatibleModel) -> bool:
     """Whether ``model`` carries a forward map F and no backward adapter: a generation trained
     independently of its parent and reachable from it through F only (FCT)."""
     return FORWARD_ADAPTER in model.adapters and BACKWARD_ADAPTER not in model.adapters
+
+
+def trained_apart_from_parent(model: CompatibleModel) -> bool:
+    """Whether ``model``'s encoder was trained without its parent and reaches it through a map only:
+    a lone forward map F (FCT) or a post-hoc backward ``ChartMap`` (a given encoder)."""
+    backward = model.adapters[BACKWARD_ADAPTER] if BACKWARD_ADAPTER in model.adapters else None
+    return has_lone_forward_map(model) or isinstance(backward, ChartMap)
 
 
 def _ancestry(name: str, parents: Mapping[str, str | None]) -> list[str]:
@@ -233,11 +241,11 @@ def _forward_chain(query: str, gallery: str, models: Mapping[str, CompatibleMode
 
 def _independent_between(query: str, gallery: str, models: Mapping[str, CompatibleModel],
                          parents: Mapping[str, str | None]) -> str | None:
-    """A generation with a lone forward map between ``query`` and ``gallery`` in the lineage (below
+    """A generation trained apart from its parent (``trained_apart_from_parent``) between ``query`` and ``gallery`` in the lineage (below
     their nearest common ancestor, on either side; every generation of both ancestries when they
     share none), or None. Generations not in ``models`` are not inspected."""
     query_line, gallery_line = _ancestry(query, parents), _ancestry(gallery, parents)
     common = next((name for name in query_line if name in gallery_line), None)
     between = [name for line in (query_line, gallery_line)
                for name in (line[:line.index(common)] if common is not None else line)]
-    return next((name for name in between if name in models and has_lone_forward_map(models[name])), None)
+    return next((name for name in between if name in models and trained_apart_from_parent(models[name])), None)

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from orchestrator import limits
+from orchestrator.config import posthoc
 from orchestrator.config.architectures import unknown_architectures
 from orchestrator.config.deployment import BackfillPolicy, GateSpec
 from orchestrator.config.problems import StrictModel, problem, problems_from, raise_problems, suggest
@@ -149,6 +150,11 @@ class GenerationSpec(StrictModel):
     init_from_parent: start from the parent's weights (sequential fine-tuning, IAM-CL²R
                       stationary_dsimplex.md §6.3) instead of ``model.pretrained`` / random init;
                       needs the parent's architecture and embedding size.
+    encoder_from:     a generation defined earlier whose encoder this one takes unchanged and
+                      frozen, for a method that trains no encoder (``procrustes``,
+                      ``low_rank_affine``, ``residual_mlp``): only a map to the parent is fitted, on
+                      a paired sample (``orchestrator.config.posthoc``). Such a method may instead take
+                      ``model.pretrained`` (a local file).
     replaces:         an asynchronous model replacement (stationary_dsimplex.md §6.1): the encoder
                       starts from a third-party pretrained checkpoint (``model.pretrained``, a local
                       path) and is fine-tuned to stay compatible with its parent's gallery.
@@ -169,6 +175,7 @@ class GenerationSpec(StrictModel):
     data_fraction: float = Field(1.0, gt=0, le=1)
     data_seed: int = 0
     init_from_parent: bool = False
+    encoder_from: str | None = None
     replaces: bool = False
     backfill: BackfillPolicy = Field(default_factory=BackfillPolicy)
     gate: GateSpec = Field(default_factory=GateSpec)
@@ -183,6 +190,7 @@ class GenerationSpec(StrictModel):
                                         "checkpoint: give its local path", self.model.pretrained))
             if self.init_from_parent:
                 problems.append(problem(("init_from_parent",), "a replacement starts from model.pretrained, not from its parent", True))
+        problems += posthoc.generation_problems(self)
         if self.init_from_parent and self.model.pretrained is not None:
             problems.append(problem(("model", "pretrained"), "unused with init_from_parent: true (the parent's weights are loaded)",
                                     self.model.pretrained))

@@ -11,6 +11,7 @@ import yaml
 from pydantic import Field, field_validator, model_validator
 
 from orchestrator import limits
+from orchestrator.config import posthoc
 from orchestrator.config.data import DataSettings
 from orchestrator.config.evaluation import EvaluationSpec, SearchSpec
 from orchestrator.config.gallery import GallerySpec
@@ -143,7 +144,7 @@ class PipelineConfig(StrictModel):
             if gen.classes is not None and gen.classes.task is not None and self.data.task_splits is None:
                 problems.append(problem((*where, "classes", "task"), "a task selection needs data.task_splits "
                                         "({first: ..., step: ...})", gen.classes.task))
-        return problems
+        return problems + posthoc.lineage_problems(self.generations, self.gallery.source)
 
     def _check_backfill_orders(self) -> list[dict[str, Any]]:
         """``order: uncertainty`` scores the gallery's items by their hyperbolic uncertainty, so every

@@ -123,9 +123,9 @@ def _train_worker(config: dict[str, Any]) -> None:
         return
     if rank == 0:
         session.watch_health(first_loss=restored.get("health/first_loss"))
-    # moves the model to the device; DDP when world_size > 1
-    session.start(forward_model=ray.train.torch.prepare_model(session.model))
-    for epoch in range(start_epoch, session.training.epochs):
+    # moves the model to the device; DDP when world_size > 1 (a generation that trains no encoder has nothing to sync)
+    session.start(forward_model=ray.train.torch.prepare_model(session.model) if session.epochs else None)
+    for epoch in range(start_epoch, session.epochs):
         stats = session.train_epoch(epoch, rank=rank, world_size=world_size)
         stop = _agreed(session.check_health(epoch, stats), world_size)
         metrics = {**stats, "start_epoch": start_epoch, **(session.health.measured if session.health else {})}
@@ -144,8 +144,10 @@ def _train_worker(config: dict[str, Any]) -> None:
     session.finish()
     stop = _agreed(session.check_health_at_end(), world_size)
     if stop is not None:
-        ray.train.report({"epoch": session.training.epochs - 1, "start_epoch": start_epoch, STOP: stop})
+        ray.train.report({"epoch": session.epochs - 1, "start_epoch": start_epoch, STOP: stop})
         return
+    if not session.epochs:  # a post-hoc generation: its map's fit is its one report
+        ray.train.report(session.fit_metrics())
     if rank == 0:
         card = session.save()
         log.info("generation %s written to %s (sha256 %s)", job.name, job.output_uri, card.sha256)

@@ -24,6 +24,7 @@ from orchestrator.config import (
     PipelineConfig,
     config_sha256,
 )
+from orchestrator.config import posthoc
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_source, training_indices
 from orchestrator.distributed.runtime import connect, dashboard_message
 from orchestrator.distributed.train import GenerationJob, train_generation_with_ray
@@ -73,12 +74,14 @@ class PipelineResult:
     def format(self) -> str:
         parts = [format_matrix(self.matrices[m], self.names, m) for m in KEY_METRICS]
         if self.summaries:
-            lines = [f"{'update':<24}{'metric':>8}{'self':>9}{'cross':>9}{'old self':>10}{'P_com':>9}{'P_up':>9}  compatible"]
+            lines = [f"{'update':<24}{'metric':>8}{'self':>9}{'cross':>9}{'old self':>10}{'saved':>8}{'P_com':>9}"
+                     f"{'P_up':>9}  compatible"]
             for update, per_metric in self.summaries.items():
                 for metric in KEY_METRICS:
                     s = per_metric[metric]
                     cells = "".join(format_value(s.get(k), digits, width) for k, digits, width in
-                                    (("self", 4, 9), ("cross", 4, 9), ("old_self", 4, 10), ("p_com", 3, 9), ("p_up", 3, 9)))
+                                    (("self", 4, 9), ("cross", 4, 9), ("old_self", 4, 10), ("backfill_saved", 2, 8),
+                                     ("p_com", 3, 9), ("p_up", 3, 9)))
                     lines.append(f"{update:<24}{metric:>8}{cells}  {'yes' if s['compatible'] is True else 'no'}")
             parts.append("\n".join(lines))
         if self.gallery:
@@ -324,10 +327,15 @@ class PipelineRunner:
         images = self.train_images
         indices = training_indices(generation, images.labels, config.data.task_splits)
         mean, std = self.normalisation
-        parent_uri = parent_sha = None
+        parent_uri = parent_sha = encoder_uri = encoder_sha = pairs_source = None
         if generation.parent is not None:
             parent = self.store.get_generation(generation.parent)
             parent_uri, parent_sha = parent.checkpoint_uri, parent.sha256
+        if generation.encoder_from is not None:
+            given = self.store.get_generation(generation.encoder_from)
+            encoder_uri, encoder_sha = given.checkpoint_uri, given.sha256
+        if generation.method.params.get("pairs_from") == "gallery":
+            pairs_source = config.data.source
         return GenerationJob(
             name=generation.name, method=generation.method.name, method_params=dict(generation.method.params),
             encoder=generation.model.model_dump(mode="json"), training=generation.training.model_dump(mode="json"),
@@ -339,13 +347,17 @@ class PipelineRunner:
             init_from_parent=generation.init_from_parent, replaces=generation.replaces,
             health=generation.health.model_dump(mode="json"), health_source=config.data.source,
             health_options=config.data.loader_kwargs(config.data.eval_split),
+            encoder_uri=encoder_uri, encoder_sha256=encoder_sha, pairs_source=pairs_source,
+            pairs_options=config.data.loader_kwargs(config.gallery.split) if pairs_source else {},
         )
 
     def _train_spec(self, generation) -> dict[str, Any]:
-        parent = None
+        parent = given = None
         if generation.parent is not None and self.store.has_generation(generation.parent):
             parent = self.store.get_generation(generation.parent).sha256
-        return train_spec(self.config, generation, parent)
+        if generation.encoder_from is not None and self.store.has_generation(generation.encoder_from):
+            given = self.store.get_generation(generation.encoder_from).sha256
+        return train_spec(self.config, generation, parent, given)
 
     def _train(self, generation, key: str) -> None:
         config = self.config
@@ -358,8 +370,14 @@ class PipelineRunner:
         job = self.generation_job(generation, output)
         scaling = config.ray
         where = f"{scaling.num_workers} worker(s)" if scaling.num_workers else "in the driver (Ray Train local mode)"
-        self._say(f"{key}: {generation.method.name} on {len(job.train_ids)} items, {generation.training.epochs} epochs, "
-                  f"{where}")
+        if not posthoc.trains_encoder(generation):
+            given = generation.encoder_from or generation.model.pretrained
+            self._say(f"{key}: {generation.method.name}: the encoder of {given} frozen, a map to {generation.parent} "
+                      f"fitted on {generation.method.params['pairs']} pairs ({generation.method.params['pairs_from']}), "
+                      f"{where}")
+        else:
+            self._say(f"{key}: {generation.method.name} on {len(job.train_ids)} items, {generation.training.epochs} "
+                      f"epochs, {where}")
         self.ensure_ray()
         try:
             metrics = train_generation_with_ray(job, scaling, storage_path=join_uri(self.storage, "ray"),
@@ -377,7 +395,7 @@ class PipelineRunner:
         self.store.mark_generation_trained(
             generation.name, output, card.sha256,
             metrics={k: v for k, v in metrics.items()
-                     if k.startswith(("loss", "health/")) or k in ("epoch", "lr")},
+                     if k.startswith(("loss", "health/")) or k in ("epoch", "lr", "fit_seconds")},
             step=key, step_outputs={**trained_outputs(output, card.sha256), **({"health": health} if health else {})},
         )
 

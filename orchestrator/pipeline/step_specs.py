@@ -11,7 +11,8 @@ with today's defaults for settings added since (``recorded_spec``).
 
 - ``train:<gen>``: the generation (all but its backfill policy, gate and health check: a
   committed generation passed the check it ran with), the data settings of
-  training, and the parent's checkpoint sha256 (its identity);
+  training, and the parent's checkpoint sha256 (its identity), and that of the generation whose
+  encoder it takes (``encoder_from``);
 - ``evaluate:<gen>``: the data settings of the evaluation split and the evaluation sample
   (``evaluation.eval_sample``); the other evaluation settings change the gallery steps or the
   report's summaries (the reference), not the stored embeddings or cells;
@@ -43,10 +44,14 @@ TRAINING_ONLY = {"train_split", "train_per_class", "task_splits"}
 NOT_COUNTED = {"scenario"}  # data fields that change no result, left out of every spec
 
 
-def train_spec(config: PipelineConfig, generation: GenerationSpec, parent_sha256: str | None) -> dict[str, Any]:
+def train_spec(config: PipelineConfig, generation: GenerationSpec, parent_sha256: str | None,
+               encoder_sha256: str | None = None) -> dict[str, Any]:
     data = config.data.model_dump(mode="json", include={"source", "options", "split_options", "image_size"} | TRAINING_ONLY)
-    return {"generation": generation.model_dump(mode="json", exclude={"backfill", "gate", "health"}), "data": data,
+    spec = {"generation": generation.model_dump(mode="json", exclude={"backfill", "gate", "health"}), "data": data,
             "parent_sha256": parent_sha256}
+    if generation.encoder_from is not None:  # the given encoder's identity
+        spec["encoder_sha256"] = encoder_sha256
+    return spec
 
 
 def evaluate_spec(config: PipelineConfig) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from torch import nn
 
 from orchestrator.data import ImageTensorDataset, load_source
 from orchestrator.methods import TrainContext, create_method
+from orchestrator.methods.posthoc import FIT_SECONDS as POSTHOC_FIT_SECONDS, HISTORY as POSTHOC_HISTORY
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.storage import CheckpointCard, load_generation, save_generation
 from orchestrator.training.config import HealthSpec, TrainConfig
@@ -42,6 +43,11 @@ class GenerationJob:
     health_source, health_options: the evaluation split's source and loader keyword arguments,
               which the health check's own-retrieval sample is drawn from (``health_sample``);
               None: no own-retrieval check (the loss is still judged).
+    encoder_uri, encoder_sha256: a generation checkpoint whose encoder (backbone, projection, lift)
+              this generation takes unchanged (``encoder_from``; sha256 verified); None: built from
+              ``encoder`` (random init or ``pretrained``).
+    pairs_source, pairs_options: the source and loader keyword arguments of the items a post-hoc
+              map's paired sample is drawn from (the gallery's split); None: the training items.
     """
 
     name: str
@@ -67,6 +73,10 @@ class GenerationJob:
     health: dict[str, Any] | None = None
     health_source: str | None = None
     health_options: dict[str, Any] = field(default_factory=dict)
+    encoder_uri: str | None = None
+    encoder_sha256: str | None = None
+    pairs_source: str | None = None
+    pairs_options: dict[str, Any] = field(default_factory=dict)
 
 
 class GenerationTraining:
@@ -93,6 +103,12 @@ class GenerationTraining:
         torch.manual_seed(job.seed)
         self.model = self.method.build_model(self.encoder_config, job.num_classes,
                                              torch.as_tensor(np.unique(images.labels)))
+        if job.encoder_uri is not None:
+            given, _card = load_generation(job.encoder_uri, expected_sha256=job.encoder_sha256,
+                                           storage_options=job.storage_options)
+            self.model.encoder.load_state_dict(given.encoder.state_dict())
+        if not self.method.trains_encoder:
+            freeze(self.model)  # the given encoder, lift and head stay as they are; only the map is fitted
         parent = None
         if job.parent_uri is not None:
             parent, _card = load_generation(job.parent_uri, expected_sha256=job.parent_sha256,
@@ -105,11 +121,16 @@ class GenerationTraining:
         if parent is not None:
             freeze(parent.to(self.device))
         self.parent = parent
-        self.optimizer = build_optimizer(self.model, self.training)
+        self.optimizer = build_optimizer(self.model, self.training) if self.method.trains_encoder else None
         self.ctx: TrainContext | None = None
         self.forward_model: nn.Module = self.model
         self.health: HealthMonitor | None = None
         self._train_classes = np.unique(images.labels)
+
+    @property
+    def epochs(self) -> int:
+        """Training epochs: the training settings' for a method that trains its encoder, else 0."""
+        return self.training.epochs if self.method.trains_encoder else 0
 
     def watch_health(self, first_loss: float | None = None) -> HealthMonitor | None:
         """Build the job's ``HealthMonitor`` (None when the job has no ``health``): its sample is
@@ -124,7 +145,7 @@ class GenerationTraining:
             images = load_source(job.health_source, **job.health_options)
             sample = health_sample(images, self._train_classes, spec.sample, job.image_size, job.mean, job.std)
         from_scratch = not (job.init_from_parent or job.replaces or self.encoder_config.pretrained)
-        self.health = HealthMonitor(spec, job.name, self.training.epochs, self.training.warmup_epochs, sample,
+        self.health = HealthMonitor(spec, job.name, self.epochs, self.training.warmup_epochs, sample,
                                     check_loss=from_scratch, device=self.device, first_loss=first_loss)
         return self.health
 
@@ -143,9 +164,14 @@ class GenerationTraining:
         the module called for the new model (a DDP wrapper under Ray Train); default ``model``."""
         self.forward_model = forward_model if forward_model is not None else self.model
         self.model.to(self.device)
+        pair_data = None
+        if self.job.pairs_source is not None:
+            pair_data = ImageTensorDataset(load_source(self.job.pairs_source, **self.job.pairs_options),
+                                           self.job.image_size, self.job.mean, self.job.std)
         self.ctx = TrainContext(new_model=self.model, old_model=self.parent, train_data=self.plain_data,
                                 num_classes=self.model.num_classes, device=self.device,
-                                epochs=self.training.epochs, batch_size=max(self.training.batch_size, 256))
+                                epochs=self.epochs, batch_size=max(self.training.batch_size, 256),
+                                pair_data=pair_data)
         self.method.on_train_start(self.ctx)
 
     def train_epoch(self, epoch: int, rank: int = 0, world_size: int = 1) -> dict[str, float]:
@@ -166,6 +192,16 @@ class GenerationTraining:
         if self.ctx is None:
             raise RuntimeError("GenerationTraining.finish before start()")
         self.method.on_train_end(self.ctx)
+
+    def fit_metrics(self) -> dict[str, float]:
+        """After ``finish()``, a post-hoc generation's fit (``orchestrator.methods.posthoc``): ``loss``
+        (its map's squared error on the paired sample), ``loss/mean_map`` (the constant map's, the
+        targets' variance) and ``fit_seconds``; empty for a method that trains its encoder."""
+        history = self.ctx.state.get(POSTHOC_HISTORY) if self.ctx is not None else None
+        if not history:
+            return {}
+        return {"loss": history[-1]["loss"], "loss/mean_map": history[0]["loss"],
+                "fit_seconds": float(self.ctx.state[POSTHOC_FIT_SECONDS])}
 
     def save(self, uri: str | None = None, extra: dict[str, Any] | None = None) -> CheckpointCard:
         """Write the trained generation (safetensors + card) to ``uri`` (default ``job.output_uri``)."""

@@ -44,7 +44,7 @@ from orchestrator.metrics import retrieval_metrics
 from orchestrator.training.config import COLLAPSED, STOP, HealthSpec  # noqa: F401  (re-exported)
 
 MEASURED = ("health/own_cmc@1", "health/chance", "health/first_loss")
-FIT_HISTORIES = ("fct_history", "lambda_orth_history")  # ctx.state keys of the methods' map fits
+FIT_HISTORIES = ("fct_history", "lambda_orth_history", "posthoc_history")  # ctx.state keys of the map fits
 
 
 class TrainingUnhealthy(Exception):
