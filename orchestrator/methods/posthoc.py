@@ -8,8 +8,11 @@ y_i ∈ R^m the parent's. Every map g minimises the squared error of the fit
 
     L(g) = (1/N) Σ_i ‖g(x_i) − y_i‖²₂
 
-- ``procrustes``: g(x) = R x with R R ᵀ = I (m ≤ n) or Rᵀ R = I (m ≥ n); closed form
-  R = U Vᵀ for the thin SVD Yᵀ X = U Σ Vᵀ (Schönemann 1966).
+- ``procrustes``: g(x) = s Q x with Q Qᵀ = I (m ≤ n) or Qᵀ Q = I (m ≥ n) and a scale s > 0;
+  closed form Q = U Vᵀ for the thin SVD Yᵀ X = U Σ Vᵀ (Schönemann 1966) and s = tr Σ / ‖X‖²_F
+  (Umeyama 1991, without translation: a rotation about the chart's origin, which between Lorentz
+  charts is an isometry of hyperbolic space up to the scale). The scale matters where the two
+  charts' radii differ (tangent vectors clipped at different ζ); cosine ranking ignores it.
 - ``low_rank_affine``: g(x) = W x + b, rank W ≤ r; closed form by reduced-rank regression
   (Izenman 1975): W₀ = Y_cᵀ X_c (X_cᵀ X_c + λI)⁻¹ on centred data, W = Q_r Q_rᵀ W₀ with Q_r the top r
   right singular vectors of the fitted values X_c W₀ᵀ, b = ȳ − W x̄.
@@ -56,10 +59,12 @@ def mean_map_error(target: torch.Tensor) -> float:
 
 
 def procrustes_matrix(source: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """R (m, n) minimising ‖X Rᵀ − Y‖_F over matrices with orthonormal rows (m ≤ n) or columns
-    (m ≥ n): R = U Vᵀ for the thin SVD Yᵀ X = U Σ Vᵀ. source X (N, n), target Y (N, m); float64."""
-    u, _, vh = torch.linalg.svd(target.double().T @ source.double(), full_matrices=False)
-    return u @ vh
+    """R = s Q (m, n) minimising ‖X Rᵀ − Y‖_F over scales s and matrices Q with orthonormal rows
+    (m ≤ n) or columns (m ≥ n): Q = U Vᵀ for the thin SVD Yᵀ X = U Σ Vᵀ, s = tr Σ / ‖X‖²_F.
+    source X (N, n), target Y (N, m); float64."""
+    x = source.double()
+    u, singular, vh = torch.linalg.svd(target.double().T @ x, full_matrices=False)
+    return singular.sum() / x.pow(2).sum() * (u @ vh)
 
 
 def low_rank_affine(source: torch.Tensor, target: torch.Tensor, rank: int,
@@ -148,8 +153,8 @@ class PostHocMethod(SupervisedMethod):
 
 @register_method
 class Procrustes(ProcrustesDescription, PostHocMethod):
-    """g(x) = R x, R the orthogonal Procrustes solution (module docstring), an ``AffineAdapter``
-    without bias holding R."""
+    """g(x) = s Q x, the scaled orthogonal Procrustes solution (module docstring), an ``AffineAdapter``
+    without bias holding s Q."""
 
     def fit_map(self, source: torch.Tensor, target: torch.Tensor) -> tuple[nn.Module, list[float]]:
         matrix = procrustes_matrix(source, target).float()

@@ -28,25 +28,27 @@ def _orthogonal(n: int, seed: int) -> np.ndarray:
 def test_procrustes_is_numpys_svd_solution(n, m):
     rng = np.random.default_rng(n * 10 + m)
     x, y = rng.standard_normal((300, n)), rng.standard_normal((300, m))
-    u, _, vt = np.linalg.svd(y.T @ x, full_matrices=False)
-    expected = u @ vt
+    u, singular, vt = np.linalg.svd(y.T @ x, full_matrices=False)
+    scale = singular.sum() / np.sum(x ** 2)
     got = procrustes_matrix(torch.from_numpy(x), torch.from_numpy(y)).numpy()
-    np.testing.assert_allclose(got, expected, atol=1e-10)
-    # semi-orthogonal: orthonormal rows (m <= n) or columns (m >= n)
+    np.testing.assert_allclose(got, scale * (u @ vt), atol=1e-10)
+    # a scaled semi-orthogonal matrix: orthonormal rows (m <= n) or columns (m >= n) times s
     gram = got @ got.T if m <= n else got.T @ got
-    np.testing.assert_allclose(gram, np.eye(min(n, m)), atol=1e-10)
-    # no other semi-orthogonal matrix fits better (random ones drawn by QR)
+    np.testing.assert_allclose(gram, scale ** 2 * np.eye(min(n, m)), atol=1e-10)
+    # no other semi-orthogonal matrix fits better, at its own best scale (random ones drawn by QR)
     best = np.sum((x @ got.T - y) ** 2)
     for seed in range(20):
         other = _orthogonal(max(n, m), seed)[:m, :n]
-        assert np.sum((x @ other.T - y) ** 2) >= best - 1e-9
+        mapped = x @ other.T
+        own_scale = max(np.sum(mapped * y) / np.sum(mapped ** 2), 0.0)
+        assert np.sum((own_scale * mapped - y) ** 2) >= best - 1e-9
 
 
-def test_procrustes_recovers_a_rotation():
+def test_procrustes_recovers_a_scaled_rotation():
     x = np.random.default_rng(1).standard_normal((100, 7))
     rotation = _orthogonal(7, 3)
-    got = procrustes_matrix(torch.from_numpy(x), torch.from_numpy(x @ rotation.T)).numpy()
-    np.testing.assert_allclose(got, rotation, atol=1e-10)
+    got = procrustes_matrix(torch.from_numpy(x), torch.from_numpy(0.3 * x @ rotation.T)).numpy()
+    np.testing.assert_allclose(got, 0.3 * rotation, atol=1e-10)
 
 
 @pytest.mark.parametrize("rank", [1, 3, 6])
