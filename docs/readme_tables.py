@@ -42,15 +42,18 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
 
 def updates_table(compatibility: dict) -> str:
     """Per update and metric (CMC@1, mAP): the new model's own retrieval, new queries against the
-    old gallery, the old model's own, P_com (hbct.md §11; n/a where φ* is too weak to normalise
-    by) and the empirical criterion cross > old self."""
+    old gallery, the old model's own, backfill saved at 0 % re-embedded ((cross − old self) /
+    (new self − old self); n/a where the new model gains less than a point), P_com (hbct.md §11;
+    n/a where φ* is too weak to normalise by) and the empirical criterion cross > old self."""
     rows = []
     for update, summaries in compatibility["updates"].items():
         for metric in ("cmc@1", "map"):
             s = summaries[metric]
             rows.append([UPDATE_LABELS.get(update, update), METRIC_LABELS[metric], _value(s["self"]), _value(s["cross"]),
-                         _value(s["old_self"]), _value(s["p_com"], 2), "passes" if s["compatible"] else "fails"])
-    return _table(["update", "metric", "new self", "cross (new → old gallery)", "old self", "P_com", "criterion"], rows)
+                         _value(s["old_self"]), _value(s["backfill_saved"], 2), _value(s["p_com"], 2),
+                         "passes" if s["compatible"] else "fails"])
+    return _table(["update", "metric", "new self", "cross (new → old gallery)", "old self", "backfill saved at 0 %",
+                   "P_com", "criterion"], rows)
 
 
 def map_matrix_table(compatibility: dict) -> str:
@@ -73,10 +76,16 @@ def served_table(gallery: list[dict]) -> str:
                    "mAP after a full backfill"], rows)
 
 
-def backfill_table(curves: dict[str, list[tuple[float, float]]]) -> str:
-    """Each deployment's backfilling curve: the served mAP against the fraction re-embedded."""
+def backfill_table(curves: dict[str, list[tuple[float, float]]], gallery: list[dict]) -> str:
+    """Each deployment's backfilling curve: the served mAP against the fraction re-embedded, and
+    under it the share of the full backfill's gain it has recovered (backfill saved)."""
     fractions = [f for f, _ in next(iter(curves.values()))]
-    rows = [[generation, *(_value(m) for _, m in points)] for generation, points in curves.items()]
+    saved = {row["serving"]: row.get("curve backfill saved (map)") for row in gallery}
+    rows = []
+    for generation, points in curves.items():
+        rows.append([generation, *(_value(m) for _, m in points)])
+        if saved.get(generation):
+            rows.append([f"{generation}: backfill saved", *(_value(v, 2) for _, v in saved[generation])])
     return _table(["re-embedded", *(f"{round(100 * f)} %" for f in fractions)], rows)
 
 
@@ -90,7 +99,7 @@ def tables(reports: Path, gallery: str = GALLERY) -> dict[str, str]:
             curves[path.stem.removeprefix(f"backfill-{gallery}-")] = [(float(r["fraction"]), float(r["map"]))
                                                                       for r in csv.DictReader(file)]
     return {"updates": updates_table(compatibility), "map-matrix": map_matrix_table(compatibility),
-            "served": served_table(served), "backfill": backfill_table(curves)}
+            "served": served_table(served), "backfill": backfill_table(curves, served)}
 
 
 def rewrite(text: str, generated: dict[str, str]) -> str:

@@ -6,7 +6,7 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "compatibility": [
         "MIN_NORMALISER", "GenerationEmbeddings",
         "PerturbationScores", "average_compatibility", "average_multi_model_accuracy",
-        "backfill_curve_area", "compatibility_matrices", "compatibility_matrix",
+        "backfill_curve_area", "backfill_saved", "compatibility_matrices", "compatibility_matrix",
         "empirically_compatible", "format_value", "p_com", "p_up", "perturbation_scores", "reported_p_up",
         "update_summary",
     ],

@@ -27,6 +27,7 @@ from orchestrator.metrics.retrieval import RetrievalResult, retrieval_metrics
 
 __all__ = [
     "MIN_NORMALISER",
+    "backfill_saved",
     "GenerationEmbeddings",
     "PerturbationScores",
     "average_compatibility",
@@ -76,6 +77,24 @@ def p_up(new_self: float, reference_self: float) -> float:
     return (new_self - reference_self) / reference_self
 
 
+def backfill_saved(served: float, old: float, full: float) -> float:
+    """Backfill saved: the share of a full backfill's gain that the gallery as served recovers,
+
+    ``(M_served − M_old) / (M_full − M_old)``
+
+    with M_old what the old generation serves on its own gallery, M_full what the new generation
+    serves once every item is re-embedded, and M_served the gallery as served: at 0 % re-embedded
+    the new queries on the untouched old gallery (M(φ_n^Q, φ_o^G), the cross-test), then along the
+    backfilling curve. 1 = nothing left to gain by re-embedding; 0 = no better than the old model.
+    Under the weak-reference rule (``update_summary``): NaN where the full backfill beats the old
+    model by less than ``MIN_NORMALISER`` (there is no gain to share) or an input is NaN.
+    """
+    gain = full - old
+    if any(math.isnan(v) for v in (served, old, full)) or gain < MIN_NORMALISER:
+        return math.nan
+    return (served - old) / gain
+
+
 def empirically_compatible(cross: float, old_self: float) -> bool:
     """ECC: ``M(Φ_t^Q, Φ_k^G) > M(Φ_k^Q, Φ_k^G)`` with strict ">" (a tie is not compatible),
     as in the d-Simplex code (stationary_dsimplex.md §2, §11.13; λ-orthogonality eq. 11)."""
@@ -87,7 +106,8 @@ def update_summary(new_self: float, cross: float, old_self: float,
     """The summary of one update φ_o → φ_n for one retrieval metric M (hbct.md §11).
 
     Returns ``{"self": M(φ_n; φ_n), "cross": M(φ_n^Q; φ_o^G), "old_self": M(φ_o; φ_o),
-    "compatible": ECC (cross > old self), "p_com": P_com (eq. 14), "p_up": P_up}``. Given no
+    "compatible": ECC (cross > old self), "backfill_saved": ``backfill_saved`` at 0 % re-embedded
+    (cross − old self) / (self − old self), "p_com": P_com (eq. 14), "p_up": P_up}``. Given no
     reference self-test M(φ_*; φ_*), ``p_com`` and ``p_up`` are None; where one is undefined (a NaN
     input, a reference too weak to normalise by) it is NaN, shown as "n/a".
 
@@ -101,6 +121,7 @@ def update_summary(new_self: float, cross: float, old_self: float,
     """
     summary: dict[str, float | bool | None] = {"self": new_self, "cross": cross, "old_self": old_self,
                                                "compatible": empirically_compatible(cross, old_self),
+                                               "backfill_saved": backfill_saved(cross, old_self, new_self),
                                                "p_com": None, "p_up": None}
     if reference_self is not None:
         summary["p_com"] = (_where_defined(p_com, cross, old_self, reference_self)

@@ -8,7 +8,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from orchestrator.metrics import KEY_METRICS, METRICS
+from orchestrator.metrics import KEY_METRICS, METRICS, backfill_saved
 from orchestrator.storage import join_uri, write_bytes_atomic, write_json_atomic
 
 
@@ -103,7 +103,8 @@ def heatmap_png(matrix: np.ndarray, names: Sequence[str], metric: str) -> bytes:
 GALLERY_COLUMNS = ("serving", "same-generation", *(f"same-generation {m}" for m in KEY_METRICS),
                    *(f"search {m}" for m in METRICS), "searched items", "evaluated items",
                    *(f"mixed {m}" for m in METRICS), *(f"full {m}" for m in METRICS),
-                   "curve area (map)", "items by generation", "not searched")
+                   *(f"backfill saved {m}" for m in KEY_METRICS), "curve area (map)", "curve backfill saved (map)",
+                   "items by generation", "not searched")
 
 
 def gallery_report_rows(evaluations: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -115,6 +116,9 @@ def gallery_report_rows(evaluations: Sequence[dict[str, Any]]) -> list[dict[str,
       the compatibility criterion; ``searched items`` of all, ``not searched`` says why);
     - mixed: the exact ranking of the served gallery, every shard along its comparison path;
     - full: a full backfill (every item embedded by the serving generation);
+    - backfill saved (``metrics.backfill_saved``): the share of the full backfill's gain over the
+      same-generation baseline that the search serves, and, along the backfill curve (if traced),
+      ``[fraction re-embedded, share]`` pairs on mAP (the first at 0 % re-embedded);
     - the backfill curve's area (if traced) and the items each generation's embeddings cover.
     Evaluations that were skipped (an unlabelled gallery) give no row."""
     rows = []
@@ -124,6 +128,8 @@ def gallery_report_rows(evaluations: Sequence[dict[str, Any]]) -> list[dict[str,
         mixed, full = outputs["mixed"], outputs["full_backfill"]
         same, search = outputs.get("same_generation") or {}, outputs["search"]
         curve = outputs.get("curve") or {}
+        old_map = same.get("map")
+        saved = [[fraction, _saved(value, old_map, full["map"])] for fraction, value in curve.get("points", [])]
         rows.append({
             "serving": outputs["serving"],
             "same-generation": same.get("generation", ""),
@@ -132,25 +138,35 @@ def gallery_report_rows(evaluations: Sequence[dict[str, Any]]) -> list[dict[str,
             "searched items": f"{search['searched_items']}/{search['gallery_items']}",
             "evaluated items": f"{outputs.get('evaluated_items', search['gallery_items'])}/{search['gallery_items']}",
             **{f"mixed {m}": mixed[m] for m in METRICS}, **{f"full {m}": full[m] for m in METRICS},
+            **{f"backfill saved {m}": _saved(search[m], same.get(m), full[m]) for m in KEY_METRICS},
             "curve area (map)": curve.get("area"),
+            "curve backfill saved (map)": saved if old_map is not None else None,
             "items by generation": " ".join(f"{g}={n}" for g, n in outputs["items_by_generation"].items()),
             "not searched": search.get("skipped", ""),
         })
     return rows
 
 
+def _saved(served: float | None, old: float | None, full: float) -> float | None:
+    """``backfill_saved`` of the served value, None where there is no baseline, search result or gain."""
+    if served is None or old is None:
+        return None
+    value = backfill_saved(served, old, full)
+    return None if math.isnan(value) else value
+
+
 def format_gallery_rows(rows: Sequence[dict[str, Any]]) -> str:
-    """A fixed-width table of ``gallery_report_rows`` (mAP columns; CMC@1 in the CSV/JSON), and a
+    """A fixed-width table of ``gallery_report_rows`` (mAP columns, backfill saved on mAP; CMC@1 in the CSV/JSON), and a
     line per served generation that could not search part of its gallery."""
     def cell(value: Any, width: int) -> str:
         return f"{'-':>{width}}" if value is None else f"{value:>{width}.4f}"
 
     lines = [f"{'served gallery':<16}{'same-gen map':>13}{'search map':>12}{'mixed map':>11}{'full map':>10}"
-             f"{'searched':>11}  items by generation"]
+             f"{'saved map':>11}{'searched':>11}  items by generation"]
     for row in rows:
         lines.append(f"{row['serving']:<16}{cell(row['same-generation map'], 13)}{cell(row['search map'], 12)}"
-                     f"{cell(row['mixed map'], 11)}{cell(row['full map'], 10)}{row['searched items']:>11}"
-                     f"  {row['items by generation']}")
+                     f"{cell(row['mixed map'], 11)}{cell(row['full map'], 10)}{cell(row['backfill saved map'], 11)}"
+                     f"{row['searched items']:>11}  {row['items by generation']}")
     for row in rows:
         if row["not searched"]:
             lines.append(f"{row['serving']} did not search: {row['not searched']}")
