@@ -27,7 +27,7 @@ Decision (hyperbolic spaces with ``ivf``/``hnsw``): the inner-product trick is e
 An HNSW graph and IVF k-means are built from GALLERY-GALLERY similarities, which on stored
 ``[x_t, x_s]`` vectors are Euclidean inner products ``x_t y_t + x_s . y_s``, not Lorentz ones; only the
 query side carries the time flip. Measured here: HNSW recall@10 of 0.15 on 3k points of L^16. So the
-approximate kinds use the MIPS-to-L2 reduction (Bachrach et al. 2014): the gallery is stored as
+approximate kinds use the MIPS-to-L2 reduction (Bachrach et al. 2014; ``index.mips``): the gallery is stored as
 ``[x_t, x_s, sqrt(M^2 - ||x||^2)]`` (``M`` = the largest Euclidean norm of the shard, so every stored
 row has norm ``M``) and a query as ``[-q_t, q_s, 0]``; then ``||a - b||^2 = M^2 + ||b||^2 - 2<q,x>_L``,
 so L2 order is exactly geodesic order, and gallery-gallery L2 is an ambient distance of points on a
@@ -71,6 +71,7 @@ from orchestrator.index.kinds import SHARD_KINDS as KINDS
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.geometry.spaces import Space
 from orchestrator.index.container import pack_header, unpack_header
+from orchestrator.index.mips import mips_gallery, mips_queries, uses_mips
 from orchestrator.storage.filesystem import read_bytes, redact_uri, write_bytes_atomic
 
 IndexKind = Literal["flat", "ivf", "hnsw"]
@@ -141,18 +142,14 @@ def _check_ids(ids: Any, n: int) -> np.ndarray:
 # --- stored form (float64 in, float64 out) -------------------------------------------------------
 def _uses_proxy(space: Space, kind: str) -> bool:
     """Hyperbolic IVF/HNSW use the MIPS-to-L2 augmented vectors (module docstring)."""
-    return space.hyperbolic and kind != "flat"
+    return uses_mips(space, kind != "flat")
 
 
 def _stored_form(x: np.ndarray, geometry: Geometry, kind: str) -> np.ndarray:
     """What the FAISS index stores for gallery rows ``x (N, D)``: their coordinates ``(N, D')`` (float64),
     hyperbolic IVF/HNSW with the MIPS-to-L2 column appended ``(N, D'+1)``."""
     coords = geometry.coordinates(x, hyperbolic_model="lorentz")
-    if not _uses_proxy(geometry.space, kind):
-        return coords
-    squared = (coords * coords).sum(axis=1, keepdims=True)
-    bound = squared.max(initial=0.0) * (1.0 + 1e-6)
-    return np.concatenate([coords, np.sqrt(np.maximum(bound - squared, 0.0))], axis=1)
+    return mips_gallery(coords) if _uses_proxy(geometry.space, kind) else coords
 
 
 def _from_stored(stored: np.ndarray, geometry: Geometry, kind: str) -> np.ndarray:
@@ -224,7 +221,7 @@ class ShardIndex:
             searched = coords.copy()
             searched[:, 0] = -searched[:, 0]  # [-q_t, q_s]: the FAISS inner product is <q,x>_L
             if _uses_proxy(self.space, self.kind):  # [-q_t, q_s, 0]: L2 order = geodesic order
-                searched = np.concatenate([searched, np.zeros((len(searched), 1))], axis=1)
+                searched = mips_queries(searched)
         else:
             searched = coords
         return coords, np.ascontiguousarray(searched, dtype=np.float32)

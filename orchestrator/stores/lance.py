@@ -4,9 +4,11 @@ or object storage), the format LanceDB serves.
 What it creates (nothing else; docs/stores.md): under its folder (``store.path``, default
 ``<storage>/galleries/<gallery>/lance``) one dataset per generation, ``<generation>.lance``, with
 the columns ``shard`` int32, ``version`` string, ``id`` int64, ``label`` int64, ``uri`` string,
-``embedding`` fixed-size list of float32 (the stored coordinates, ``stores.vectors``), and with
-``store.index`` an ``IVF_PQ`` or ``IVF_HNSW_SQ`` vector index once a dataset holds enough rows
-(``MIN_INDEX_ROWS``); rows appended later are searched unindexed (flat) until the index is rebuilt.
+``embedding`` fixed-size list of float32 (the stored coordinates, ``stores.vectors``; with an
+approximate index over a hyperbolic gallery also ``search``, their MIPS→L2 search coordinates), and
+with ``store.index`` an ``IVF_PQ`` or ``IVF_HNSW_SQ`` vector index on the column the search ranks
+by (``stores.vectors.search_metric``) once a dataset holds enough rows (``MIN_INDEX_ROWS``); rows
+appended later are searched unindexed (flat) until the index is rebuilt.
 
 Writes: a worker appends one shard update's rows as one Lance commit (a new table version): the
 rows appear all at once or not at all; Lance retries concurrent appends of other updates. The
@@ -28,8 +30,8 @@ import numpy as np
 
 from orchestrator.integrity import ids_sha256
 from orchestrator.stores.locations import StoreLocation
-from orchestrator.stores.vectors import (check_rows, check_servable, query_coordinates, ranks_by_inner_product,
-                                         rerank, rows_digest, stored_coordinates)
+from orchestrator.stores.vectors import (check_rows, check_servable, query_coordinates, rerank, rows_digest,
+                                         search_metric, search_rows, searches_mips, stored_coordinates)
 
 VERSION_CHARS = 20
 MIN_INDEX_ROWS = 4096
@@ -94,12 +96,15 @@ class LanceStore:
         uris = attributes.column("uri").to_pylist() if attributes is not None and "uri" in attributes.column_names \
             else [None] * len(shard.ids)
         n, dim = vectors.shape
-        table = pa.table({"shard": pa.array(np.full(n, shard_index, np.int32)),
-                          "version": pa.array([location.version] * n, pa.string()),
-                          "id": pa.array(np.asarray(shard.ids, np.int64)),
-                          "label": pa.array(np.asarray(shard.labels, np.int64)),
-                          "uri": pa.array(uris, pa.string()),
-                          "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dim)})
+        columns = {"shard": pa.array(np.full(n, shard_index, np.int32)),
+                   "version": pa.array([location.version] * n, pa.string()),
+                   "id": pa.array(np.asarray(shard.ids, np.int64)),
+                   "label": pa.array(np.asarray(shard.labels, np.int64)),
+                   "uri": pa.array(uris, pa.string()),
+                   "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dim)}
+        if searches_mips(shard.space, self.index):
+            columns["search"] = pa.FixedSizeListArray.from_arrays(pa.array(search_rows(vectors).reshape(-1)), dim + 1)
+        table = pa.table(columns)
         dataset = self._open(name)
         if dataset is not None and dataset.count_rows(filter=self._filter(location)):
             if first_attempt:
@@ -136,17 +141,17 @@ class LanceStore:
     def build_index(self, name: str, space: str) -> None:
         dataset = self._open(name)
         options = dict(self.index_options)
-        metric = "dot" if ranks_by_inner_product(space) else "l2"
+        column, metric = search_metric(space, self.index)
         n = dataset.count_rows()
         partitions = int(options.get("num_partitions", max(1, min(256, int(np.sqrt(n))))))
         kwargs: dict[str, Any] = {"num_partitions": partitions, "metric": metric, "replace": True}
         if self.index == "ivf_pq":
-            dim = dataset.schema.field("embedding").type.list_size
+            dim = dataset.schema.field(column).type.list_size
             width = next(w for w in (4, 3, 2, 1) if dim % w == 0)  # narrow sub-vectors: a hyperboloid point's
             sub = int(options.get("num_sub_vectors", dim // width))  # time coordinate dwarfs the others
-            dataset.create_index("embedding", index_type="IVF_PQ", num_sub_vectors=sub, **kwargs)
+            dataset.create_index(column, index_type="IVF_PQ", num_sub_vectors=sub, **kwargs)
         else:
-            dataset.create_index("embedding", index_type="IVF_HNSW_SQ", **kwargs)
+            dataset.create_index(column, index_type="IVF_HNSW_SQ", **kwargs)
 
     def count(self, uri: str) -> int:
         location = self._location(uri)
@@ -222,13 +227,14 @@ class LanceShard:
 
     def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
         queries = np.asarray(queries, dtype=np.float64)
-        coords, searched = query_coordinates(queries, self.space, self.curv)
+        index = self.record.get("index", "exact")
+        coords, searched = query_coordinates(queries, self.space, self.curv, index)
         fetch = max(k, min(self.ntotal, k * self.store.overfetch))
-        metric = "dot" if ranks_by_inner_product(self.space) else "l2"
+        column, metric = search_metric(self.space, index)
         options = dict(self.store.index_options)
         found, vectors = [], []
         for vector in searched:
-            nearest: dict[str, Any] = {"column": "embedding", "q": vector, "k": fetch, "metric": metric,
+            nearest: dict[str, Any] = {"column": column, "q": vector, "k": fetch, "metric": metric,
                                        "use_index": self.kind != "flat"}
             if self.kind != "flat":
                 nearest["nprobes"] = int(options.get("nprobes", 20))
@@ -239,5 +245,5 @@ class LanceShard:
             embedding = table.column("embedding").combine_chunks()
             found.append(ids)
             vectors.append(embedding.values.to_numpy().reshape(len(ids), embedding.type.list_size).astype(np.float32)
-                           if len(ids) else np.zeros((0, searched.shape[1]), np.float32))
+                           if len(ids) else np.zeros((0, coords.shape[1]), np.float32))
         return rerank(coords, found, vectors, k, self.space, self.curv)

@@ -7,11 +7,14 @@ it once), and per generation of the gallery one table ``<table>__<generation>``:
     shard integer, version text, id bigint, label bigint, embedding vector(D'), uri text,
     PRIMARY KEY (shard, version, id)
 
-with, when ``store.index`` says so, one approximate index on ``embedding`` (``hnsw`` or
-``ivfflat``, ``vector_l2_ops`` for euclidean galleries, ``vector_ip_ops`` otherwise), built once
-the table holds ``MIN_INDEX_ROWS`` rows (IVFFlat trains its lists on the rows there; later rows
-join the lists as they come: rebuild it with ``REINDEX`` after a backfill much larger than them). It never
-touches another table, and within its tables only the rows of the versions it wrote.
+(with an approximate index over a hyperbolic gallery, also ``search vector(D'+1)``: the rows'
+MIPS→L2 search coordinates, ``stores.vectors``) and, when ``store.index`` says so, one approximate
+index (``hnsw`` or ``ivfflat``) on the column the search ranks by (``stores.vectors.search_metric``):
+``embedding`` with ``vector_l2_ops`` (euclidean) or ``vector_ip_ops`` (cosine), ``search`` with
+``vector_ip_ops`` (hyperbolic), built once the table holds ``MIN_INDEX_ROWS`` rows (IVFFlat
+trains its lists on the rows there; later rows join the lists as they come: rebuild it with
+``REINDEX`` after a backfill much larger than them). It never touches another table, and within
+its tables only the rows of the versions it wrote.
 
 Writes: a worker writes one shard update's rows in one transaction (``COPY … FROM STDIN`` in
 PostgreSQL's binary format), under the version that names them (the digest of its ids and
@@ -38,14 +41,16 @@ import numpy as np
 from orchestrator.integrity import ids_sha256
 from orchestrator.outside import OutsideSystemError
 from orchestrator.stores.locations import StoreLocation, libpq_url, shown
-from orchestrator.stores.vectors import (check_rows, check_servable, query_coordinates, ranks_by_inner_product,
-                                         rerank, rows_digest, stored_coordinates)
+from orchestrator.stores.vectors import (check_rows, check_servable, query_coordinates, rerank, rows_digest,
+                                         search_metric, search_rows, searches_mips, stored_coordinates)
 
 _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 _COPY_TRAILER = struct.pack(">h", -1)
 VERSION_CHARS = 20
 CONNECT_TIMEOUT_S = 10
 _READERS: dict[str, Any] = {}  # database URL → this process's reading connection
+#: pgvector's operator and operator class per metric of ``stores.vectors.search_metric``.
+_OPERATORS = {"l2": ("<->", "vector_l2_ops"), "dot": ("<#>", "vector_ip_ops")}
 #: Rows a generation's table holds before its approximate index is built (until then: exact scans).
 MIN_INDEX_ROWS = 1000
 
@@ -145,9 +150,12 @@ class PgVectorStore:
         if connection.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() is None:
             connection.execute("SELECT pg_advisory_xact_lock(hashtext('orchestrator-store:vector-extension'))")
             connection.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        search = (sql.SQL("search vector({}) NOT NULL, ").format(sql.Literal(dim + 1))
+                  if searches_mips(space, self.index) else sql.SQL(""))
         connection.execute(sql.SQL("CREATE TABLE {} (shard integer NOT NULL, version text NOT NULL, id bigint NOT NULL, "
-                                   "label bigint NOT NULL, embedding vector({}) NOT NULL, uri text, "
-                                   "PRIMARY KEY (shard, version, id))").format(sql.Identifier(table), sql.Literal(dim)))
+                                   "label bigint NOT NULL, embedding vector({}) NOT NULL, {}uri text, "
+                                   "PRIMARY KEY (shard, version, id))").format(sql.Identifier(table), sql.Literal(dim),
+                                                                               search))
 
     def build_index(self, connection, table: str, space: str) -> bool:
         """Create the table's approximate index (``store.index``) unless it has one; True if created.
@@ -161,18 +169,20 @@ class PgVectorStore:
         connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"orchestrator-index:{table}",))
         if connection.execute("SELECT to_regclass(%s)", (f'"{name}"',)).fetchone()[0] is not None:
             return False
-        ops = "vector_ip_ops" if ranks_by_inner_product(space) else "vector_l2_ops"
+        column, metric = search_metric(space, self.index)
+        ops = _OPERATORS[metric][1]
         options = dict(self.index_options)
         if self.index == "hnsw":
-            connection.execute(sql.SQL("CREATE INDEX {} ON {} USING hnsw (embedding {}) WITH (m = {}, ef_construction = {})")
-                               .format(sql.Identifier(name), sql.Identifier(table), sql.SQL(ops),
+            connection.execute(sql.SQL("CREATE INDEX {} ON {} USING hnsw ({} {}) WITH (m = {}, ef_construction = {})")
+                               .format(sql.Identifier(name), sql.Identifier(table), sql.Identifier(column), sql.SQL(ops),
                                        sql.Literal(int(options.get("m", 16))),
                                        sql.Literal(int(options.get("ef_construction", 64)))))
         else:
             n = connection.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))).fetchone()[0]
             lists = int(options.get("lists", max(1, min(4096, int(round(np.sqrt(n)))))))
-            connection.execute(sql.SQL("CREATE INDEX {} ON {} USING ivfflat (embedding {}) WITH (lists = {})")
-                               .format(sql.Identifier(name), sql.Identifier(table), sql.SQL(ops), sql.Literal(lists)))
+            connection.execute(sql.SQL("CREATE INDEX {} ON {} USING ivfflat ({} {}) WITH (lists = {})")
+                               .format(sql.Identifier(name), sql.Identifier(table), sql.Identifier(column), sql.SQL(ops),
+                                       sql.Literal(lists)))
         return True
 
     def tables(self, connection) -> list[str]:
@@ -198,7 +208,8 @@ class PgVectorStore:
         location = StoreLocation("pgvector", self.url, int(shard_index), digest[:VERSION_CHARS], table)
         attributes = shard.attributes
         uris = attributes.column("uri").to_pylist() if attributes is not None and "uri" in attributes.column_names else None
-        data = _copy_rows(int(shard_index), location.version, shard.ids, shard.labels, vectors, uris)
+        search = search_rows(vectors) if searches_mips(shard.space, self.index) else None
+        data = _copy_rows(int(shard_index), location.version, shard.ids, shard.labels, vectors, search, uris)
         with self.connect() as connection:
             self._ensure_table(connection, table, vectors.shape[1], shard.space)
             where = sql.SQL("WHERE shard = {} AND version = {}").format(sql.Literal(location.shard),
@@ -212,8 +223,9 @@ class PgVectorStore:
                                           "its first attempt (so no earlier attempt wrote them and the lineage does not "
                                           "know them); refusing to replace them")
                 connection.execute(sql.SQL("DELETE FROM {} ").format(sql.Identifier(table)) + where)
-            with connection.cursor().copy(sql.SQL("COPY {} (shard, version, id, label, embedding, uri) FROM STDIN "
-                                                  "(FORMAT BINARY)").format(sql.Identifier(table))) as copy:
+            columns = "shard, version, id, label, embedding, " + ("search, " if search is not None else "") + "uri"
+            with connection.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+                    sql.Identifier(table), sql.SQL(columns))) as copy:
                 copy.write(data)
         if self.index != "exact":  # once the table holds enough rows to train on (a separate transaction)
             with self.connect() as connection:
@@ -302,14 +314,15 @@ class PgVectorShard:
         from psycopg import sql
 
         queries = np.asarray(queries, dtype=np.float64)
-        coords, searched = query_coordinates(queries, self.space, self.curv)
+        index = self.record.get("index", "exact")
+        coords, searched = query_coordinates(queries, self.space, self.curv, index)
         fetch = max(k, min(self.ntotal, k * self.store.overfetch))
-        operator = "<#>" if ranks_by_inner_product(self.space) else "<->"
+        column, metric = search_metric(self.space, index)
         texts = [_vector_text(row) for row in searched]
         query = sql.SQL("SELECT q.n, t.id, t.embedding::text FROM unnest(%s::text[]) WITH ORDINALITY AS q(v, n) "
                         "CROSS JOIN LATERAL (SELECT id, embedding FROM {} WHERE shard = %s AND version = %s "
-                        "ORDER BY embedding {} q.v::vector LIMIT %s) t").format(
-            sql.Identifier(self.location.table), sql.SQL(operator))
+                        "ORDER BY {} {} q.v::vector LIMIT %s) t").format(
+            sql.Identifier(self.location.table), sql.Identifier(column), sql.SQL(_OPERATORS[metric][0]))
         options = dict(self.store.index_options)
         with self.store.reading() as connection:
             if self.kind == "hnsw":
@@ -321,7 +334,7 @@ class PgVectorShard:
                     sql.Literal(int(options.get("probes", 10)))))
                 connection.execute("SET LOCAL ivfflat.iterative_scan = relaxed_order")
             rows = connection.execute(query, (texts, self.location.shard, self.location.version, fetch)).fetchall()
-        width = searched.shape[1]
+        width = coords.shape[1]
         numbers = np.array([n for n, _item, _text in rows], dtype=np.int64) - 1
         items = np.array([item for _n, item, _text in rows], dtype=np.int64)
         vectors = (np.array(",".join(text[1:-1] for _n, _item, text in rows).split(","), dtype=np.float32)
@@ -335,19 +348,24 @@ def _vector_text(row: np.ndarray) -> str:
 
 
 def _copy_rows(shard: int, version: str, ids: np.ndarray, labels: np.ndarray, vectors: np.ndarray,
-               uris: list[str | None] | None) -> bytes:
-    """The rows in PostgreSQL's binary COPY format: (shard, version, id, label, embedding, uri)."""
+               search: np.ndarray | None, uris: list[str | None] | None) -> bytes:
+    """The rows in PostgreSQL's binary COPY format: (shard, version, id, label, embedding[, search], uri)."""
     n, dim = vectors.shape
     version_bytes = version.encode()
+    search_fields = [] if search is None else [("l_search", ">i4"), ("search_dim", ">i2"), ("search_unused", ">i2"),
+                                               ("search", ">f4", (search.shape[1],))]
     fixed = np.dtype([("fields", ">i2"), ("l_shard", ">i4"), ("shard", ">i4"), ("l_version", ">i4"),
                       ("version", f"S{len(version_bytes)}"), ("l_id", ">i4"), ("id", ">i8"), ("l_label", ">i4"),
-                      ("label", ">i8"), ("l_vec", ">i4"), ("dim", ">i2"), ("unused", ">i2"), ("vec", ">f4", (dim,))])
+                      ("label", ">i8"), ("l_vec", ">i4"), ("dim", ">i2"), ("unused", ">i2"), ("vec", ">f4", (dim,))]
+                     + search_fields)
     rows = np.zeros(n, dtype=fixed)
-    rows["fields"], rows["l_shard"], rows["shard"] = 6, 4, shard
+    rows["fields"], rows["l_shard"], rows["shard"] = 6 if search is None else 7, 4, shard
     rows["l_version"], rows["version"] = len(version_bytes), version_bytes
     rows["l_id"], rows["id"] = 8, np.asarray(ids, dtype=np.int64)
     rows["l_label"], rows["label"] = 8, np.asarray(labels, dtype=np.int64)
     rows["l_vec"], rows["dim"], rows["vec"] = 4 + 4 * dim, dim, vectors
+    if search is not None:
+        rows["l_search"], rows["search_dim"], rows["search"] = 4 + 4 * search.shape[1], search.shape[1], search
     raw = rows.tobytes()
     size = fixed.itemsize
     parts = [_COPY_HEADER]

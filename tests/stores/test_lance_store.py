@@ -1,7 +1,8 @@
 """The Lance store on real Lance datasets: exact search gives the flat shard index's hits and
-distances (Lorentz through the flipped inner product), IVF_PQ / IVF_HNSW_SQ with over-fetch and
-exact re-rank recall what exact search finds, the digest catches a changed vector, staged rows are
-listed and removed, the first attempt never replaces rows."""
+distances (Lorentz through the flipped inner product), IVF_PQ / IVF_HNSW_SQ over the rows' MIPS→L2
+search coordinates with over-fetch and exact re-rank recall what exact search finds on Lorentz and
+Poincaré galleries, the digest catches a changed vector, staged rows are listed and removed, the
+first attempt never replaces rows."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,7 +13,7 @@ from orchestrator.integrity import IntegrityError
 from orchestrator.storage.overwrite import UnknownArtefact
 from orchestrator.stores import StoreLocation, store_at
 from orchestrator.stores.lance import LanceStore
-from test_pgvector_store import points, shard
+from test_pgvector_store import points, recall_at_10, shard, spread_points
 
 
 @pytest.mark.parametrize("space", ["lorentz", "euclidean", "cosine", "poincare"])
@@ -28,18 +29,21 @@ def test_exact_search_returns_the_flat_shard_index_hits_and_distances(tmp_path, 
     np.testing.assert_allclose(distances, expected_distances, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("space", ["lorentz", "poincare"])
 @pytest.mark.parametrize("index", ["ivf_pq", "hnsw"])
-def test_approximate_indexes_recall_with_overfetch_and_exact_rerank(tmp_path, index):
-    store = LanceStore(str(tmp_path / "lance"), index, {"num_partitions": 8, "nprobes": 8}, overfetch=8)
-    rows = shard("lorentz", n=5000, dim=17)
+def test_approximate_indexes_on_hyperbolic_galleries_recall_through_the_mips_coordinates(tmp_path, index, space):
+    """The index is on ``search`` and the re-ranked hits recall the exact ones: at least 0.95
+    (measured 0.98-0.99 with 4 of 16 partitions probed; the same indexes on the raw ``embedding``
+    by inner product recalled 0.47-0.50 (IVF_PQ) and 0.24 (IVF_HNSW_SQ) here)."""
+    store = LanceStore(str(tmp_path / "lance"), index, {"num_partitions": 16, "nprobes": 4}, overfetch=4)
+    rows = shard(space, n=5000, embeddings=spread_points(space, 5000, 33, seed=0))
     uri, record = store.write_shard(0, rows, "embed:test/0:g1", first_attempt=True)
     found = store.open_shard(uri, record)
-    assert found._dataset.list_indices()
-    queries = points("lorentz", 30, 17, seed=9).astype(np.float64)
+    assert [index["fields"] for index in found._dataset.list_indices()] == [["search"]]
+    queries = spread_points(space, 50, 33, seed=9).astype(np.float64)
     _d, ids = found.search(queries, 10)
-    _e, exact = build_index(rows.embeddings, "lorentz", "flat", rows.ids).search(queries, 10)
-    recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids, exact)])
-    assert recall >= {"ivf_pq": 0.95, "hnsw": 0.75}[index], recall
+    _e, exact = build_index(rows.embeddings, space, "flat", rows.ids).search(queries, 10)
+    assert recall_at_10(ids, exact) >= 0.95, recall_at_10(ids, exact)
 
 
 def test_verify_catches_a_changed_vector_and_staged_rows_are_listed_and_removed(tmp_path):
