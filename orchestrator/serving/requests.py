@@ -11,7 +11,9 @@ A JSON object with exactly one of:
 
 and optionally ``"k"`` (hits per query, 1…``max_k``, default 10) and ``"generation"`` (whose queries
 search; default the deployed one). Every refusal is a ``BadRequest`` with an HTTP status and a
-one-line reason naming the field and the value.
+one-line reason naming the field and the value: whatever the body holds (nesting thousands deep,
+numbers of thousands of digits, UTF-16 or invalid UTF-8, lone surrogates, values of the wrong type),
+it is a ``BadRequest``, never another exception.
 """
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ import base64
 import binascii
 import json
 import math
+import re
+import reprlib
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -26,24 +31,53 @@ import numpy as np
 
 QUERY_FIELDS = ("embeddings", "images", "uris")
 DEFAULT_K = 10
+#: The longest reason a refusal gives (it may quote what the client sent).
+MAX_REASON = 300
+#: The longest generation name a request may give.
+MAX_NAME = 256
+_TERMINAL_CODE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+
+
+def _quoting() -> reprlib.Repr:
+    """A ``repr`` of what a client sent, bounded in depth and length however large or deep it is."""
+    quote = reprlib.Repr()
+    quote.maxlevel, quote.maxlist, quote.maxdict = 2, 4, 4
+    quote.maxstring = quote.maxlong = quote.maxother = 40
+    return quote
+
+
+_QUOTE = _quoting()
 
 
 class BadRequest(ValueError):
-    """A request the server refuses: ``status`` (4xx) and a one-line ``reason``."""
+    """A request the server refuses: ``status`` (4xx) and a ``reason`` of one line, at most
+    ``MAX_REASON`` characters, without control characters (no terminal codes)."""
 
     def __init__(self, status: int, reason: str):
         super().__init__(reason)
-        self.status, self.reason = status, " ".join(reason.split())
+        self.status, self.reason = status, one_line(reason)
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: terminal colour codes and other control characters dropped,
+    whitespace runs as one space, lone surrogates (from JSON ``\\ud800``) as U+FFFD, cut to
+    ``MAX_REASON`` characters."""
+    printable = "".join("\ufffd" if unicodedata.category(c) == "Cs" else c for c in _TERMINAL_CODE.sub("", text)
+                        if unicodedata.category(c) != "Cc" or c.isspace())
+    line = " ".join(printable.split())
+    return line if len(line) <= MAX_REASON else line[:MAX_REASON - 1] + "…"
 
 
 @dataclass(frozen=True)
 class Limits:
-    """Bounds of one request: body bytes, queries per request, hits per query, pixels per image."""
+    """Bounds of one request: body bytes, queries per request, hits per query, pixels per image,
+    seconds its body may take to arrive (``serving.bodies``)."""
 
     max_body_bytes: int = 8 << 20
     max_queries: int = 256
     max_k: int = 1000
     max_pixels: int = 4096 * 4096
+    body_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)
@@ -63,7 +97,9 @@ def parse_search(body: bytes, limits: Limits) -> SearchRequest:
         raise BadRequest(413, f"request body of {len(body)} bytes, more than the {limits.max_body_bytes} allowed")
     try:
         document = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+    except RecursionError:
+        raise BadRequest(400, "request body is nested too deeply") from None
+    except ValueError as error:  # not JSON, not UTF-8/16/32, or an integer of more than 4300 digits
         raise BadRequest(400, f"request body is not JSON: {error}") from None
     if not isinstance(document, dict):
         raise BadRequest(400, f"request body must be a JSON object, got {type(document).__name__}")
@@ -81,9 +117,9 @@ def parse_search(body: bytes, limits: Limits) -> SearchRequest:
         raise BadRequest(413, f"'{name}' holds {len(queries)} queries, more than the {limits.max_queries} allowed")
     k = document.get("k", DEFAULT_K)
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.max_k:
-        raise BadRequest(400, f"'k' must be an integer from 1 to {limits.max_k}, got {k!r}")
+        raise BadRequest(400, f"'k' must be an integer from 1 to {limits.max_k}, got {_QUOTE.repr(k)}")
     generation = document.get("generation")
-    if generation is not None and (not isinstance(generation, str) or not generation):
+    if generation is not None and (not isinstance(generation, str) or not 0 < len(generation) <= MAX_NAME):
         raise BadRequest(400, f"'generation' must be a generation name, got {_describe(generation)}")
     if name == "embeddings":
         return SearchRequest(k, generation, embeddings=_embeddings(queries))
@@ -142,10 +178,15 @@ def _embeddings(queries: list) -> np.ndarray:
                               f"{sorted(widths)}")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for q in queries for v in q):
         raise BadRequest(400, "'embeddings' must hold numbers only")
-    with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, refused below
-        array = np.asarray(queries, dtype=np.float32)
-    if not np.isfinite(array).all() or not all(math.isfinite(v) for q in queries for v in q):
-        raise BadRequest(400, "'embeddings' contain NaN, infinite or out-of-range values")
+    out_of_range = BadRequest(400, "'embeddings' contain NaN, infinite or out-of-range values")
+    try:
+        with np.errstate(over="ignore"):  # a value beyond float32 becomes inf, refused below
+            array = np.asarray(queries, dtype=np.float32)
+        finite = all(math.isfinite(v) for q in queries for v in q)
+    except OverflowError:  # an integer beyond any float
+        raise out_of_range from None
+    if not finite or not np.isfinite(array).all():
+        raise out_of_range
     return array
 
 
@@ -157,4 +198,5 @@ def _base64(text: str, number: int) -> bytes:
 
 
 def _describe(value) -> str:
-    return f"{type(value).__name__} {value!r}"[:80]
+    """The type and a short quote of a value a client sent (bounded however large or deep)."""
+    return f"{type(value).__name__} {_QUOTE.repr(value)}"

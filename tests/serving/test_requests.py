@@ -9,7 +9,8 @@ import pytest
 from PIL import Image
 
 from orchestrator.search.queries import decode_image
-from orchestrator.serving.requests import BadRequest, Limits, allowed_uri, check_width, decode_queries, parse_search
+from orchestrator.serving.requests import (MAX_REASON, BadRequest, Limits, allowed_uri, check_width, decode_queries,
+                                           parse_search)
 
 LIMITS = Limits(max_body_bytes=4096, max_queries=3, max_k=50, max_pixels=64 * 64)
 
@@ -56,6 +57,35 @@ def test_bad_bodies_are_refused_with_a_one_line_reason(payload, status, words):
     with pytest.raises(BadRequest) as refused:
         parse_search(payload, LIMITS)
     assert refused.value.status == status and words in refused.value.reason and "\n" not in refused.value.reason
+
+
+@pytest.mark.parametrize("payload, words", [
+    (b'{"embeddings": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply"),
+    (b'{"embeddings": [[1.0]], "k": ' + b"9" * 5000 + b"}", "not JSON: Exceeds the limit (4300 digits)"),
+    (b'{"embeddings": [[' + b"9" * 4000 + b"]]}", "out-of-range"),
+    (b'{"embeddings": [[1.0]], "k": 1e400}', "got inf"),
+    (b'{"embeddings": [[1.0]], "k": ' + b"9" * 4000 + b"}", "got 999999999999999999...9999999999999999999"),
+    (b'{"embeddings": [[1.0]]' + b"\xff}", "not JSON: 'utf-8' codec can't decode"),
+    (json.dumps({"embeddings": [[1.0]], "generation": "g" * 257}).encode(), "must be a generation name, got str 'gggg"),
+    (b'{"embeddings": {"a": ' + b"[" * 500 + b"]" * 500 + b"}}", "non-empty list, got dict {'a': [[...]]}"),
+], ids=["nesting", "k of 5000 digits", "an embedding of 4000 digits", "k 1e400", "k of 4000 digits", "invalid UTF-8",
+        "a long name", "a deep list quoted"])
+def test_hostile_bodies_are_refused_with_a_short_one_line_reason(payload, words):
+    with pytest.raises(BadRequest) as refused:
+        parse_search(payload, Limits(max_body_bytes=1 << 20))
+    reason = refused.value.reason
+    assert refused.value.status == 400 and words in reason and "\n" not in reason and len(reason) <= MAX_REASON
+
+
+def test_a_body_in_utf16_is_read_as_in_utf8():
+    request = parse_search(json.dumps({"embeddings": [[1.0, 2.0]], "generation": "g1"}).encode("utf-16"), LIMITS)
+    assert request.generation == "g1" and request.embeddings.tolist() == [[1.0, 2.0]]
+
+
+def test_a_reason_is_one_printable_line_whatever_it_quotes():
+    refused = BadRequest(400, "generation '\x1b[31mred\x1b[0m\nnext\ud800' is not in the lineage" + "!" * 400)
+    assert refused.reason.startswith("generation 'red next\ufffd' is not in the lineage!!")
+    assert len(refused.reason) == MAX_REASON and refused.reason.endswith("…")
 
 
 def test_an_embedding_of_the_wrong_width_names_both_widths():
