@@ -13,29 +13,52 @@ and searches in its own process (``serving.local``): the single-process mode.
 
 ``start_server`` starts Serve's proxy on ``host:port`` (127.0.0.1 unless told otherwise) on the Ray
 this process is connected to and deploys the application ``APP_NAME`` at ``/``; it returns when
-every replica has loaded its first snapshot. A request's body is refused (413) from its
-Content-Length when it is larger than the limit, and dropped as it arrives, never held. The search itself runs in a
-thread of the replica, so ``/healthz`` and ``/status`` answer while a search runs.
+every replica has loaded its first snapshot. ``stop_server`` undoes it within a bounded time.
+
+Slow and hostile clients (``serving.bodies``): the ingress decides route, method, bearer token and
+declared length from the headers before it reads a body (401/404/405/413 at once), then reads the
+body with a deadline (408) and a byte bound (413). Serve's proxy hands a request to a replica as
+soon as its headers arrived, and the replica pulls the body from the proxy, so a request whose
+body is slow occupies one of the replica's ``max_ongoing_requests`` while it waits: the ingress
+takes ``INGRESS_MAX_ONGOING`` at once (waiting coroutines, cheap), not the 16 searches a replica
+runs, so hundreds of half-open connections leave room for every other request. The search itself
+runs in a thread of the replica, so ``/healthz`` and ``/status`` answer while a search runs. Every
+answer is one JSON document (ASCII, whatever the request quoted), an error one line.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
+import logging
 import shlex
+import socket
+import threading
 import time
 from dataclasses import dataclass
 
+import ray
 from ray import serve
+from ray.exceptions import RayTaskError
 from ray.serve import Application
 from ray.serve.handle import DeploymentHandle
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import PlainTextResponse, Response
 
+from orchestrator.serving.bodies import declared_length, read_body
 from orchestrator.serving.endpoint import GalleryEndpoint, ServeSettings
+from orchestrator.serving.requests import BadRequest
 
 APP_NAME = "orchestrator"
-#: A refused body is read (and dropped) up to this many times the limit before the answer.
-DISCARD_FACTOR = 4
+#: Requests one ingress replica takes at once, most of them possibly waiting for their bodies
+#: (module docstring); the searches themselves run in the replica's worker threads.
+INGRESS_MAX_ONGOING = 1024
+#: Seconds a replica being deleted gets to finish its requests and drop its lease.
+GRACEFUL_SHUTDOWN_S = 5.0
+#: Seconds ``stop_server`` waits for Serve to delete the application before it stops Ray anyway.
+DELETE_TIMEOUT_S = 15.0
+
+log = logging.getLogger(__name__)
 
 
 @serve.deployment(name="encoder", max_ongoing_requests=16)
@@ -73,27 +96,45 @@ class ShardSearcher:
         return self.share.search(key, queries, k)
 
 
+class Reply:
+    """A deployment handle's response whose ``result()`` raises what the called replica raised (a
+    ``ValueError`` naming an unknown generation, say), not Ray's wrapper of it, whose message is
+    the remote traceback in terminal colours."""
+
+    def __init__(self, response):
+        self.response = response
+
+    def result(self):
+        try:
+            return self.response.result()
+        except RayTaskError as failed:
+            if isinstance(failed.cause, Exception):
+                raise failed.cause from None
+            raise
+
+
 class HandleCalls:
-    """The calls of ``serving.pooled`` over the pools' deployment handles (each ``.remote()`` is a
-    ``DeploymentResponse``, whose ``result()`` the ingress waits on in a worker thread)."""
+    """The calls of ``serving.pooled`` over the pools' deployment handles (each a ``Reply``, whose
+    ``result()`` the ingress waits on in a worker thread)."""
 
     def __init__(self, encoder: DeploymentHandle, shares: list[DeploymentHandle]):
         self.encoder, self.share_handles, self.shares = encoder, shares, len(shares)
 
-    def plan(self, state, generation: str):
-        return self.encoder.plan.remote(state, generation)
+    def plan(self, state, generation: str) -> Reply:
+        return Reply(self.encoder.plan.remote(state, generation))
 
-    def encode(self, model_key, images):
-        return self.encoder.encode.remote(model_key, images)
+    def encode(self, model_key, images) -> Reply:
+        return Reply(self.encoder.encode.remote(model_key, images))
 
-    def prepare(self, share: int, key: str, admitted):
-        return self.share_handles[share].prepare.remote(key, admitted)
+    def prepare(self, share: int, key: str, admitted) -> Reply:
+        return Reply(self.share_handles[share].prepare.remote(key, admitted))
 
-    def search(self, share: int, key: str, queries, k: int):
-        return self.share_handles[share].search.remote(key, queries, k)
+    def search(self, share: int, key: str, queries, k: int) -> Reply:
+        return Reply(self.share_handles[share].search.remote(key, queries, k))
 
 
-@serve.deployment(name="gallery", max_ongoing_requests=16)
+@serve.deployment(name="gallery", max_ongoing_requests=INGRESS_MAX_ONGOING,
+                  graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S)
 class GalleryServer:
     """The ingress: a ``GalleryEndpoint`` named after the replica (its lease file), searching in
     its own process or, given the pools' handles, over them."""
@@ -108,34 +149,38 @@ class GalleryServer:
             build = PooledServices(HandleCalls(encoder, list(shares or [])), settings.config.gallery.name).build
         # the first snapshot is built through the handles' blocking result(): not on the event loop
         with concurrent.futures.ThreadPoolExecutor(1) as starting:
-            self.endpoint = starting.submit(GalleryEndpoint, settings, f"serve-{replica}", build).result()
-        self.max_body = settings.limits.max_body_bytes
+            self.endpoint = starting.submit(GalleryEndpoint, settings, f"{settings.lease_prefix}-{replica}",
+                                            build).result()
+        self.limits = settings.limits
 
     async def __call__(self, request: Request) -> Response:
-        declared = request.headers.get("content-length", "0")
-        if not declared.isdigit() or int(declared) > self.max_body:
-            await self._discard(request)
-            return JSONResponse({"error": f"Content-Length {declared!r}: at most {self.max_body} bytes"}, 413)
-        body = await request.body() if request.method == "POST" else b""
-        status, payload = await asyncio.to_thread(self.endpoint.handle, request.method, request.url.path,
-                                                  request.headers, body)
+        method, path = request.method, request.url.path
+        try:  # what the headers decide, before any of the body is read
+            self.endpoint.admit(method, path, request.headers)
+            declared_length(request.headers.get("content-length"), self.limits.max_body_bytes)
+            body = b""
+            if method == "POST":
+                body = await read_body(request.stream(), self.limits.max_body_bytes, self.limits.body_timeout_s)
+        except BadRequest as refused:
+            return json_response(*self.endpoint.refusal(refused))
+        except ClientDisconnect:  # nobody is left to answer
+            return Response(status_code=499)
+        status, payload = await asyncio.to_thread(self.endpoint.respond, method, path, body)
         if isinstance(payload, str):
             return PlainTextResponse(payload, status, media_type="text/plain; version=0.0.4")
-        return JSONResponse(payload, status)
-
-    async def _discard(self, request: Request) -> None:
-        """Read and drop a refused body, up to DISCARD_FACTOR times the limit, so that the client
-        (still sending) gets the 413 instead of a reset connection; a larger one is cut off."""
-        seen = 0
-        async for chunk in request.stream():
-            seen += len(chunk)
-            if seen > DISCARD_FACTOR * self.max_body:
-                break
+        return json_response(status, payload)
 
     def __del__(self) -> None:  # Serve calls it when the replica shuts down
         endpoint = getattr(self, "endpoint", None)
         if endpoint is not None:
             endpoint.close()
+
+
+def json_response(status: int, payload) -> Response:
+    """``payload`` as one line of JSON, in ASCII: a reason quoting a lone surrogate the client sent
+    still encodes."""
+    return Response(json.dumps(payload, ensure_ascii=True, separators=(",", ":")), status,
+                    media_type="application/json")
 
 
 def app_builder(args: dict[str, str]) -> Application:
@@ -183,12 +228,35 @@ def start_server(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8
     return f"http://{host}:{port}"
 
 
-def serve_until_interrupted(poll_s: float = 1.0) -> None:
-    """Block until Ctrl-C / SIGTERM, then delete the application (its replicas drop their leases)."""
-    try:
-        while True:
-            time.sleep(poll_s)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        serve.delete(APP_NAME)
+def stop_server(settings: ServeSettings, delete_timeout_s: float = DELETE_TIMEOUT_S) -> None:
+    """Delete the application (its replicas finish their requests and drop their leases) for at
+    most ``delete_timeout_s`` seconds, or until Ray's GCS is gone (a signal to the whole process
+    group stops a local Ray's own processes too), disconnect from Ray (which stops a local Ray this
+    process started, its workers with it), then remove whatever lease of this server's replicas is
+    left (a replica killed before it could)."""
+    from orchestrator.storage.leases import drop_leases
+
+    gcs = ray.get_runtime_context().gcs_address
+    deleting = threading.Thread(target=serve.delete, args=(APP_NAME,), daemon=True)
+    deleting.start()
+    if not _joined_while_reachable(deleting, gcs, delete_timeout_s):
+        log.warning("application %s not deleted within %g s or Ray's GCS gone; stopping Ray", APP_NAME,
+                    delete_timeout_s)
+    ray.shutdown()
+    drop_leases(settings.config.storage, f"{settings.lease_prefix}-")
+
+
+def _joined_while_reachable(thread: threading.Thread, address: str, timeout_s: float) -> bool:
+    """Whether ``thread`` ended within ``timeout_s`` seconds, giving up as soon as nothing accepts
+    connections at ``address`` (host:port) any more."""
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        thread.join(0.25)
+        if not thread.is_alive():
+            return True
+        try:
+            socket.create_connection((host, int(port)), timeout=0.25).close()
+        except OSError:
+            return False
+    return False

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import secrets
+import signal
+import time
 
 from orchestrator.cli_options import add_pipeline_options, int_at_least, pipeline_overrides
 from orchestrator.metrics.names import METRICS
@@ -41,6 +44,8 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--max-queries", type=int_at_least(1), default=256, help="most queries in one request")
     serve.add_argument("--max-k", type=int_at_least(1), default=1000, help="most hits per query a request may ask for (k)")
     serve.add_argument("--max-body-mb", type=int_at_least(1), default=8, help="largest request body, in MiB")
+    serve.add_argument("--body-timeout", type=positive_float, default=10.0, metavar="SECONDS",
+                       help="seconds a request's body may take to arrive (408 after)")
     serve.add_argument("--criterion-metric", default="map", choices=METRICS,
                        help="recorded metric of the compatibility criterion that admits older shards")
     serve.add_argument("--skip-incompatible", action="store_true",
@@ -71,23 +76,34 @@ def pools_of(args: argparse.Namespace):
 
 
 def serve_command(args: argparse.Namespace) -> int:
+    """Serve until SIGINT or SIGTERM (to this process or its process group, as Ctrl-C sends it;
+    also while starting), then stop (``serving.app.stop_server``) without being interrupted again."""
     settings = serve_settings(args)
-    import signal
-
     from orchestrator.distributed.runtime import connect
-    from orchestrator.serving.app import serve_until_interrupted, start_server
+    from orchestrator.serving.app import start_server, stop_server
 
     connect(settings.config.ray.address)
-    url = start_server(settings, args.host, args.port, pools_of(args))
-    print(f"serving gallery {settings.config.gallery.name!r} at {url} (POST /search, GET /status, /healthz, /metrics)",
-          flush=True)
-    signal.signal(signal.SIGTERM, _interrupt)
-    serve_until_interrupted()
+    # after connecting (ray.init installs a SIGTERM handler of its own), and explicitly: a command
+    # started in the background of a shell script inherits SIGINT ignored
+    on_stop_signals(signal.default_int_handler)
+    try:
+        url = start_server(settings, args.host, args.port, pools_of(args))
+        print(f"serving gallery {settings.config.gallery.name!r} at {url} (POST /search, GET /status, /healthz, "
+              f"/metrics)", flush=True)
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("stopping", flush=True)
+    finally:
+        on_stop_signals(signal.SIG_IGN)
+        stop_server(settings)
     return 0
 
 
-def _interrupt(_signal: int, _frame) -> None:
-    raise KeyboardInterrupt
+def on_stop_signals(handler) -> None:
+    """``handler`` for SIGINT and SIGTERM."""
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, handler)
 
 
 def serve_settings(args: argparse.Namespace):
@@ -108,6 +124,8 @@ def serve_settings(args: argparse.Namespace):
     overrides = pipeline_overrides(args)
     config = load_pipeline(args.file, overrides)
     config = load_pipeline(args.file, {**overrides, "storage": storage_root(config.storage)})
-    limits = Limits(max_body_bytes=args.max_body_mb << 20, max_queries=args.max_queries, max_k=args.max_k)
+    limits = Limits(max_body_bytes=args.max_body_mb << 20, max_queries=args.max_queries, max_k=args.max_k,
+                    body_timeout_s=args.body_timeout)
     return ServeSettings(config, token_sha256(token) if token else None, tuple(args.read_prefix), limits, args.poll,
-                         args.criterion_metric, "skip" if args.skip_incompatible else "refuse")
+                         args.criterion_metric, "skip" if args.skip_incompatible else "refuse",
+                         lease_prefix=f"serve-{secrets.token_hex(4)}")

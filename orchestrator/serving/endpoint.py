@@ -17,6 +17,11 @@ With a token configured (``token_sha256``: the sha256 of the bearer token, so th
 never stored in the application's config), every route but ``/healthz`` needs
 ``Authorization: Bearer <token>`` (401 otherwise). Refusals are 4xx with ``{"error": one line}``;
 an unexpected failure answering one request is a 500 with one line, and the replica keeps serving.
+
+``handle`` answers a whole request. A server that reads bodies itself decides first what the
+request line and headers decide (``admit``: route, method, token), reads the body only for an
+admitted request (``serving.bodies``), then ``respond``s; ``refusal`` answers a ``BadRequest`` of
+its own (counted in the metrics like every answer).
 """
 from __future__ import annotations
 
@@ -28,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.serving.requests import BadRequest, Limits, check_width, decode_queries, parse_search
+from orchestrator.serving.requests import BadRequest, Limits, check_width, decode_queries, one_line, parse_search
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +42,9 @@ log = logging.getLogger(__name__)
 class ServeSettings:
     """What every replica needs: the validated pipeline config (absolute storage), the bearer
     token's sha256 (None: no token), the URI prefixes image queries may name, the request limits,
-    the lineage poll interval and the router's admission settings."""
+    the lineage poll interval and the router's admission settings; whether replicas write leases,
+    and the prefix of their names (``<lease_prefix>-<replica>``: one server's own, removed by
+    ``orchestrator serve`` when it stops)."""
 
     config: Any  # orchestrator.config.PipelineConfig
     token_sha256: str | None = None
@@ -47,6 +54,7 @@ class ServeSettings:
     metric: str = "map"
     on_incompatible: str = "refuse"
     lease: bool = True
+    lease_prefix: str = "serve"
 
 
 def token_sha256(token: str) -> str:
@@ -87,6 +95,9 @@ class GalleryEndpoint:
             on_held(self.holder.held_uris())
         self.holder.start()
         self.responses: collections.Counter[int] = collections.Counter()
+        self._routes: dict[tuple[str, str], Callable[[bytes], Any]] = {
+            ("GET", "/healthz"): lambda _body: self._healthz(), ("GET", "/status"): lambda _body: self._status(),
+            ("GET", "/metrics"): lambda _body: self._metrics(), ("POST", "/search"): self._search}
 
     def close(self) -> None:
         from orchestrator.storage.leases import drop_lease
@@ -99,26 +110,37 @@ class GalleryEndpoint:
     def handle(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> tuple[int, Any]:
         """(HTTP status, a JSON-able dict or Prometheus text) of one request."""
         try:
-            status, payload = self._route(method, path, headers, body)
+            self.admit(method, path, headers)
         except BadRequest as refused:
-            status, payload = refused.status, {"error": refused.reason}
-        except Exception as error:  # one request failed; the replica keeps serving
-            log.exception("request %s %s failed", method, path)
-            status, payload = 500, {"error": f"{type(error).__name__}: {' '.join(str(error).split())}"[:500]}
-        self.responses[status] += 1
-        return status, payload
+            return self.refusal(refused)
+        return self.respond(method, path, body)
 
-    def _route(self, method: str, path: str, headers: Mapping[str, str], body: bytes) -> tuple[int, Any]:
-        routes = {("GET", "/healthz"): self._healthz, ("GET", "/status"): self._status,
-                  ("GET", "/metrics"): self._metrics, ("POST", "/search"): lambda: self._search(body)}
-        route = routes.get((method, path))
-        if route is None:
-            allowed = sorted(m for m, p in routes if p == path)
+    def admit(self, method: str, path: str, headers: Mapping[str, str]) -> None:
+        """BadRequest unless the request line and headers alone let the request in: 404 no such
+        route, 405 another method, 401 a missing or wrong token (every route but /healthz)."""
+        if (method, path) not in self._routes:
+            allowed = sorted(m for m, p in self._routes if p == path)
             raise BadRequest(405 if allowed else 404, f"{method} {path}: " + (
                 f"use {' or '.join(allowed)}" if allowed else "no such route (POST /search, GET /status, /healthz, /metrics)"))
         if path != "/healthz":
             self._authorise(headers)
-        return 200, route()
+
+    def respond(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
+        """(HTTP status, payload) of an admitted request."""
+        try:
+            status, payload = 200, self._routes[method, path](body)
+        except BadRequest as refused:
+            return self.refusal(refused)
+        except Exception as error:  # one request failed; the replica keeps serving
+            log.exception("request %s %s failed", method, path)
+            status, payload = 500, {"error": one_line(f"{type(error).__name__}: {error}")}
+        self.responses[status] += 1
+        return status, payload
+
+    def refusal(self, refused: BadRequest) -> tuple[int, dict[str, str]]:
+        """(its 4xx status, ``{"error": reason}``) of a refused request, counted."""
+        self.responses[refused.status] += 1
+        return refused.status, {"error": refused.reason}
 
     def _authorise(self, headers: Mapping[str, str]) -> None:
         expected = self.settings.token_sha256

@@ -3,7 +3,8 @@
 Each server replica writes ``<storage>/serving/leases/<holder>.json`` = ``{"holder", "expires",
 "uris"}``: the shard files (embeddings and indexes) of every snapshot it serves or still answers
 an in-flight request from. It rewrites the file at each lineage poll (``LEASE_TTL_S`` ahead) and
-removes it when it stops. ``held_uris`` is what ``gc`` adds to the files it keeps: every URI of
+removes it when it stops; ``orchestrator serve`` removes its replicas' leases by their common
+prefix when it stops (``drop_leases``), those of replicas killed before they could as well. ``held_uris`` is what ``gc`` adds to the files it keeps: every URI of
 every lease that has not expired, so a server that died without removing its lease blocks ``gc``
 for at most ``LEASE_TTL_S``.
 """
@@ -33,6 +34,20 @@ def write_lease(storage: str, holder: str, uris: Iterable[str], storage_options:
 
 def drop_lease(storage: str, holder: str, storage_options: Mapping[str, Any] | None = None) -> None:
     remove(lease_uri(storage, holder), missing_ok=True, storage_options=storage_options)
+
+
+def drop_leases(storage: str, prefix: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """Remove every lease whose holder's name starts with ``prefix`` (the replicas of one stopped
+    server, whatever became of them); returns their holders."""
+    folder = join_uri(storage, LEASE_FOLDER)
+    try:
+        names = list_dir(folder, storage_options)
+    except FileNotFoundError:
+        return []
+    holders = [name[:-len(".json")] for name in names if name.startswith(prefix) and name.endswith(".json")]
+    for holder in holders:
+        drop_lease(storage, holder, storage_options)
+    return holders
 
 
 def held_uris(storage: str, storage_options: Mapping[str, Any] | None = None, now: float | None = None) -> set[str]:
