@@ -166,10 +166,11 @@ class Procrustes(ProcrustesDescription, PostHocMethod):
 
 @register_method
 class LowRankAffine(LowRankAffineDescription, PostHocMethod):
-    """g(x) = U Vᵀ x + b of rank ``params.rank`` (at most min(n, m)), by reduced-rank regression."""
+    """g(x) = U Vᵀ x + b of rank ``params.rank`` (at most min(n, m, N): a sample of N pairs fixes
+    no more directions), by reduced-rank regression."""
 
     def fit_map(self, source: torch.Tensor, target: torch.Tensor) -> tuple[nn.Module, list[float]]:
-        rank = min(self.params.rank, source.shape[1], target.shape[1])
+        rank = min(self.params.rank, source.shape[1], target.shape[1], source.shape[0])
         left, right, bias = low_rank_affine(source, target, rank, self.params.ridge)
         adapter = LowRankAffineAdapter(source.shape[1], target.shape[1], rank)
         with torch.no_grad():

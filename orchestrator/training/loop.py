@@ -114,7 +114,8 @@ def train_generation(
     on_epoch_end: EpochCallback | None = None,
     health: HealthMonitor | None = None,
 ) -> list[dict[str, float]]:
-    """Train ``model`` in place with ``method`` for ``config.epochs`` epochs.
+    """Train ``model`` in place with ``method`` for ``config.epochs`` epochs (none for a method that
+    trains no encoder: ``model`` is frozen and only the end hook fits its map).
 
     train_data: items ``(image, label, id)`` with augmentation, used for the gradient steps.
     plain_data: the same items without augmentation, used by the method's hooks (prototypes).
@@ -131,19 +132,22 @@ def train_generation(
     model.to(device)
     if old_model is not None:
         freeze(old_model.to(device))
+    epochs = config.epochs if method.trains_encoder else 0
+    if not method.trains_encoder:
+        freeze(model)
     ctx = TrainContext(
         new_model=model,
         old_model=old_model,
         train_data=plain_data,
         num_classes=model.num_classes,
         device=device,
-        epochs=config.epochs,
+        epochs=epochs,
         batch_size=max(config.batch_size, 256),
     )
-    optimizer = build_optimizer(model, config)
+    optimizer = build_optimizer(model, config) if epochs else None
     method.on_train_start(ctx)
     history: list[dict[str, float]] = []
-    for epoch in range(config.epochs):
+    for epoch in range(epochs):
         ctx.epoch = epoch
         started = time.perf_counter()
         method.on_epoch_start(ctx)

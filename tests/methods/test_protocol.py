@@ -29,7 +29,8 @@ FIRST_TIER = {
     "binary_hyperbolic",
 }
 SECOND_TIER = {"lce", "unibct", "advbct", "fct"}
-METHODS = FIRST_TIER | SECOND_TIER
+METHODS = FIRST_TIER | SECOND_TIER  # they train their encoder
+POSTHOC = {"procrustes", "low_rank_affine", "residual_mlp"}  # a given encoder, a fitted map (tests/methods/test_posthoc.py)
 NUM_CLASSES = 4
 EMBED_DIM = 8  # dsimplex: K = embed_dim + 1 = 9 >= 4 classes; binary_hyperbolic: 8 >= 4 - 1
 
@@ -74,15 +75,16 @@ def _build(method: CompatibilityMethod, seed: int, embed_dim: int = EMBED_DIM):
 # --- registry ---------------------------------------------------------------------------------
 def test_available_methods_are_exactly_the_implemented_ones():
     methods = available_methods()
-    assert set(methods) == METHODS
-    assert list(methods) == sorted(METHODS)
+    assert set(methods) == METHODS | POSTHOC
+    assert list(methods) == sorted(METHODS | POSTHOC)
     for name, description in methods.items():
         cls = method_class(name)
         assert description.name == name and issubclass(cls, CompatibilityMethod)
         assert issubclass(cls, description) and cls.Params is description.Params  # the traits are the description's
+        assert description.trains_encoder is (name in METHODS)
 
 
-@pytest.mark.parametrize("name", sorted(METHODS))
+@pytest.mark.parametrize("name", sorted(METHODS | POSTHOC))
 def test_create_method_defaults_equal_params_defaults(name):
     method = create_method(name)
     cls = method_class(name)
@@ -98,7 +100,7 @@ def test_unknown_method_lists_the_known_names():
     with pytest.raises(ValueError, match="unknown method 'no_such_method'") as info:
         create_method("no_such_method")
     message = str(info.value)
-    for name in METHODS:
+    for name in METHODS | POSTHOC:
         assert name in message
 
 
@@ -249,6 +251,9 @@ def test_requires_parent_embed_dim_is_what_training_against_a_parent_of_another_
         model = _build(method, seed=2, embed_dim=child_dim)
         return train_generation(method, model, data, data, config, old_model=parent)
 
+    if not method_class(name).trains_encoder:  # no training step: the map bridges the sizes
+        assert not method_class(name).requires_parent_embed_dim and train(parent_dim) == []
+        return
     if not method_class(name).requires_parent_embed_dim:
         history = train(parent_dim)
         assert len(history) == 1 and math.isfinite(history[0]["loss"])
@@ -276,6 +281,8 @@ def test_requires_embed_dim_at_least_parents_is_whether_a_narrower_child_can_sea
     if method_class(name).requires_embed_dim_at_least_parents:
         with pytest.raises(IncomparableGenerations, match="the gallery's index holds 24"):
             path.map_queries(queries, 24)
+    elif not method_class(name).trains_encoder:  # a post-hoc map writes the parent's 24 coordinates
+        assert path.kind == "adapter" and path.map_queries(queries, 24).shape == (3, 24)
     else:  # fct: the parent's gallery is mapped by F into the child's 16 coordinates
         gallery = path.map_gallery(torch.randn(5, 24))
         assert gallery.shape == (5, 16) and path.map_queries(queries, gallery.shape[-1]).shape == (3, 16)
