@@ -64,6 +64,7 @@ from orchestrator.config import (
     unwrap,
     validate_yaml_mapping,
 )
+from orchestrator.config import posthoc
 from orchestrator.methods.registry import method_description
 from orchestrator.metrics import METRICS, NORMALISED_SCORES, UPDATE_SCORES
 from orchestrator.names import Name
@@ -285,6 +286,9 @@ class TuneSpec(StrictModel):
             return [problem(where, "a sweep tunes an update: the candidate needs a parent generation", name)]
         if name == pipeline.evaluation.reference:
             return [problem(where, "the evaluation reference φ_* is unaligned, not an update to tune", name)]
+        if not posthoc.trains_encoder(candidate):
+            return [problem(where, f"method {candidate.method.name!r} trains no encoder (a post-hoc map, no epochs): "
+                                   "a sweep tunes a training epoch by epoch, so it is not a candidate", name)]
         if self.transition.parent not in (None, candidate.parent):
             return [problem(("transition", "parent"), f"{name!r} has the parent {candidate.parent!r} in "
                                                       f"{self.pipeline}", self.transition.parent)]

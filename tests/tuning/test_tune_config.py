@@ -145,3 +145,15 @@ def test_the_cli_rejects_a_bad_tune_file_before_starting_anything(tmp_path, caps
     err = capsys.readouterr().err
     assert err.startswith(f"orchestrator: error: {path}: space.lamda: not a parameter of method 'hbct' (did you mean 'lam'?)")
     assert not (REPO / "runs" / "lifelong" / "tune" / "t").exists()
+
+
+def test_a_posthoc_generation_is_not_a_candidate(tmp_path):
+    pipeline = str(REPO / "pipelines" / "posthoc.yaml")
+    text = (f"name: t\npipeline: {pipeline}\ntransition: {{parent: g0-old, candidate: g1-posthoc}}\n"
+            "space:\n  pairs: {grid: [100, 500]}\nobjective:\n  maximize: cross_map\n")
+    path = write_tune(tmp_path, text)
+    with pytest.raises(TuneFileError) as error:
+        load_tune_file(path)
+    assert str(error.value) == (f"{path}: transition.candidate: method 'residual_mlp' trains no encoder (a post-hoc map, "
+                                "no epochs): a sweep tunes a training epoch by epoch, so it is not a candidate "
+                                "(got \"g1-posthoc\") [line 3]")
