@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
-import logging
 import shlex
 import socket
 import threading
@@ -53,12 +52,11 @@ APP_NAME = "orchestrator"
 #: Requests one ingress replica takes at once, most of them possibly waiting for their bodies
 #: (module docstring); the searches themselves run in the replica's worker threads.
 INGRESS_MAX_ONGOING = 1024
-#: Seconds a replica being deleted gets to finish its requests and drop its lease.
-GRACEFUL_SHUTDOWN_S = 5.0
+#: Seconds a replica being deleted gets to finish its requests (searches take milliseconds), and
+#: how often it looks whether they have.
+GRACEFUL_SHUTDOWN_S, GRACEFUL_SHUTDOWN_POLL_S = 3.0, 0.5
 #: Seconds ``stop_server`` waits for Serve to delete the application before it stops Ray anyway.
-DELETE_TIMEOUT_S = 15.0
-
-log = logging.getLogger(__name__)
+DELETE_TIMEOUT_S = 10.0
 
 
 @serve.deployment(name="encoder", max_ongoing_requests=16)
@@ -134,7 +132,7 @@ class HandleCalls:
 
 
 @serve.deployment(name="gallery", max_ongoing_requests=INGRESS_MAX_ONGOING,
-                  graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S)
+                  graceful_shutdown_timeout_s=GRACEFUL_SHUTDOWN_S, graceful_shutdown_wait_loop_s=GRACEFUL_SHUTDOWN_POLL_S)
 class GalleryServer:
     """The ingress: a ``GalleryEndpoint`` named after the replica (its lease file), searching in
     its own process or, given the pools' handles, over them."""
@@ -228,22 +226,24 @@ def start_server(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8
     return f"http://{host}:{port}"
 
 
-def stop_server(settings: ServeSettings, delete_timeout_s: float = DELETE_TIMEOUT_S) -> None:
+def stop_server(settings: ServeSettings, delete_timeout_s: float = DELETE_TIMEOUT_S) -> str:
     """Delete the application (its replicas finish their requests and drop their leases) for at
     most ``delete_timeout_s`` seconds, or until Ray's GCS is gone (a signal to the whole process
     group stops a local Ray's own processes too), disconnect from Ray (which stops a local Ray this
     process started, its workers with it), then remove whatever lease of this server's replicas is
-    left (a replica killed before it could)."""
+    left (a replica killed before it could). Returns how long each step took, in words."""
     from orchestrator.storage.leases import drop_leases
 
+    start = time.monotonic()
     gcs = ray.get_runtime_context().gcs_address
     deleting = threading.Thread(target=serve.delete, args=(APP_NAME,), daemon=True)
     deleting.start()
-    if not _joined_while_reachable(deleting, gcs, delete_timeout_s):
-        log.warning("application %s not deleted within %g s or Ray's GCS gone; stopping Ray", APP_NAME,
-                    delete_timeout_s)
+    deleted = _joined_while_reachable(deleting, gcs, delete_timeout_s)
+    deleting_s = time.monotonic() - start
     ray.shutdown()
-    drop_leases(settings.config.storage, f"{settings.lease_prefix}-")
+    left = drop_leases(settings.config.storage, f"{settings.lease_prefix}-")
+    return (f"application {'deleted' if deleted else 'not deleted (Ray gone or too slow)'} in {deleting_s:.1f} s, "
+            f"Ray disconnected in {time.monotonic() - start - deleting_s:.1f} s, {len(left)} lease(s) left to remove")
 
 
 def _joined_while_reachable(thread: threading.Thread, address: str, timeout_s: float) -> bool:

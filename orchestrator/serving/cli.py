@@ -96,7 +96,7 @@ def serve_command(args: argparse.Namespace) -> int:
         print("stopping", flush=True)
     finally:
         on_stop_signals(signal.SIG_IGN)
-        stop_server(settings)
+        print(f"stopped: {stop_server(settings)}", flush=True)
     return 0
 
 
