@@ -8,7 +8,7 @@ from pydantic import Field, field_validator, model_validator
 from orchestrator import limits
 from orchestrator.config.problems import StrictModel, problem, raise_problems
 from orchestrator.config.sources import source_name
-from orchestrator.index.kinds import ALL_KINDS, OPTIONS
+from orchestrator.index.kinds import ALL_KINDS, BINARY_KINDS, HAMMING_KINDS, OPTIONS
 from orchestrator.names import Name
 
 
@@ -58,6 +58,9 @@ class EmbeddingSpec(StrictModel):
 STORE_KINDS = ("files", "pgvector", "lance")
 #: The search index each store kind may build over its rows (``exact``: none, a scan).
 STORE_INDEXES = {"files": ("exact",), "pgvector": ("exact", "hnsw", "ivfflat"), "lance": ("exact", "ivf_pq", "hnsw")}
+#: The ``gallery.index`` kinds whose shards each store searches: the shard files every kind, the
+#: other stores flat rows, pgvector also bit-plane codes (its ``bit`` type, Hamming distance).
+STORE_GALLERY_INDEXES = {"files": ALL_KINDS, "pgvector": ("flat", *HAMMING_KINDS), "lance": ("flat",)}
 #: The options of those indexes (checked by name here, by value when the store builds its index).
 STORE_INDEX_OPTIONS = {"exact": (), "hnsw": ("m", "ef_construction", "ef_search"),
                        "ivfflat": ("lists", "probes"), "ivf_pq": ("num_partitions", "num_sub_vectors", "nprobes"),
@@ -163,12 +166,20 @@ class GallerySpec(StrictModel):
 
     @model_validator(mode="after")
     def _check_store_index(self) -> GallerySpec:
-        if self.store.kind != "files" and self.index != "flat":
-            raise_problems([problem(("index",), f"a {self.store.kind} store searches its own index (gallery.store.index"
-                                    f": {', '.join(STORE_INDEXES[self.store.kind])}); {self.index!r} is a shard-file "
-                                    "index kind (binary and compressed kinds are searched in shard files only)",
-                                    self.index)])
-        return self
+        if self.index not in ALL_KINDS or self.index in STORE_GALLERY_INDEXES[self.store.kind]:
+            return self  # (an unknown kind is named by _check_index)
+        if self.store.kind == "lance" and self.index in BINARY_KINDS:
+            reason = ("a lance store has no Hamming search of bit codes: binary kinds need store kind files or "
+                      "pgvector (bit type, Hamming distance)")
+        elif self.index == "binary_ivf":
+            reason = ("binary_ivf is FAISS's IVF over the codes: with a pgvector store give binary or binary_weighted "
+                      "and store.index ivfflat or hnsw (pgvector's own index over the bit column)")
+        else:
+            reason = (f"a {self.store.kind} store searches its own index (gallery.store.index: "
+                      f"{', '.join(STORE_INDEXES[self.store.kind])}) over flat rows"
+                      + (f" or bit codes ({', '.join(HAMMING_KINDS)})" if self.store.kind == "pgvector" else "")
+                      + f"; {self.index!r} is searched in shard files only")
+        raise_problems([problem(("index",), reason, self.index)])
 
     @model_validator(mode="after")
     def _check_index(self) -> GallerySpec:

@@ -123,7 +123,7 @@ class BinaryIndex(CompressedIndex):
     # -- search ----------------------------------------------------------------------------------
     def encode(self, coords: np.ndarray) -> np.ndarray:
         """``(N, d)`` coordinates → ``(N, code_bytes)`` uint8 codes in the layout this index stores."""
-        return _encode(self.quantizer, self.codes, coords)
+        return encode_codes(self.quantizer, self.codes, coords)
 
     def _stored_codes(self) -> np.ndarray:
         """``(N, code_bytes)`` uint8 view (no copy) of an ``IndexBinaryFlat``'s codes, by position;
@@ -176,7 +176,8 @@ class BinaryIndex(CompressedIndex):
 
 
 # --- building -----------------------------------------------------------------------------------
-def _encode(quantizer: BitPlaneQuantizer, codes: str, coords: np.ndarray) -> np.ndarray:
+def encode_codes(quantizer: BitPlaneQuantizer, codes: str, coords: np.ndarray) -> np.ndarray:
+    """``(N, d)`` coordinates → ``(N, code_bytes)`` uint8 codes in layout ``codes`` (``plain``/``weighted``)."""
     return quantizer.weighted_codes(coords) if codes == "weighted" else quantizer.plain_codes(coords)
 
 
@@ -238,7 +239,7 @@ def build_binary_index(
         nlist = default_nlist(n) if nlist is None else _check_positive_int(nlist, "nlist")
         if n < nlist:
             raise ValueError(f"kind='binary_ivf' needs at least nlist={nlist} embeddings to train, got {n}")
-        gallery_codes = _encode(quantizer, codes, coords)
+        gallery_codes = encode_codes(quantizer, codes, coords)
         nbits = 8 * gallery_codes.shape[1]
         index = faiss.IndexBinaryIVF(faiss.IndexBinaryFlat(nbits), nbits, nlist)  # keeps its quantizer alive
         index.train(gallery_codes)
@@ -255,7 +256,7 @@ def build_binary_index(
             vectors = np.ascontiguousarray(coords, dtype=np.float32)
     else:
         rerank_factor = DEFAULT_RERANK_FACTOR
-    gallery_codes = _encode(quantizer, codes, coords)
+    gallery_codes = encode_codes(quantizer, codes, coords)
     index = faiss.IndexBinaryFlat(8 * gallery_codes.shape[1])
     index.add(gallery_codes)
     return BinaryIndex(index=index, quantizer=quantizer, codes=codes, rerank=rerank, rerank_factor=rerank_factor,

@@ -6,6 +6,9 @@ from __future__ import annotations
 SHARD_KINDS = ("flat", "ivf", "hnsw")
 #: ``BinaryIndex`` (bit-plane codes, Hamming; ``binary_index``).
 BINARY_KINDS = ("binary", "binary_weighted", "binary_two_stage", "binary_ivf")
+#: The binary kinds a vector store with a Hamming distance searches (``stores.bits``; ``binary_ivf``
+#: is FAISS's IVF over the codes, a store's own index over them is its ``store.index``).
+HAMMING_KINDS = ("binary", "binary_weighted", "binary_two_stage")
 #: ``PQIndex`` (product quantisation; ``pq_index``).
 PQ_KINDS = ("pq", "opq", "binary_opq")
 

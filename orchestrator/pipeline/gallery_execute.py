@@ -131,7 +131,8 @@ class GalleryExecutor:
 
     def _target(self) -> ShardTarget:
         spec = self.ctx.spec
-        store = None if spec.store.kind == "files" else store_of(spec.store, self.ctx.root, self.ctx.name)
+        store = None if spec.store.kind == "files" else store_of(spec.store, self.ctx.root, self.ctx.name, spec.index,
+                                                                  dict(spec.index_options))
         return ShardTarget(self.ctx.root, spec.index, dict(spec.index_options), store=store)
 
     @staticmethod

@@ -12,13 +12,17 @@ from orchestrator.stores.locations import StoreLocation, is_store_uri
 
 def store_of(spec, gallery_root: str, gallery: str, index_kind: str = "flat",
              index_options: Mapping[str, Any] | None = None):
-    """The store a gallery's ``store:`` section (``config.gallery.StoreSpec``) configures."""
+    """The store a gallery's ``store:`` section (``config.gallery.StoreSpec``) configures;
+    ``index_kind``/``index_options``: ``gallery.index`` and its options (a pgvector store carries
+    the codes of a binary kind, ``stores.bits``; the shard files build that index)."""
     kind = getattr(spec, "kind", "files") if spec is not None else "files"
     if kind == "pgvector":
         from orchestrator.stores.pgvector import PgVectorStore
 
+        binary = index_kind if index_kind != "flat" else None
         return PgVectorStore(spec.url, spec.table or f"orchestrator_{gallery.lower().replace('-', '_').replace('.', '_')}"[:40],
-                             spec.index, dict(spec.index_options), spec.overfetch)
+                             spec.index, dict(spec.index_options), spec.overfetch, binary,
+                             dict(index_options or {}) if binary else {})
     if kind == "lance":
         from orchestrator.stores.lance import LanceStore
         from orchestrator.storage import join_uri

@@ -8,10 +8,12 @@ it once), and per generation of the gallery one table ``<table>__<generation>``:
     PRIMARY KEY (shard, version, id)
 
 (with an approximate index over a hyperbolic gallery, also ``search vector(D'+1)``: the rows'
-MIPS→L2 search coordinates, ``stores.vectors``) and, when ``store.index`` says so, one approximate
-index (``hnsw`` or ``ivfflat``) on the column the search ranks by (``stores.vectors.search_metric``):
-``embedding`` with ``vector_l2_ops`` (euclidean) or ``vector_ip_ops`` (cosine), ``search`` with
-``vector_ip_ops`` (hyperbolic), built once the table holds ``MIN_INDEX_ROWS`` rows (IVFFlat
+MIPS→L2 search coordinates, ``stores.vectors``; with a binary ``gallery.index`` kind, also ``code
+bit(8C)``: the rows' bit-plane codes, ``stores.bits``, searched by Hamming distance ``<~>``) and,
+when ``store.index`` says so, one approximate index (``hnsw`` or ``ivfflat``) on the column the
+search ranks by: ``embedding`` with ``vector_l2_ops`` (euclidean) or ``vector_ip_ops`` (cosine),
+``search`` with ``vector_ip_ops`` (hyperbolic; ``stores.vectors.search_metric``), ``code`` with
+``bit_hamming_ops`` (binary kinds), built once the table holds ``MIN_INDEX_ROWS`` rows (IVFFlat
 trains its lists on the rows there; later rows join the lists as they come: rebuild it with
 ``REINDEX`` after a backfill much larger than them). It never touches another table, and within
 its tables only the rows of the versions it wrote.
@@ -40,17 +42,19 @@ import numpy as np
 
 from orchestrator.integrity import ids_sha256
 from orchestrator.outside import OutsideSystemError
+from orchestrator.stores.bits import (bit_strings, candidates_per_query, code_distances, codes_of_bit_strings,
+                                      query_codes, shard_codes)
 from orchestrator.stores.locations import StoreLocation, libpq_url, shown
-from orchestrator.stores.vectors import (check_rows, check_servable, query_coordinates, rerank, rows_digest,
-                                         search_metric, search_rows, searches_mips, stored_coordinates)
+from orchestrator.stores.vectors import (check_rows, check_servable, nearest, query_coordinates, rerank, rows_digest,
+                                         search_metric, search_rows, stored_coordinates)
 
 _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 _COPY_TRAILER = struct.pack(">h", -1)
 VERSION_CHARS = 20
 CONNECT_TIMEOUT_S = 10
 _READERS: dict[str, Any] = {}  # database URL → this process's reading connection
-#: pgvector's operator and operator class per metric of ``stores.vectors.search_metric``.
-_OPERATORS = {"l2": ("<->", "vector_l2_ops"), "dot": ("<#>", "vector_ip_ops")}
+#: pgvector's operator and operator class per metric (``stores.vectors.search_metric``; ``hamming``: codes).
+_OPERATORS = {"l2": ("<->", "vector_l2_ops"), "dot": ("<#>", "vector_ip_ops"), "hamming": ("<~>", "bit_hamming_ops")}
 #: Rows a generation's table holds before its approximate index is built (until then: exact scans).
 MIN_INDEX_ROWS = 1000
 
@@ -83,14 +87,22 @@ def table_name(prefix: str, generation: str) -> str:
 class PgVectorStore:
     """A gallery's pgvector tables (module docstring): ``url`` (no password), ``prefix`` (the
     tables' name prefix), ``index`` (``exact``/``hnsw``/``ivfflat``) and its options,
-    ``overfetch`` (candidates per hit re-ranked exactly)."""
+    ``overfetch`` (candidates per hit re-ranked exactly); ``binary``: the ``gallery.index`` binary
+    kind whose codes the rows carry and are searched by (``stores.bits``), with its options."""
 
     url: str
     prefix: str
     index: str = "exact"
     index_options: Mapping[str, Any] = field(default_factory=dict)
     overfetch: int = 4
+    binary: str | None = None
+    binary_options: Mapping[str, Any] = field(default_factory=dict)
     kind: str = "pgvector"
+
+    def searched_column(self, space: str) -> tuple[str, str]:
+        """(column, metric) the rows of a ``space`` gallery are searched by: ``code`` by Hamming
+        distance (binary kinds), else ``stores.vectors.search_metric``."""
+        return ("code", "hamming") if self.binary else search_metric(space, self.index)
 
     def describe(self) -> str:
         return f"pgvector store {shown(self.url)} (tables {self.prefix}__*)"
@@ -141,7 +153,7 @@ class PgVectorStore:
             connection.execute("SELECT 1")
 
     # -- tables ---------------------------------------------------------------------------------
-    def _ensure_table(self, connection, table: str, dim: int, space: str) -> None:
+    def _ensure_table(self, connection, table: str, dim: int, space: str, code_bytes: int | None) -> None:
         from psycopg import sql
 
         connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"orchestrator-store:{table}",))
@@ -150,12 +162,14 @@ class PgVectorStore:
         if connection.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() is None:
             connection.execute("SELECT pg_advisory_xact_lock(hashtext('orchestrator-store:vector-extension'))")
             connection.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        search = (sql.SQL("search vector({}) NOT NULL, ").format(sql.Literal(dim + 1))
-                  if searches_mips(space, self.index) else sql.SQL(""))
+        column = self.searched_column(space)[0]
+        searched = {"search": sql.SQL("search vector({}) NOT NULL, ").format(sql.Literal(dim + 1)),
+                    "code": sql.SQL("code bit({}) NOT NULL, ").format(sql.Literal(8 * (code_bytes or 0)))
+                    }.get(column, sql.SQL(""))
         connection.execute(sql.SQL("CREATE TABLE {} (shard integer NOT NULL, version text NOT NULL, id bigint NOT NULL, "
                                    "label bigint NOT NULL, embedding vector({}) NOT NULL, {}uri text, "
                                    "PRIMARY KEY (shard, version, id))").format(sql.Identifier(table), sql.Literal(dim),
-                                                                               search))
+                                                                               searched))
 
     def build_index(self, connection, table: str, space: str) -> bool:
         """Create the table's approximate index (``store.index``) unless it has one; True if created.
@@ -169,7 +183,7 @@ class PgVectorStore:
         connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"orchestrator-index:{table}",))
         if connection.execute("SELECT to_regclass(%s)", (f'"{name}"',)).fetchone()[0] is not None:
             return False
-        column, metric = search_metric(space, self.index)
+        column, metric = self.searched_column(space)
         ops = _OPERATORS[metric][1]
         options = dict(self.index_options)
         if self.index == "hnsw":
@@ -208,10 +222,16 @@ class PgVectorStore:
         location = StoreLocation("pgvector", self.url, int(shard_index), digest[:VERSION_CHARS], table)
         attributes = shard.attributes
         uris = attributes.column("uri").to_pylist() if attributes is not None and "uri" in attributes.column_names else None
-        search = search_rows(vectors) if searches_mips(shard.space, self.index) else None
-        data = _copy_rows(int(shard_index), location.version, shard.ids, shard.labels, vectors, search, uris)
+        column = self.searched_column(shard.space)[0]
+        codes = codes_record = None
+        if column == "code":
+            codes, codes_record = shard_codes(shard.embeddings, shard.space, shard.curv, self.binary, self.binary_options)
+        searched = {"search": search_rows(vectors) if column == "search" else None, "code": codes}.get(column)
+        data = _copy_rows(int(shard_index), location.version, shard.ids, shard.labels, vectors,
+                          column if searched is not None else None, searched, uris)
         with self.connect() as connection:
-            self._ensure_table(connection, table, vectors.shape[1], shard.space)
+            self._ensure_table(connection, table, vectors.shape[1], shard.space,
+                               None if codes is None else codes.shape[1])
             where = sql.SQL("WHERE shard = {} AND version = {}").format(sql.Literal(location.shard),
                                                                          sql.Literal(location.version))
             connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (location.uri,))
@@ -223,7 +243,7 @@ class PgVectorStore:
                                           "its first attempt (so no earlier attempt wrote them and the lineage does not "
                                           "know them); refusing to replace them")
                 connection.execute(sql.SQL("DELETE FROM {} ").format(sql.Identifier(table)) + where)
-            columns = "shard, version, id, label, embedding, " + ("search, " if search is not None else "") + "uri"
+            columns = "shard, version, id, label, embedding, " + (f"{column}, " if searched is not None else "") + "uri"
             with connection.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
                     sql.Identifier(table), sql.SQL(columns))) as copy:
                 copy.write(data)
@@ -235,7 +255,8 @@ class PgVectorStore:
         return location.uri, {"kind": "pgvector", "sha256": digest, "ids_sha256": ids_sha256(shard.ids),
                               "n_items": int(len(shard.ids)), "space": shard.space, "curv": float(shard.curv),
                               "dim": int(np.asarray(shard.embeddings).shape[1]), "index": self.index,
-                              "index_options": dict(self.index_options), "overfetch": int(self.overfetch)}
+                              "index_options": dict(self.index_options), "overfetch": int(self.overfetch),
+                              **({"binary": codes_record} if codes_record else {})}
 
     def count(self, uri: str) -> int:
         from psycopg import sql
@@ -315,14 +336,22 @@ class PgVectorShard:
 
         queries = np.asarray(queries, dtype=np.float64)
         index = self.record.get("index", "exact")
+        codes = self.record.get("binary")
         coords, searched = query_coordinates(queries, self.space, self.curv, index)
-        fetch = max(k, min(self.ntotal, k * self.store.overfetch))
-        column, metric = search_metric(self.space, index)
-        texts = [_vector_text(row) for row in searched]
-        query = sql.SQL("SELECT q.n, t.id, t.embedding::text FROM unnest(%s::text[]) WITH ORDINALITY AS q(v, n) "
-                        "CROSS JOIN LATERAL (SELECT id, embedding FROM {} WHERE shard = %s AND version = %s "
-                        "ORDER BY {} {} q.v::vector LIMIT %s) t").format(
-            sql.Identifier(self.location.table), sql.Identifier(column), sql.SQL(_OPERATORS[metric][0]))
+        if codes:  # bit-plane codes by Hamming distance (stores.bits)
+            searched = query_codes(queries, self.space, self.curv, codes)
+            texts, cast = bit_strings(searched), sql.SQL("bit({})").format(sql.Literal(8 * searched.shape[1]))
+            fetch, (column, metric) = candidates_per_query(codes, k, self.ntotal), ("code", "hamming")
+            returned = "code" if codes["rerank"] != "float" else "embedding"
+        else:
+            texts, cast = [_vector_text(row) for row in searched], sql.SQL("vector")
+            fetch, (column, metric) = max(k, min(self.ntotal, k * self.store.overfetch)), search_metric(self.space, index)
+            returned = "embedding"
+        order = sql.SQL("{} {} q.v::{}").format(sql.Identifier(column), sql.SQL(_OPERATORS[metric][0]), cast)
+        query = sql.SQL("SELECT q.n, t.id, t.distance, t.returned FROM unnest(%s::text[]) WITH ORDINALITY AS q(v, n) "
+                        "CROSS JOIN LATERAL (SELECT id, {}::text AS returned, {} AS distance FROM {} "
+                        "WHERE shard = %s AND version = %s ORDER BY {} LIMIT %s) t").format(
+            sql.Identifier(returned), order, sql.Identifier(self.location.table), order)
         options = dict(self.store.index_options)
         with self.store.reading() as connection:
             if self.kind == "hnsw":
@@ -334,13 +363,20 @@ class PgVectorShard:
                     sql.Literal(int(options.get("probes", 10)))))
                 connection.execute("SET LOCAL ivfflat.iterative_scan = relaxed_order")
             rows = connection.execute(query, (texts, self.location.shard, self.location.version, fetch)).fetchall()
+        numbers = np.array([row[0] for row in rows], dtype=np.int64) - 1
+        items = np.array([row[1] for row in rows], dtype=np.int64)
+        per_query = [numbers == q for q in range(len(queries))]
+        if returned == "code":
+            found = codes_of_bit_strings([row[3] for row in rows], searched.shape[1])
+            hamming = np.array([row[2] for row in rows], dtype=np.float64)
+            return nearest([items[mine] for mine in per_query],
+                           [code_distances(searched[q], found[mine], hamming[mine], codes)
+                            for q, mine in enumerate(per_query)], k)
         width = coords.shape[1]
-        numbers = np.array([n for n, _item, _text in rows], dtype=np.int64) - 1
-        items = np.array([item for _n, item, _text in rows], dtype=np.int64)
-        vectors = (np.array(",".join(text[1:-1] for _n, _item, text in rows).split(","), dtype=np.float32)
+        vectors = (np.array(",".join(row[3][1:-1] for row in rows).split(","), dtype=np.float32)
                    .reshape(len(rows), width) if rows else np.zeros((0, width), np.float32))
-        return rerank(coords, [items[numbers == q] for q in range(len(queries))],
-                      [vectors[numbers == q] for q in range(len(queries))], k, self.space, self.curv)
+        return rerank(coords, [items[mine] for mine in per_query], [vectors[mine] for mine in per_query], k,
+                      self.space, self.curv)
 
 
 def _vector_text(row: np.ndarray) -> str:
@@ -348,24 +384,31 @@ def _vector_text(row: np.ndarray) -> str:
 
 
 def _copy_rows(shard: int, version: str, ids: np.ndarray, labels: np.ndarray, vectors: np.ndarray,
-               search: np.ndarray | None, uris: list[str | None] | None) -> bytes:
-    """The rows in PostgreSQL's binary COPY format: (shard, version, id, label, embedding[, search], uri)."""
+               column: str | None, searched: np.ndarray | None, uris: list[str | None] | None) -> bytes:
+    """The rows in PostgreSQL's binary COPY format: (shard, version, id, label, embedding[, column], uri),
+    ``column`` holding ``searched``: ``search`` float32 vectors or ``code`` uint8 packed bits."""
     n, dim = vectors.shape
     version_bytes = version.encode()
-    search_fields = [] if search is None else [("l_search", ">i4"), ("search_dim", ">i2"), ("search_unused", ">i2"),
-                                               ("search", ">f4", (search.shape[1],))]
+    if column is None:
+        extra = []
+    elif column == "code":  # bit: its length in bits, then the bytes
+        extra = [("l_extra", ">i4"), ("bits", ">i4"), ("extra", "u1", (searched.shape[1],))]
+    else:  # vector: its dimension, a reserved int16, then the floats
+        extra = [("l_extra", ">i4"), ("extra_dim", ">i2"), ("extra_unused", ">i2"), ("extra", ">f4", (searched.shape[1],))]
     fixed = np.dtype([("fields", ">i2"), ("l_shard", ">i4"), ("shard", ">i4"), ("l_version", ">i4"),
                       ("version", f"S{len(version_bytes)}"), ("l_id", ">i4"), ("id", ">i8"), ("l_label", ">i4"),
                       ("label", ">i8"), ("l_vec", ">i4"), ("dim", ">i2"), ("unused", ">i2"), ("vec", ">f4", (dim,))]
-                     + search_fields)
+                     + extra)
     rows = np.zeros(n, dtype=fixed)
-    rows["fields"], rows["l_shard"], rows["shard"] = 6 if search is None else 7, 4, shard
+    rows["fields"], rows["l_shard"], rows["shard"] = 6 if column is None else 7, 4, shard
     rows["l_version"], rows["version"] = len(version_bytes), version_bytes
     rows["l_id"], rows["id"] = 8, np.asarray(ids, dtype=np.int64)
     rows["l_label"], rows["label"] = 8, np.asarray(labels, dtype=np.int64)
     rows["l_vec"], rows["dim"], rows["vec"] = 4 + 4 * dim, dim, vectors
-    if search is not None:
-        rows["l_search"], rows["search_dim"], rows["search"] = 4 + 4 * search.shape[1], search.shape[1], search
+    if column == "code":
+        rows["l_extra"], rows["bits"], rows["extra"] = 4 + searched.shape[1], 8 * searched.shape[1], searched
+    elif column is not None:
+        rows["l_extra"], rows["extra_dim"], rows["extra"] = 4 + 4 * searched.shape[1], searched.shape[1], searched
     raw = rows.tobytes()
     size = fixed.itemsize
     parts = [_COPY_HEADER]

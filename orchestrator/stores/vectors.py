@@ -113,16 +113,22 @@ def rerank(query_coords: np.ndarray, candidate_ids: list[np.ndarray], candidate_
     from orchestrator.geometry.geometry import Geometry
 
     geometry = Geometry(space, curv)
+    exact = [np.asarray(geometry.coordinate_distance(np.broadcast_to(query_coords[q], vectors.shape),
+                                                     vectors.astype(np.float64), hyperbolic_model="lorentz"),
+                        dtype=np.float64).reshape(len(found))
+             for q, (found, vectors) in enumerate(zip(candidate_ids, candidate_vectors))]
+    return nearest(candidate_ids, exact, k)
+
+
+def nearest(candidate_ids: list[np.ndarray], candidate_distances: list[np.ndarray],
+            k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per query its candidates' ids and float64 distances (m_q,) → the ``k`` nearest: (distances
+    (Q, k) ascending, ties by id, ids (Q, k) int64), +inf / −1 where fewer than k."""
     n = len(candidate_ids)
     distances, ids = np.full((n, k), np.inf), np.full((n, k), -1, dtype=np.int64)
-    for q, (found, vectors) in enumerate(zip(candidate_ids, candidate_vectors)):
-        if not len(found):
-            continue
-        exact = np.asarray(geometry.coordinate_distance(np.broadcast_to(query_coords[q], vectors.shape),
-                                                        vectors.astype(np.float64), hyperbolic_model="lorentz"),
-                           dtype=np.float64)
-        order = np.lexsort((found, exact))[:k]
-        distances[q, :len(order)], ids[q, :len(order)] = exact[order], found[order]
+    for q, (found, found_distances) in enumerate(zip(candidate_ids, candidate_distances)):
+        order = np.lexsort((found, found_distances))[:k]
+        distances[q, :len(order)], ids[q, :len(order)] = found_distances[order], found[order]
     return distances, ids
 
 

@@ -206,3 +206,65 @@ def test_a_database_that_does_not_answer_is_one_line_naming_the_store(tmp_path, 
     assert "\n" not in message and "s3cret" not in message
     copied = pickle.loads(pickle.dumps(caught.value))  # it crosses from a Ray worker to the driver
     assert isinstance(copied, OutsideSystemError) and str(copied) == message
+
+
+def assert_same_hits_up_to_ties(distances, ids, expected_distances, expected_ids, rtol=1e-9):
+    """Equal distances row by row, and the same ids among those strictly nearer than the k-th
+    distance (Hamming distances tie: which of the tied items fills the last slots is arbitrary)."""
+    np.testing.assert_allclose(distances, expected_distances, rtol=rtol, atol=1e-12)
+    for found, expected, row, last in zip(ids, expected_ids, distances, distances[:, -1]):
+        assert set(found[row < last]) == set(expected[row < last])
+
+
+@pytest.mark.parametrize("space", ["lorentz", "euclidean"])
+@pytest.mark.parametrize("kind,options", [("binary", {}), ("binary_weighted", {"bits": 3}),
+                                          ("binary_two_stage", {"rerank_factor": 80}),
+                                          ("binary_two_stage", {"rerank": "float", "rerank_factor": 80})])
+def test_binary_kinds_are_bit_codes_searched_by_hamming_distance_as_the_shard_index(postgres_url, kind, options,
+                                                                                     space):
+    """``gallery.index`` binary kinds in pgvector: the rows carry the shard's bit-plane codes in a
+    ``bit`` column searched with ``<~>``, and the hits and distances are the binary shard index's.
+    Two-stage: every row a candidate (80 · k = N), so its re-rank, not which of the rows tied in
+    Hamming distance at the 10·k-th fill the candidates, is what is compared; its float re-rank is
+    the geodesic from float32 Lorentz rows here, from float32 Poincaré rows in the shard index
+    (the same distance, rounded apart by ~1e-8)."""
+    import psycopg
+
+    store = PgVectorStore(libpq(postgres_url), "orchestrator_test", binary=kind, binary_options=options)
+    rows = shard(space, n=800, dim=17)
+    uri, record = store.write_shard(0, rows, "embed:test/0:g1", first_attempt=True)
+    assert record["binary"]["kind"] == kind
+    found = store_at(uri, record).open_shard(uri, record)
+    queries = points(space, 30, 17, seed=7).astype(np.float64)
+    distances, ids = found.search(queries, 10)
+    expected_distances, expected_ids = build_index(rows.embeddings, space, kind, rows.ids, **options).search(queries, 10)
+    assert_same_hits_up_to_ties(distances, ids, expected_distances, expected_ids,
+                                rtol=1e-6 if options.get("rerank") == "float" else 1e-9)
+    location = StoreLocation.parse(uri)
+    with psycopg.connect(libpq(postgres_url)) as connection:
+        column_type, = connection.execute("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = "
+                                          "%s::regclass AND attname = 'code'", (f'"{location.table}"',)).fetchone()
+    plane_bits = 8 * -(-(16 if space == "lorentz" else 17) // 8)  # Lorentz: 16 coordinates of the Poincaré ball
+    n = options.get("bits", 2)
+    assert column_type == f"bit({plane_bits * ((4 ** n - 1) // 3 if kind == 'binary_weighted' else n)})"
+    store.check_shard(uri, record)
+
+
+@pytest.mark.parametrize("index,options", [("hnsw", {"m": 16, "ef_construction": 64}), ("ivfflat", {"lists": 20, "probes": 10})])
+def test_an_index_over_the_bit_codes_is_used_and_recalls_the_exact_hamming_hits(postgres_url, index, options):
+    """``store.index`` over the codes (``bit_hamming_ops``): what ``binary_ivf`` is in shard files."""
+    import psycopg
+
+    store = PgVectorStore(libpq(postgres_url), "orchestrator_test", index, options, binary="binary_weighted")
+    rows = shard("lorentz", n=3000, dim=33, embeddings=spread_points("lorentz", 3000, 33, seed=0))
+    uri, record = store.write_shard(0, rows, "embed:test/0:g1", first_attempt=True)
+    location = StoreLocation.parse(uri)
+    with psycopg.connect(libpq(postgres_url)) as connection:
+        plan = "\n".join(r[0] for r in connection.execute(
+            f'EXPLAIN SELECT id FROM "{location.table}" WHERE shard = 0 AND version = %s ORDER BY code <~> %s::bit(640) '
+            "LIMIT 40", (location.version, "0" * 640)))
+    assert f"{location.table}_{index}" in plan, plan
+    queries = spread_points("lorentz", 50, 33, seed=9).astype(np.float64)
+    distances, _ids = store.open_shard(uri, record).search(queries, 10)
+    expected, _ = build_index(rows.embeddings, "lorentz", "binary_weighted", rows.ids).search(queries, 10)
+    assert np.mean(distances <= expected[:, -1:]) >= 0.95  # recall@10 of the exact top-10's distances

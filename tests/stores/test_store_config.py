@@ -30,6 +30,9 @@ def test_the_default_store_is_the_shard_files():
                               "index_options": {"m": 16, "ef_search": 80}})
     assert (spec.store.kind, spec.store.index) == ("pgvector", "hnsw")
     assert GallerySpec(store={"kind": "lance", "index": "ivf_pq"}).store.path is None
+    binary = GallerySpec(index="binary_two_stage", index_options={"rerank": "float"},
+                         store={"kind": "pgvector", "url": "postgresql://me@db/s"})  # pgvector's bit type
+    assert (binary.index, binary.store.kind) == ("binary_two_stage", "pgvector")
 
 
 @pytest.mark.parametrize("gallery,expected", [
@@ -42,8 +45,11 @@ def test_the_default_store_is_the_shard_files():
     ({"store": {"kind": "pgvector", "url": "postgresql://me@db/s", "index": "hnsw", "index_options": {"lists": 4}}},
      "is not an option of index 'hnsw'"),
     ({"store": {"kind": "lance", "url": "postgresql://me@db/s"}}, "only a pgvector store takes a url"),
-    ({"index": "binary", "store": {"kind": "pgvector", "url": "postgresql://me@db/s"}},
-     "searched in shard files only"),
+    ({"index": "pq", "store": {"kind": "pgvector", "url": "postgresql://me@db/s"}}, "searched in shard files only"),
+    ({"index": "binary_ivf", "store": {"kind": "pgvector", "url": "postgresql://me@db/s"}},
+     "store.index ivfflat or hnsw (pgvector's own index over the bit column)"),
+    ({"index": "binary", "store": {"kind": "lance"}}, "a lance store has no Hamming search of bit codes"),
+    ({"index": "hnsw", "store": {"kind": "lance"}}, "searched in shard files only"),
 ])
 def test_a_wrong_store_is_refused_naming_the_field(tmp_path, gallery, expected):
     message = refusal(tmp_path, **gallery)
