@@ -35,9 +35,9 @@ a thread samples that process's RSS (psutil, every 50 ms) and reports the peak: 
 path this process is the Ray driver. For the streamed path the driver's own CPU time (user +
 system, psutil) around plan and execution is ``driver_cpu_s``, and ``driver_cpu_us_per_item`` its
 growth per added item from the next smaller size; ``driver_result_bytes`` is the pickled size of
-what the finish tasks handed back. ``first_batch_s`` is when the first staged part (embedded rows)
+what the finisher actors handed back. ``first_batch_s`` is when the first staged part (embedded rows)
 reached the driver, ``first_shard_s`` when the first shard's files were written; the steady rate is
-counted after the first part; ``write_s`` is the finish tasks' read-parts+assemble+write+index time
+counted after the first part; ``write_s`` is the finisher actors' read-parts+assemble+write+index time
 (summed), ``shards_by_node`` which node wrote how many shards. Object-store spill is read from Ray's store stats
 (``memory_summary(stats_only=True)``) after the step. Wall time is the step alone (``ray.init``
 is timed apart); items/s = items / wall; per core = items/s / cores the path used (plain 1, the
@@ -385,9 +385,9 @@ def run_streamed(job: Job) -> dict[str, Any]:
 def worker_summary(results, first_staged: tuple[float, int] | None, started_unix: float,
                    items: int) -> dict[str, Any]:
     """From the driver's first staged part (``GalleryExecutor.first_staged``: when the first
-    embedded rows reached it, and how many) and the finish tasks' reports
+    embedded rows reached it, and how many) and the finisher actors' reports
     (``ShardUpdateResult.timing``): the seconds to the first staged part and to the first written
-    shard, the steady rate after the first part, the finish tasks' write+index time (summed) and
+    shard, the steady rate after the first part, the finisher actors' write+index time (summed) and
     which node wrote how many shards."""
     timings = [r.timing for r in results]
     finished = max(t["finished"] for t in timings)

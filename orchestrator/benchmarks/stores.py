@@ -10,7 +10,7 @@ pipeline's HBCT space), ``--dim`` coordinates (default 33: 32 space dimensions a
 (default 8) of consecutive ids; queries drawn the same way. Every store holds the same shards.
 
 Stores (rows), each written shard by shard through the store protocol's ``write_shard`` (what a
-gallery step's finish task does after embedding; the Parquet file every store also gets is not
+gallery step's finisher actors do after embedding; the Parquet file every store also gets is not
 timed):
 
   files/flat, files/hnsw    a FAISS index file per shard (``ShardIndex``), the default store;

@@ -11,9 +11,10 @@ The stages (each on Ray workers, streamed with Ray Data's backpressure):
    part (entry, URI, count): these small rows are all that reaches the driver from the dataset.
    With ``embedding.num_gpus`` the images are decoded first by CPU tasks (``decode_stage``) and
    the actors, on GPUs, only run the model and write the part;
-3. **finish**: once the parts of an update hold all its items, the driver starts one Ray task
-   (``finish_task``) that reads them, writes the update's Parquet file and index (for a split,
-   the source shard without the moved items too) and returns a ``ShardUpdateResult`` (URIs,
+3. **finish**: once the parts of an update hold all its items, the driver hands it to one of the
+   step's finisher actors (``Finisher`` running ``finish_task``), which reads them, writes the
+   update's Parquet file and index (for a split, the source shard without the moved items too)
+   and returns a ``ShardUpdateResult`` (URIs,
    sha256s, counts: about a kilobyte). The caller commits it as it comes.
 
 Why the parts are staged by the actor that embedded them, and the read fused into that stage: a
@@ -22,7 +23,7 @@ move every image or embedding through the object store once more (measured once 
 10⁵ items: the first part came 30 s after the start with separate read and staging stages, 14 s
 with neither).
 
-Why the finish is a task and not a ``Datasink`` or a ``groupby``: a Datasink's
+Why the finish is a call on an actor and not a ``Datasink`` or a ``groupby``: a Datasink's
 ``on_write_complete`` runs once, at the end of the whole write, which would lose the per-update
 commit; ``groupby(update).map_groups`` shuffles every row before the first shard is written. Parts
 let the first update commit as soon as its own rows are embedded.
@@ -30,8 +31,9 @@ let the first update commit as soon as its own rows are embedded.
 Exactly once: part names are the hash of the rows they hold, inside a folder unique to the step's
 attempt, so a part that Ray Data's retried actor call writes again is the same file, and an item
 reported twice counts once (``assemble_shard``); the shard files keep their content-addressed names and the
-first-attempt rule (``storage.overwrite``), applied by the finish task, which Ray does not retry:
-a finish task lost with its worker is handed to ``on_lost``, which starts a new attempt of the step.
+first-attempt rule (``storage.overwrite``), applied by the finish call, which Ray does not retry:
+a finish call lost with its actor is handed to ``on_lost``, which starts a new attempt of the step
+(on a new actor).
 """
 from __future__ import annotations
 
@@ -136,7 +138,7 @@ def decode_stage(batch: pa.Table, image_format: ImageFormat, image_size: int) ->
 
 def finish_task(update: ShardUpdate, part_uris: list[str], model: GenerationModel,
                 target: ShardTarget) -> ShardUpdateResult:
-    """A Ray task: the staged parts of ``update`` → its shard files (``finish_shard_update``)."""
+    """What a finisher runs: the staged parts of ``update`` → its shard files (``finish_shard_update``)."""
     import ray
 
     node = f"{socket.gethostname()}:{ray.get_runtime_context().get_node_id()[:12]}:{os.getpid()}"
@@ -203,9 +205,8 @@ def step_dataset(source: GallerySource, work: Sequence[tuple[ShardUpdate, EntryR
 
 
 def finish_tasks_at_once(resources: EmbeddingSpec) -> int:
-    """Finish tasks (which ask Ray for no CPU) running at once: as many as the embedding actors, at
-    least 2. Without a bound, Ray starts a worker process per zero-CPU task it can schedule (each
-    one a Python interpreter with pyarrow and FAISS loaded)."""
+    """Finisher actors (which ask Ray for no CPU) of a step: as many as the embedding actors, at
+    least 2 (each one a Python interpreter with pyarrow and FAISS loaded)."""
     return max(2, resources.pool_size[1])
 
 
@@ -225,8 +226,8 @@ def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, E
                       on_lost: Callable[[ShardUpdate, BaseException], ShardUpdate | None],
                       on_staged: Callable[[int], None] = lambda n_items: None) -> Iterator[ShardUpdateResult]:
     """Run every (update, the items it reads) of ``source`` through the step's stages; yield each
-    update's result as its finish task completes (any order). Ray must be initialised. A finish
-    task lost with its worker: ``on_lost(update, error)`` returns the update to finish again (from
+    update's result as its finish call completes (any order). Ray must be initialised. A finish
+    call lost with its actor: ``on_lost(update, error)`` returns the update to finish again (from
     the same parts), or None to raise the error. ``on_staged(n_items)``: a part of that many
     embedded items was staged (progress before the first update completes). An error of an update
     itself (an undecodable image, items not as planned, a file the lineage does not know) is raised
@@ -236,33 +237,51 @@ def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, E
     updates = {read.entry: update for update, read in work}
     finishes = _Finishes(model, target, finish_tasks_at_once(resources), on_lost)
     parts: dict[int, dict[str, int]] = {entry: {} for entry in updates}
-    for batch in _batches(step_dataset(source, work, model, target, resources, uuid.uuid4().hex[:12])):
-        for entry, uri, n_items in zip(*(batch.column(c).to_pylist() for c in ("entry", "uri", "n_items"))):
-            if uri not in parts[entry]:
-                parts[entry][uri] = n_items
-                on_staged(n_items)
-                if sum(parts[entry].values()) == updates[entry].num_items:
-                    finishes.add(updates[entry], sorted(parts[entry]))
-        yield from finishes.completed(timeout=0)
-    for entry, update in updates.items():
-        staged = sum(parts[entry].values())
-        if staged != update.num_items:
-            raise RuntimeError(f"{update.key}: the step's stages staged {staged} items, the plan says {update.num_items}")
-    while finishes:
-        yield from finishes.completed(timeout=None)
+    try:
+        for batch in _batches(step_dataset(source, work, model, target, resources, uuid.uuid4().hex[:12])):
+            for entry, uri, n_items in zip(*(batch.column(c).to_pylist() for c in ("entry", "uri", "n_items"))):
+                if uri not in parts[entry]:
+                    parts[entry][uri] = n_items
+                    on_staged(n_items)
+                    if sum(parts[entry].values()) == updates[entry].num_items:
+                        finishes.add(updates[entry], sorted(parts[entry]))
+            yield from finishes.completed(timeout=0)
+        for entry, update in updates.items():
+            staged = sum(parts[entry].values())
+            if staged != update.num_items:
+                raise RuntimeError(f"{update.key}: the step's stages staged {staged} items, the plan says "
+                                   f"{update.num_items}")
+        while finishes:
+            yield from finishes.completed(timeout=None)
+    finally:
+        finishes.close()
+
+
+class Finisher:
+    """A Ray actor (no CPU asked) that runs ``finish`` (``finish_task``, or a test's stand-in passed
+    by value) for one update after another. It lives for the step: a task per update would start
+    a worker process per update beyond the node's CPU count, each importing torch, pyarrow and
+    FAISS again (measured: ~3 s of a busy core per update, taken from the embedding actors)."""
+
+    def __init__(self, finish: Callable[..., ShardUpdateResult]):
+        self.finish = finish
+
+    def run(self, update: ShardUpdate, part_uris: list[str], model: GenerationModel,
+            target: ShardTarget) -> ShardUpdateResult:
+        return self.finish(update, part_uris, model, target)
 
 
 class _Finishes:
-    """The finish tasks of the updates whose parts are complete: at most ``at_once`` running (the
-    rest wait in order), each lost one handed to ``on_lost``."""
+    """The finish calls of the updates whose parts are complete, on at most ``at_once`` finisher
+    actors (the rest wait in order); a call lost with its actor is handed to ``on_lost`` and the
+    actor replaced."""
 
     def __init__(self, model: GenerationModel, target: ShardTarget, at_once: int,
                  on_lost: Callable[[ShardUpdate, BaseException], ShardUpdate | None]):
-        import ray
-
-        self.task = ray.remote(finish_task).options(num_cpus=0, max_retries=0, scheduling_strategy="SPREAD")
         self.model, self.target, self.at_once, self.on_lost = model, target, at_once, on_lost
-        self.running: dict[Any, tuple[ShardUpdate, list[str]]] = {}
+        self.idle: list[Any] = []
+        self.actors = 0
+        self.running: dict[Any, tuple[Any, ShardUpdate, list[str]]] = {}
         self.waiting: list[tuple[ShardUpdate, list[str]]] = []
 
     def __bool__(self) -> bool:
@@ -272,28 +291,50 @@ class _Finishes:
         self.waiting.append((update, part_uris))
         self._start()
 
+    def _actor(self):
+        import ray
+
+        if self.idle:
+            return self.idle.pop()
+        self.actors += 1
+        return (ray.remote(Finisher).options(num_cpus=0, max_restarts=0, max_task_retries=0,
+                                             scheduling_strategy="SPREAD").remote(finish_task))
+
     def _start(self) -> None:
         while self.waiting and len(self.running) < self.at_once:
             update, part_uris = self.waiting.pop(0)
-            self.running[self.task.remote(update, part_uris, self.model, self.target)] = (update, part_uris)
+            actor = self._actor()
+            self.running[actor.run.remote(update, part_uris, self.model, self.target)] = (actor, update, part_uris)
 
     def completed(self, timeout: float | None) -> Iterator[ShardUpdateResult]:
-        """The results of the finish tasks done within ``timeout`` seconds (None: at least one)."""
+        """The results of the finish calls done within ``timeout`` seconds (None: at least one)."""
         import ray
 
         if self.running:
             ready, _ = ray.wait(list(self.running), num_returns=1 if timeout is None else len(self.running),
                                 timeout=timeout)
             for ref in ready:
-                update, part_uris = self.running.pop(ref)
+                actor, update, part_uris = self.running.pop(ref)
                 try:
-                    yield _result(ref)
+                    result = _result(ref)
                 except _Lost as lost:
+                    ray.kill(actor)
                     again = self.on_lost(update, lost.error)
                     if again is None:
                         raise lost.error from None
                     self.waiting.insert(0, (again, part_uris))
+                else:
+                    self.idle.append(actor)
+                    yield result
         self._start()
+
+    def close(self) -> None:
+        """End the finisher actors (the step is over, or failed)."""
+        import ray
+
+        for actor in self.idle + [actor for actor, _update, _uris in self.running.values()]:
+            ray.kill(actor)
+        self.idle, self.running = [], {}
 
 
 class _Lost(Exception):
@@ -303,7 +344,7 @@ class _Lost(Exception):
 
 
 def _result(ref) -> ShardUpdateResult:
-    """The finish task's result; its own error as raised on the worker; ``_Lost`` when its worker was."""
+    """The finish call's result; its own error as raised on the worker; ``_Lost`` when its actor was."""
     import ray
     from ray.exceptions import RayError, RayTaskError
 

@@ -50,6 +50,7 @@ from orchestrator.methods.registry import create_method
 from orchestrator.models.adapters import adapter_spec, build_adapter
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import EncoderConfig
+from orchestrator.storage.checkpoint_layout import CARD_FILE, WEIGHTS_FILE
 from orchestrator.storage.hashing import ChecksumMismatch, sha256_hex
 from orchestrator.storage.filesystem import (
     exists,
@@ -64,8 +65,6 @@ from orchestrator.storage.filesystem import (
 
 CARD_FORMAT_VERSION = 2  # 2: adapters described by adapter kind (1: by the method that built them)
 TRAINING_STATE_FORMAT_VERSION = 1
-WEIGHTS_FILE = "model.safetensors"
-CARD_FILE = "card.json"
 TRAINING_TENSORS_FILE = "training_state.safetensors"
 TRAINING_STATE_FILE = "training_state.json"
 

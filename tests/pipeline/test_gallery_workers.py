@@ -134,7 +134,7 @@ def finish_killing_once(update, part_uris, model, target, marker):
         except FileExistsError:
             pass
     return gallery_step.finish_shard_update(update, gallery_step.read_parts(part_uris, target.storage_options),
-                                            model.name, model.space, model.curv, target)
+                                            model.name, model.space, model.curv, target, node=f"pid:{os.getpid()}")
 
 
 def test_workers_killed_mid_update_cost_no_item_and_no_copy(ray_here, tmp_path, monkeypatch):
@@ -157,6 +157,8 @@ def test_workers_killed_mid_update_cost_no_item_and_no_copy(ray_here, tmp_path, 
     assert attempts.pop("embed:photos/3:g0-old") == 2  # its files were written again, as a second attempt
     assert set(attempts.values()) == {1}  # Ray Data retried the lost embedding work inside the attempt
     assert {s.status for s in store.steps("embed:photos/")} == {"committed"}
+    writers = {store.committed_outputs(s.key)["node"] for s in store.steps("embed:photos/")}
+    assert len(writers) <= 3, writers  # the step's 2 finisher actors wrote all 6 updates, one replaced after its kill
     verification = verify_storage(store, config.storage)
     assert verification.ok and verification.unreferenced == [], verification.lines()
     store.close()
