@@ -4,7 +4,9 @@ to the storage root, so a copy serves its own files).
 
 Under ``pytest -n N`` the run is made once for all workers, not once per worker: the first worker
 to need it builds it in the run's shared temporary folder while holding a file lock, and the others
-wait on the lock and copy the result. So its tests need no common worker and spread over lanes."""
+wait on the lock and copy the result. So its tests need no common worker and spread over lanes.
+tests/serving imports these fixtures too (its own conftest); the folder and the lock make it one
+run for both directories, with or without workers."""
 from __future__ import annotations
 
 import fcntl
@@ -24,15 +26,14 @@ from g0_run import g0_config, write_pipeline
 def g0_run(tmp_path_factory) -> Path:
     """The storage folder (lineage inside) of one ``orchestrator run`` of ``g0_config()``, made
     once per test run (shared by the xdist workers of one run, see the module docstring)."""
-    if os.environ.get("PYTEST_XDIST_WORKER") is None:
-        return _build_g0_run(tmp_path_factory.mktemp("g0-run"))
-    root = tmp_path_factory.getbasetemp().parent / "g0-run-shared"  # one folder per test run
+    base = tmp_path_factory.getbasetemp()  # a worker's is inside the test run's
+    root = (base if os.environ.get("PYTEST_XDIST_WORKER") is None else base.parent) / "g0-run-shared"
     root.mkdir(exist_ok=True)
     with open(root / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         failure = root / "failed.txt"
         if failure.exists():
-            pytest.fail(f"the shared g0-old run failed in another worker:\n{failure.read_text()}")
+            pytest.fail(f"the shared g0-old run failed earlier in this test run:\n{failure.read_text()}")
         if not (root / "done").exists():
             try:
                 _build_g0_run(root)
