@@ -46,21 +46,28 @@ CENTRES, MAX_RADII, BOUNDED = "advbct/centres", "advbct/max_radii", "advbct/boun
 
 # --- gradient reversal ------------------------------------------------------------------------
 class GradientReversal(torch.autograd.Function):
-    """Identity forward; backward multiplies the incoming gradient by −α (Ganin & Lempitsky 2015)."""
+    """Identity forward; backward multiplies the incoming gradient by −α (Ganin & Lempitsky 2015)
+    and, given a ``limit``, scales the result down to a norm of at most ``limit``."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, alpha: float) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, alpha: float, limit: torch.Tensor | None = None) -> torch.Tensor:
         ctx.alpha = float(alpha)
+        ctx.limit = limit
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad_output: torch.Tensor):
-        return grad_output.neg() * ctx.alpha, None
+        reversed_grad = grad_output.neg() * ctx.alpha
+        if ctx.limit is not None:
+            norm = reversed_grad.norm()
+            reversed_grad = reversed_grad * torch.clamp(ctx.limit / norm.clamp(min=1e-12), max=1.0)
+        return reversed_grad, None, None
 
 
-def grad_reverse(x: torch.Tensor, alpha: float = 1.0) -> torch.Tensor:
-    """R_α(x): x forward, −α·∂ backward (any shape)."""
-    return GradientReversal.apply(x, alpha)
+def grad_reverse(x: torch.Tensor, alpha: float = 1.0, limit: torch.Tensor | None = None) -> torch.Tensor:
+    """R_α(x): x forward (any shape), −α·∂ backward; with ``limit`` (a scalar tensor) the reversed
+    gradient g is scaled to g·min(1, limit/‖g‖) (‖·‖: the norm over the whole tensor)."""
+    return GradientReversal.apply(x, alpha, limit)
 
 
 def grl_coefficient(progress: float, gamma: float = 10.0) -> float:
@@ -149,7 +156,8 @@ def boundary_loss(
 
 
 def adversarial_loss(
-    discriminator: nn.Module, new_embeddings: torch.Tensor, old_embeddings: torch.Tensor, alpha: float
+    discriminator: nn.Module, new_embeddings: torch.Tensor, old_embeddings: torch.Tensor, alpha: float,
+    limit: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """CE(D(R_α(e_n)), new) + CE(D(e_o), old), each a batch mean (the code's two NLL terms).
 
@@ -166,12 +174,13 @@ def adversarial_loss(
     (shared statistics) lets D win at once and the reversed gradient wrecked the encoder (new
     self-test mAP 0.33; at λ = 0.3 the margin was −0.023); D without BatchNorm reached +0.054,
     as the released form does (+0.055 against +0.030 with no adversarial term at all).
+    ``limit``: the reversal's bound on the norm of the gradient the encoder receives (``grad_reverse``).
     """
     if new_embeddings.shape != old_embeddings.shape:
         raise ValueError(f"advbct: new embeddings {tuple(new_embeddings.shape)} and old embeddings "
                          f"{tuple(old_embeddings.shape)} must have the same shape (one discriminator for both)")
     batch = new_embeddings.shape[0]
-    new_logits = discriminator(grad_reverse(new_embeddings, alpha))
+    new_logits = discriminator(grad_reverse(new_embeddings, alpha, limit))
     old_logits = discriminator(old_embeddings.detach())
     new_target = torch.zeros(batch, dtype=torch.long, device=new_logits.device)
     return F.cross_entropy(new_logits, new_target) + F.cross_entropy(old_logits, new_target + 1)
@@ -184,7 +193,11 @@ class AdvBCT(AdvBCTDescription, SupervisedMethod):
     L_eb:  ``boundary_loss`` with radii r_k = r_k^max + σ(w_k)(T − r_k^max) (``elastic_radii``),
            centres c_k and r_k^max from the frozen parent over this generation's training set
            (``old_class_boundaries``, computed once before training).
-    L_adv: ``adversarial_loss`` with reversal strength α = ``grl_coefficient(p, γ)``.
+    L_adv: ``adversarial_loss`` with reversal strength α = ``grl_coefficient(p, γ)`` (α = 0 during
+           the first ``adversarial_warmup`` of the epochs, ``schedule``) and, with
+           ``reversal_clip`` ρ, the reversed gradient at the embeddings bounded per batch:
+           ‖g_adv‖ ≤ ρ·‖∂CE/∂e_n‖, so for ρ < 1 every step still descends the cross-entropy
+           there (⟨g_CE + g_adv, g_CE⟩ ≥ (1 − ρ)‖g_CE‖² > 0).
     D and w (C,) are ``model.auxiliary["discriminator"]`` / ``["elastic_boundary"]``, optimised
     with the model (same optimiser, learning rate and weight decay, as in the code).
 
@@ -228,20 +241,30 @@ class AdvBCT(AdvBCTDescription, SupervisedMethod):
         ctx.state.update({CENTRES: centres, MAX_RADII: max_radii, BOUNDED: bounded})
 
     def schedule(self, epoch: int, epochs: int) -> tuple[float, float]:
-        """(α, decay) of 0-based ``epoch`` of ``epochs``: the reversal strength α(p) at p = (e + ½)/E
-        and the adversarial weight decay (E − e + 1)/E."""
-        progress = (epoch + 0.5) / epochs
-        return grl_coefficient(progress, self.params.grl_gamma), (epochs - epoch + 1) / epochs
+        """(α, decay) of 0-based ``epoch`` of ``epochs``: the reversal strength α(p) and the
+        adversarial weight decay (E − e + 1)/E. With a warm-up of W = w·E epochs
+        (``adversarial_warmup`` w), α = 0 while e + ½ < W and p = (e + ½ − W)/(E − W) after it;
+        w = 0 is the released p = (e + ½)/E."""
+        warmup = self.params.adversarial_warmup * epochs
+        progress = (epoch + 0.5 - warmup) / (epochs - warmup)
+        alpha = grl_coefficient(progress, self.params.grl_gamma) if progress > 0 else 0.0
+        return alpha, (epochs - epoch + 1) / epochs
 
     def loss(self, new: ModelOutput, old: ModelOutput | None, labels: torch.Tensor, ctx: TrainContext) -> dict[str, torch.Tensor]:
         old = require_parent(old, self.name)
         auxiliary = ctx.new_model.auxiliary
         alpha, decay = self.schedule(ctx.epoch, ctx.epochs)
+        base = self.base_loss(new, labels)
         radii = auxiliary[ELASTIC_BOUNDARY](ctx.state[MAX_RADII], self.params.threshold)
         boundary = boundary_loss(new.embedding, labels, ctx.state[CENTRES], radii, ctx.state[BOUNDED])
-        adversarial = adversarial_loss(auxiliary[DISCRIMINATOR], new.embedding, old.embedding, alpha)
+        limit = None
+        if self.params.reversal_clip is not None and alpha > 0:
+            # ‖∂CE/∂e_n‖ over the batch (through the head alone; the graph is kept for the step)
+            ce_grad, = torch.autograd.grad(base, new.embedding, retain_graph=True)
+            limit = self.params.reversal_clip * ce_grad.norm()
+        adversarial = adversarial_loss(auxiliary[DISCRIMINATOR], new.embedding, old.embedding, alpha, limit)
         return {
-            "base": self.base_loss(new, labels),
+            "base": base,
             "boundary": self.params.boundary_weight * boundary,
             "adversarial": self.params.adversarial_weight * decay * adversarial,
         }

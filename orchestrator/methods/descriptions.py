@@ -67,6 +67,12 @@ class AdvBCTParams(FlatParams):
                           those the old model never saw synthesised from its embeddings of their
                           images) or "seen" (the old model's classes only, as the released code's
                           old "meta").
+    adversarial_warmup:   the fraction of the epochs before the gradient reversal acts (α = 0: D
+                          learns, the encoder feels nothing); the ramp α(p) then runs over the
+                          remaining epochs. 0: the released code's ramp from the first step.
+    reversal_clip:        ρ: the reversed gradient reaching the new embeddings is scaled down, per
+                          batch, to at most ρ times the norm of the cross-entropy's gradient there.
+                          None: unclipped, as released.
 
     Decision: μ = λ = 1 (the code adds both terms unweighted), γ = 10 (the code's, DANN's), a
     100-unit hidden layer and f = 1.5 are the released code's values (the spec gives none).
@@ -84,6 +90,8 @@ class AdvBCTParams(FlatParams):
     discriminator_hidden: int = Field(100, ge=1, le=limits.MAX_EMBED_DIM)
     iqr_factor: float = Field(1.5, ge=0)
     boundary_classes: Literal["all", "seen"] = "all"
+    adversarial_warmup: float = Field(0.25, ge=0, lt=1)
+    reversal_clip: float | None = Field(0.5, gt=0)
 
 
 class BCTParams(FlatParams):

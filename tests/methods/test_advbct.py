@@ -45,6 +45,17 @@ def test_gradient_reversal_is_the_identity_forward_and_flips_the_gradient(alpha)
     torch.testing.assert_close(x.grad, -alpha * weights)
 
 
+def test_a_limited_reversal_scales_the_reversed_gradient_down_to_the_limit():
+    x = torch.randn(4, 3, requires_grad=True)
+    weights = torch.randn(4, 3)
+    (grad_reverse(x, 0.5, limit=torch.tensor(0.1)) * weights).sum().backward()
+    # −α·w has norm 0.5‖w‖ > 0.1: the direction is kept, the norm is the limit
+    torch.testing.assert_close(x.grad, -weights / weights.norm() * 0.1)
+    x.grad = None
+    (grad_reverse(x, 0.5, limit=torch.tensor(1e6)) * weights).sum().backward()
+    torch.testing.assert_close(x.grad, -0.5 * weights)  # within the limit: untouched
+
+
 def test_grl_coefficient_ramps_from_zero_to_one():
     assert grl_coefficient(0.0) == 0.0
     assert grl_coefficient(0.5) == pytest.approx(2.0 / (1.0 + math.exp(-5.0)) - 1.0)
@@ -54,12 +65,25 @@ def test_grl_coefficient_ramps_from_zero_to_one():
     assert grl_coefficient(0.7, gamma=0.0) == 0.0
 
 
-def test_schedule_is_evaluated_at_the_epoch_midpoint_and_decays():
-    method = AdvBCT({"grl_gamma": 8.0})
+def test_the_released_schedule_is_evaluated_at_the_epoch_midpoint_and_decays():
+    method = AdvBCT({"grl_gamma": 8.0, "adversarial_warmup": 0.0})
     alpha, decay = method.schedule(0, 4)
     assert alpha == pytest.approx(2.0 / (1.0 + math.exp(-8.0 * 0.125)) - 1.0)
     assert decay == pytest.approx(5 / 4)
     assert method.schedule(3, 4)[1] == pytest.approx(2 / 4)
+
+
+def test_a_warmup_holds_the_reversal_off_then_ramps_over_the_remaining_epochs():
+    released = AdvBCT({"adversarial_warmup": 0.0, "grl_gamma": 8.0})
+    warm = AdvBCT({"grl_gamma": 8.0})
+    assert warm.params.adversarial_warmup == 0.25  # the default since issue 38
+    assert warm.schedule(0, 4) == (0.0, pytest.approx(5 / 4))  # W = 1 epoch: epoch 0 has no reversal
+    # epoch 1: p = (1.5 − 1)/(4 − 1), the decay is the released one
+    assert warm.schedule(1, 4)[0] == pytest.approx(grl_coefficient(0.5 / 3, 8.0))
+    assert warm.schedule(3, 4)[0] == pytest.approx(grl_coefficient(2.5 / 3, 8.0))
+    assert [warm.schedule(e, 4)[1] for e in range(4)] == [released.schedule(e, 4)[1] for e in range(4)]
+    assert released.schedule(0, 4)[0] == pytest.approx(grl_coefficient(0.125, 8.0))
+    assert [AdvBCT({"adversarial_warmup": 0.5}).schedule(e, 12)[0] for e in range(6)] == [0.0] * 6
 
 
 # --- the elastic boundary ---------------------------------------------------------------------
@@ -278,6 +302,38 @@ def test_loss_terms_are_weighted_by_the_schedule():
     assert terms["boundary"].item() == pytest.approx(0.5 * expected_boundary.item(), rel=1e-6)
     expected_adv = adversarial_loss(aux["discriminator"], new.embedding, old.embedding, 0.0)
     assert terms["adversarial"].item() == pytest.approx(2.0 * (4 - 1 + 1) / 4 * expected_adv.item(), rel=1e-5)
+
+
+def test_a_clipped_reversal_never_pushes_the_embeddings_harder_than_the_cross_entropy():
+    """reversal_clip ρ: the adversarial term's gradient at the new embeddings has at most ρ times
+    the norm of the cross-entropy's there; D's own gradient is not clipped."""
+    data = LabelShiftedImages(n=16, num_classes=4, seed=4)
+    parent = _parent()
+    images, labels = data.images[:8], data.labels[:8]
+    with torch.no_grad():
+        old = parent(images)
+    grads = {}
+    for clip in (None, 0.1):
+        method = AdvBCT({"reversal_clip": clip, "adversarial_weight": 50.0})
+        torch.manual_seed(3)
+        model = method.build_model(_encoder(), NUM_CLASSES, seen_classes=range(4))
+        ctx = TrainContext(new_model=model, old_model=parent, train_data=data, num_classes=NUM_CLASSES, epochs=4,
+                           epoch=2)
+        method.on_train_start(ctx)
+        model.train()
+        new = model(images)
+        terms = method.loss(new, old, labels, ctx)
+        discriminator = list(model.auxiliary["discriminator"].parameters())
+        adversarial = torch.autograd.grad(terms["adversarial"], [new.embedding, *discriminator], retain_graph=True)
+        base, = torch.autograd.grad(terms["base"], new.embedding)
+        grads[clip] = (adversarial[0], adversarial[1:], base)
+    unclipped, d_unclipped, base = grads[None]
+    clipped, d_clipped, _ = grads[0.1]
+    assert unclipped.norm() > 0.1 * base.norm()  # a large weight: the released reversal exceeds it
+    assert clipped.norm() == pytest.approx(0.1 * base.norm().item(), rel=1e-4)
+    torch.testing.assert_close(clipped / clipped.norm(), unclipped / unclipped.norm())
+    for got, want in zip(d_clipped, d_unclipped):
+        torch.testing.assert_close(got, want)
 
 
 # --- checkpoints: the deployed generation has no training-only module ------------------------------
