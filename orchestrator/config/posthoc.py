@@ -31,7 +31,8 @@ def trains_encoder(gen) -> bool:
 def generation_problems(gen) -> list[dict[str, Any]]:
     """One generation's own rules: ``encoder_from`` only with a post-hoc method, and a post-hoc
     generation has a given encoder (a generation or a local file: no download), trains nothing
-    (no ``init_from_parent``, ``replaces`` or training settings but the seed and batch size)."""
+    (no ``init_from_parent``, ``replaces``, or training settings other than their defaults but
+    the seed and batch size)."""
     method = gen.method.name
     if trains_encoder(gen):
         if gen.encoder_from is not None:
@@ -50,9 +51,11 @@ def generation_problems(gen) -> list[dict[str, Any]]:
     for flag in ("init_from_parent", "replaces"):
         if getattr(gen, flag):
             problems.append(problem((flag,), f"method {method!r}: {FROZEN}", True))
-    for name in sorted(gen.training.model_fields_set - USED_TRAINING_FIELDS):
-        problems.append(problem(("training", name), f"unused: method {method!r} trains nothing, {FROZEN} "
-                                "(method.params)", getattr(gen.training, name)))
+    defaults = type(gen.training)()
+    for name in sorted(set(type(gen.training).model_fields) - USED_TRAINING_FIELDS):
+        if getattr(gen.training, name) != getattr(defaults, name):  # a file's normalised form spells out defaults
+            problems.append(problem(("training", name), f"unused: method {method!r} trains nothing, {FROZEN} "
+                                    "(method.params)", getattr(gen.training, name)))
     return problems
 
 
