@@ -13,6 +13,7 @@ that map's shards with their generations), and the served generation follows the
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import threading
 import time
@@ -42,6 +43,19 @@ def call(url: str, method: str = "GET", body: bytes | None = None, timeout: floa
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as refused:
         return refused.code, json.loads(refused.read())
+
+
+def declared_only(url: str, length: int) -> int:
+    """The status of a ``POST /search`` that declares ``length`` bytes and sends only its headers."""
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        connection.putrequest("POST", "/search")
+        connection.putheader("Content-Length", str(length))
+        connection.endheaders()
+        return connection.getresponse().status
+    finally:
+        connection.close()
 
 
 @pytest.fixture
@@ -86,7 +100,8 @@ def test_the_server_answers_as_search_and_follows_a_backfill_a_deployment_and_a_
     status, answer = call(f"{url}/search", "POST", search_body(queries, k=5))
     assert status == 200 and answer["results"] == json.loads(cli_answer.stdout)["results"]
 
-    bad = {"oversized": (b" " * (9 << 20), 413), "wrong width": (json.dumps({"embeddings": [[1.0] * 5]}).encode(), 400),
+    assert declared_only(url, 9 << 20) == 413  # refused from its Content-Length, before the body is sent
+    bad = {"wrong width": (json.dumps({"embeddings": [[1.0] * 5]}).encode(), 400),
            "undecodable": (json.dumps({"images": [base64.b64encode(b"GIF89a?").decode()]}).encode(), 400),
            "unknown generation": (search_body(queries, generation="g7"), 400)}
     for name, (body, code) in bad.items():
