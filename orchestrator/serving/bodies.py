@@ -4,9 +4,9 @@ A client that sends its headers and then a body slowly, or never, must not hold 
 requests need. The ingress therefore decides everything it can from the request line and headers
 first (route, method, bearer token: ``serving.endpoint.GalleryEndpoint.admit``; the declared
 length: ``declared_length``), and only then reads the body, with a deadline (``read_body``;
-``Limits.body_timeout_s``). While
-it waits, such a request holds one coroutine of the ingress replica, no search thread; when the
-deadline passes it is answered 408 and its connection is closed by Serve's proxy.
+``Limits.body_timeout_s``). While it waits, such a request holds one coroutine of the ingress
+replica, no search thread; when the deadline passes it is answered 408 and Serve's proxy closes
+its connection.
 """
 from __future__ import annotations
 
