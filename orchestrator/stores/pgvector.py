@@ -348,10 +348,10 @@ class PgVectorShard:
             fetch, (column, metric) = max(k, min(self.ntotal, k * self.store.overfetch)), search_metric(self.space, index)
             returned = "embedding"
         order = sql.SQL("{} {} q.v::{}").format(sql.Identifier(column), sql.SQL(_OPERATORS[metric][0]), cast)
-        query = sql.SQL("SELECT q.n, t.id, t.distance, t.returned FROM unnest(%s::text[]) WITH ORDINALITY AS q(v, n) "
-                        "CROSS JOIN LATERAL (SELECT id, {}::text AS returned, {} AS distance FROM {} "
+        query = sql.SQL("SELECT q.n, t.id, t.distance, t.returned::text FROM unnest(%s::text[]) WITH ORDINALITY AS "
+                        "q(v, n) CROSS JOIN LATERAL (SELECT id, {} AS returned, {} AS distance FROM {} "
                         "WHERE shard = %s AND version = %s ORDER BY {} LIMIT %s) t").format(
-            sql.Identifier(returned), order, sql.Identifier(self.location.table), order)
+            sql.Identifier(returned), order, sql.Identifier(self.location.table), order)  # ::text of the hits only
         options = dict(self.store.index_options)
         with self.store.reading() as connection:
             if self.kind == "hnsw":
