@@ -66,7 +66,7 @@ def test_grl_coefficient_ramps_from_zero_to_one():
 
 
 def test_the_released_schedule_is_evaluated_at_the_epoch_midpoint_and_decays():
-    method = AdvBCT({"grl_gamma": 8.0, "adversarial_warmup": 0.0})
+    method = AdvBCT({"grl_gamma": 8.0})
     alpha, decay = method.schedule(0, 4)
     assert alpha == pytest.approx(2.0 / (1.0 + math.exp(-8.0 * 0.125)) - 1.0)
     assert decay == pytest.approx(5 / 4)
@@ -75,8 +75,8 @@ def test_the_released_schedule_is_evaluated_at_the_epoch_midpoint_and_decays():
 
 def test_a_warmup_holds_the_reversal_off_then_ramps_over_the_remaining_epochs():
     released = AdvBCT({"adversarial_warmup": 0.0, "grl_gamma": 8.0})
-    warm = AdvBCT({"grl_gamma": 8.0})
-    assert warm.params.adversarial_warmup == 0.25  # the default since issue 38
+    warm = AdvBCT({"adversarial_warmup": 0.25, "grl_gamma": 8.0})
+    assert AdvBCT().params.adversarial_warmup == 0.0  # the released schedule is the default
     assert warm.schedule(0, 4) == (0.0, pytest.approx(5 / 4))  # W = 1 epoch: epoch 0 has no reversal
     # epoch 1: p = (1.5 − 1)/(4 − 1), the decay is the released one
     assert warm.schedule(1, 4)[0] == pytest.approx(grl_coefficient(0.5 / 3, 8.0))
@@ -314,7 +314,7 @@ def test_a_clipped_reversal_never_pushes_the_embeddings_harder_than_the_cross_en
         old = parent(images)
     grads = {}
     for clip in (None, 0.1):
-        method = AdvBCT({"reversal_clip": clip, "adversarial_weight": 50.0})
+        method = AdvBCT({"reversal_clip": clip, "adversarial_weight": 50.0, "adversarial_warmup": 0.25})
         torch.manual_seed(3)
         model = method.build_model(_encoder(), NUM_CLASSES, seen_classes=range(4))
         ctx = TrainContext(new_model=model, old_model=parent, train_data=data, num_classes=NUM_CLASSES, epochs=4,
