@@ -373,8 +373,8 @@ class PipelineRunner:
         if not posthoc.trains_encoder(generation):
             given = generation.encoder_from or generation.model.pretrained
             self._say(f"{key}: {generation.method.name}: the encoder of {given} frozen, a map to {generation.parent} "
-                      f"fitted on {generation.method.params['pairs']} pairs ({generation.method.params['pairs_from']}), "
-                      f"{where}")
+                      f"fitted on at most {generation.method.params['pairs']} pairs "
+                      f"({generation.method.params['pairs_from']} items), {where}")
         else:
             self._say(f"{key}: {generation.method.name} on {len(job.train_ids)} items, {generation.training.epochs} "
                       f"epochs, {where}")

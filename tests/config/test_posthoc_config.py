@@ -22,7 +22,7 @@ def test_the_posthoc_pipeline_takes_an_earlier_generations_encoder():
     config = load_pipeline(POSTHOC)
     posthoc = config.generations[2]
     assert posthoc.encoder_from == "independent" and posthoc.parent == "g0-old"
-    assert posthoc.method.params["pairs"] == 500 and posthoc.method.params["pairs_from"] == "train"
+    assert posthoc.method.params["pairs"] == 2000 and posthoc.method.params["pairs_from"] == "train"
     assert config.evaluation.reference == "independent"
     assert [g.name for g in config.served_generations] == ["g0-old", "g1-posthoc"]
     # the given encoder's checkpoint is part of what the train step ran from
@@ -32,10 +32,10 @@ def test_the_posthoc_pipeline_takes_an_earlier_generations_encoder():
 
 @pytest.mark.parametrize("overrides, says", [
     ({"generations.2.training.epochs": 3},
-     "generations[2].training.epochs: unused: method 'residual_mlp' trains nothing, its encoder is given and frozen"),
-    ({"generations.2.init_from_parent": True}, "generations[2].init_from_parent: method 'residual_mlp': its encoder "
+     "generations[2].training.epochs: unused: method 'low_rank_affine' trains nothing, its encoder is given and frozen"),
+    ({"generations.2.init_from_parent": True}, "generations[2].init_from_parent: method 'low_rank_affine': its encoder "
                                                "is given and frozen (backbone, projection, lift and head)"),
-    ({"generations.2.encoder_from": None}, "generations[2].encoder_from: method 'residual_mlp' trains no encoder: "
+    ({"generations.2.encoder_from": None}, "generations[2].encoder_from: method 'low_rank_affine' trains no encoder: "
                                            "give the encoder it takes as given"),
     ({"generations.2.model.pretrained": "hub", "generations.2.encoder_from": None},
      "trains no encoder: give the encoder it takes as given, encoder_from: <an earlier generation> or "
@@ -50,7 +50,7 @@ def test_the_posthoc_pipeline_takes_an_earlier_generations_encoder():
                                                 "'independent' trained it: space, curv, clip ('lorentz', 1.0, 1.2)"),
     ({"generations.2.model.embed_dim": 16}, "generations[2].model: must be the settings of the encoder it takes, "
                                             "'independent''s: embed_dim 32"),
-    ({"generations.2.parent": None}, "generations[2].parent: method 'residual_mlp' aligns a model to its parent"),
+    ({"generations.2.parent": None}, "generations[2].parent: method 'low_rank_affine' aligns a model to its parent"),
     ({"generations.2.method.params.pairs_from": "gallery", "gallery.source": "digits"},
      "generations[2].method.params.pairs_from: the paired sample is drawn from the gallery's split of data.source"),
 ])
@@ -66,5 +66,5 @@ def test_a_local_checkpoint_is_a_given_encoder_too():
 
 def test_the_maps_cannot_write_into_the_poincare_ball():
     says = _refused({"generations.0.method": {"name": "binary_hyperbolic", "params": {"num_prototypes": 10}}})
-    assert "generations[2].parent: method 'residual_mlp' maps into its parent's space: cosine, euclidean or " \
+    assert "generations[2].parent: method 'low_rank_affine' maps into its parent's space: cosine, euclidean or " \
            "lorentz, not the Poincaré ball" in says

@@ -154,6 +154,6 @@ def test_a_posthoc_generation_is_not_a_candidate(tmp_path):
     path = write_tune(tmp_path, text)
     with pytest.raises(TuneFileError) as error:
         load_tune_file(path)
-    assert str(error.value) == (f"{path}: transition.candidate: method 'residual_mlp' trains no encoder (a post-hoc map, "
+    assert str(error.value) == (f"{path}: transition.candidate: method 'low_rank_affine' trains no encoder (a post-hoc map, "
                                 "no epochs): a sweep tunes a training epoch by epoch, so it is not a candidate "
                                 "(got \"g1-posthoc\") [line 3]")
