@@ -31,7 +31,7 @@ import statistics
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -440,20 +440,28 @@ def format_method_costs(tables: Sequence[Sequence[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-def read_rows(paths: Sequence[Path]) -> dict[tuple[str, int], list[list[dict[str, Any]]]]:
-    """The tables ``--rows-out`` stored (JSON lines), by (dataset, epochs), in the order they came."""
-    tables: dict[tuple[str, int], list[list[dict[str, Any]]]] = {}
+def json_lines(paths: Sequence[Path], what: str, parse: Callable[[dict[str, Any]], Any]) -> list[Any]:
+    """``parse`` of every stored record (one JSON object per non-blank line) of ``paths``, in order;
+    a line that is not JSON, or that ``parse`` refuses (KeyError, TypeError, ValueError), is an
+    error naming its file and line and ``what`` it should have been."""
+    parsed = []
     for path in paths:
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
             if not line.strip():
                 continue
             try:
-                record = json.loads(line)
-                key = (str(record["dataset"]), int(record["epochs"]))
-                rows = record["rows"]
+                parsed.append(parse(json.loads(line)))
             except (ValueError, KeyError, TypeError) as error:
-                raise ValueError(f"{path}:{number}: not a table of --rows-out ({error})") from None
-            tables.setdefault(key, []).append(rows)
+                raise ValueError(f"{path}:{number}: not {what} ({error})") from None
+    return parsed
+
+
+def read_rows(paths: Sequence[Path]) -> dict[tuple[str, int], list[list[dict[str, Any]]]]:
+    """The tables ``--rows-out`` stored (JSON lines), by (dataset, epochs), in the order they came."""
+    tables: dict[tuple[str, int], list[list[dict[str, Any]]]] = {}
+    for key, rows in json_lines(paths, "a table of --rows-out",
+                                lambda record: ((str(record["dataset"]), int(record["epochs"])), record["rows"])):
+        tables.setdefault(key, []).append(rows)
     return tables
 
 

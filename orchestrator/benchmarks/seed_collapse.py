@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from orchestrator.benchmarks.compatibility import (DEFAULT_METHODS, METHODS, Row, _cell, _criterion_cells,
-                                                   _p_up_cells, experiment_for, measure_experiment, seed_means)
+                                                   _p_up_cells, experiment_for, json_lines, measure_experiment,
+                                                   seed_means)
 from orchestrator.evaluation.update_experiment import UpdateExperiment
 from orchestrator.training.config import HealthSpec
 
@@ -75,19 +76,13 @@ def measure_seed(dataset: str, epochs: int, seed: int, methods: Sequence[Row], w
 def read_records(paths: Sequence[Path]) -> list[dict[str, Any]]:
     """The stored records (JSON lines) of ``paths``, in order; a line that is not one is an error
     naming its file and line."""
-    records = []
-    for path in paths:
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-                if not {"stage", "dataset", "seed", "num_classes", "rows"} <= set(record):
-                    raise KeyError("stage, dataset, seed, num_classes or rows")
-            except (ValueError, KeyError) as error:
-                raise ValueError(f"{path}:{number}: not a seed_collapse record ({error})") from None
-            records.append(record)
-    return records
+    return json_lines(paths, "a seed_collapse record", _checked_record)
+
+
+def _checked_record(record: dict[str, Any]) -> dict[str, Any]:
+    if not {"stage", "dataset", "seed", "num_classes", "rows"} <= set(record):
+        raise KeyError("stage, dataset, seed, num_classes or rows")
+    return record
 
 
 def _ordered(names: Sequence[str], first: Sequence[str]) -> list[str]:
