@@ -204,7 +204,7 @@ def step_dataset(source: GallerySource, work: Sequence[tuple[ShardUpdate, EntryR
                          staging=(folders, target.storage_options))
 
 
-def finish_tasks_at_once(resources: EmbeddingSpec) -> int:
+def finisher_actors(resources: EmbeddingSpec) -> int:
     """Finisher actors (which ask Ray for no CPU) of a step: as many as the embedding actors, at
     least 2 (each one a Python interpreter with pyarrow and FAISS loaded)."""
     return max(2, resources.pool_size[1])
@@ -235,7 +235,7 @@ def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, E
     if not work:
         return
     updates = {read.entry: update for update, read in work}
-    finishes = _Finishes(model, target, finish_tasks_at_once(resources), on_lost)
+    finishes = _Finishes(model, target, finisher_actors(resources), on_lost)
     parts: dict[int, dict[str, int]] = {entry: {} for entry in updates}
     try:
         for batch in _batches(step_dataset(source, work, model, target, resources, uuid.uuid4().hex[:12])):
@@ -280,7 +280,6 @@ class _Finishes:
                  on_lost: Callable[[ShardUpdate, BaseException], ShardUpdate | None]):
         self.model, self.target, self.at_once, self.on_lost = model, target, at_once, on_lost
         self.idle: list[Any] = []
-        self.actors = 0
         self.running: dict[Any, tuple[Any, ShardUpdate, list[str]]] = {}
         self.waiting: list[tuple[ShardUpdate, list[str]]] = []
 
@@ -296,7 +295,6 @@ class _Finishes:
 
         if self.idle:
             return self.idle.pop()
-        self.actors += 1
         return (ray.remote(Finisher).options(num_cpus=0, max_restarts=0, max_task_retries=0,
                                              scheduling_strategy="SPREAD").remote(finish_task))
 
