@@ -1,11 +1,111 @@
-"""The post-hoc maps side by side on one upgrade: the parent and the given encoder of a
-``pipelines/posthoc.yaml`` run, each map fitted on paired samples of several sizes.
+"""The post-hoc maps side by side on one upgrade (issue 39): the parent and the given encoder of a
+``pipelines/posthoc.yaml`` run, each map fitted on paired samples of several sizes drawn from the
+training items, then evaluated on the evaluation split as the pipeline evaluates a generation.
 
-The measurement lives in ``orchestrator.benchmarks.posthoc_maps``; its docstring and
-docs/methods.md say what is measured and how to run it."""
+    python3 benchmarks/posthoc_maps.py runs/posthoc            # after orchestrator run pipelines/posthoc.yaml
+    python3 benchmarks/posthoc_maps.py runs/posthoc --pairs 100 500 1257
+
+One row per (map, pairs): the cross-test (the given encoder's queries through the map on the
+parent's gallery), the criterion (cross > the parent's own), backfill saved at 0 % re-embedded
+((cross − parent self) / (given self − parent self)) on CMC@1 and mAP, the fit's seconds and the
+map's parameters. Every row fits on the same models; a row is one seed of one upgrade, so
+differences of a point or two are within the digits' noise (one query of 539 is 0.0019).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
 import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
 
-from orchestrator.benchmarks.posthoc_maps import main
+from orchestrator.config import load_pipeline
+from orchestrator.data import ImageTensorDataset, channel_statistics, load_source
+from orchestrator.evaluation import evaluate_generations
+from orchestrator.lineage import LineageStore
+from orchestrator.methods import create_method
+from orchestrator.methods.base import TrainContext
+from orchestrator.metrics import KEY_METRICS
+from orchestrator.models.adapters import BACKWARD_ADAPTER
+from orchestrator.storage import load_generation
+from orchestrator.training.loop import freeze
+
+MAPS: dict[str, dict[str, Any]] = {"procrustes": {}, "low_rank_affine": {"rank": 16}, "residual_mlp": {}}
+PIPELINE = Path(__file__).resolve().parents[1] / "pipelines" / "posthoc.yaml"
+
+
+def measure(storage: str, pairs: Sequence[int], maps: dict[str, dict[str, Any]] = MAPS) -> list[dict[str, Any]]:
+    """The rows (module docstring) for the run stored under ``storage``."""
+    config = load_pipeline(str(PIPELINE), {"storage": storage})
+    posthoc = next(g for g in config.generations if g.encoder_from is not None)
+    store = LineageStore(config.lineage)
+    try:
+        parent = _load(store, posthoc.parent)
+        given = _load(store, posthoc.encoder_from)
+    finally:
+        store.close()
+    train = load_source(config.data.source, **config.data.loader_kwargs(config.data.train_split))
+    test = load_source(config.data.source, **config.data.loader_kwargs(config.data.eval_split))
+    mean, std = channel_statistics(train)
+    size = config.data.image_size
+    train_data, test_data = ImageTensorDataset(train, size, mean, std), ImageTensorDataset(test, size, mean, std)
+    lift = {k: posthoc.method.params[k] for k in ("space", "curv", "clip")}
+    rows = []
+    for name, params in maps.items():
+        for count in pairs:
+            method = create_method(name, {**lift, **params, "pairs": count})
+            model = copy.deepcopy(given)
+            model.adapters.clear()
+            freeze(model)
+            ctx = TrainContext(new_model=model, old_model=parent, train_data=train_data, num_classes=model.num_classes)
+            started = time.perf_counter()
+            method.on_train_end(ctx)
+            seconds = time.perf_counter() - started
+            report = evaluate_generations({"parent": parent, "new": model}, test_data, parents={"new": "parent"})
+            summaries = {m: report.update_summary("parent", "new", m) for m in KEY_METRICS}
+            rows.append({"adapter": name, "pairs": min(count, len(train_data)), "seconds": seconds,
+                         "parameters": sum(p.numel() for p in model.adapters[BACKWARD_ADAPTER].parameters()),
+                         **summaries})
+    return rows
+
+
+def _load(store, name: str):
+    record = store.get_generation(name)
+    model, _card = load_generation(record.checkpoint_uri, expected_sha256=record.sha256)
+    return freeze(model)
+
+
+def format_rows(rows: Sequence[dict[str, Any]]) -> str:
+    """Markdown: one row per (adapter, pairs) (``measure``'s rows: ``adapter``, ``pairs``,
+    ``seconds``, ``parameters`` and an ``update_summary`` per key metric), each metric column
+    "CMC@1 / mAP"."""
+    def pair(row: dict[str, Any], key: str, signed: bool = False) -> str:
+        cells = []
+        for metric in KEY_METRICS:
+            value = row[metric][key]
+            cells.append("n/a" if value is None or value != value else (f"{value:+.2f}" if signed else f"{value:.3f}"))
+        return " / ".join(cells)
+
+    lines = ["| map | pairs | parent self | given self | cross (through the map) | criterion | backfill saved at 0 % "
+             "| fit | parameters |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        criterion = " / ".join("passes" if row[m]["compatible"] else "fails" for m in KEY_METRICS)
+        lines.append(f"| {row['adapter']} | {row['pairs']} | {pair(row, 'old_self')} | {pair(row, 'self')} | "
+                     f"{pair(row, 'cross')} | {criterion} | {pair(row, 'backfill_saved', True)} | "
+                     f"{row['seconds']:.2f} s | {row['parameters']:,} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="The post-hoc maps side by side on one posthoc.yaml run.")
+    parser.add_argument("storage", help="the storage of an `orchestrator run pipelines/posthoc.yaml`")
+    parser.add_argument("--pairs", type=int, nargs="+", default=[100, 500, 1257],
+                        help="paired sample sizes (training items; more than there are means all)")
+    args = parser.parse_args(argv)
+    print(format_rows(measure(args.storage, args.pairs)))
+    return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.benchmarks import compatibility
-from orchestrator.benchmarks.compatibility import (METHODS, experiment_for, format_summary, format_table, main,
+from benchmarks import compatibility
+from benchmarks.compatibility import (METHODS, experiment_for, format_summary, format_table, main,
                                                    orderings, targets)
 from orchestrator.config import load_pipeline
 from orchestrator.data import load_shapes

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from orchestrator.benchmarks.dsimplex_shapes import (
+from benchmarks.dsimplex_shapes import (
     PIPELINE, SHAPES_24, STAND_IN_CLASSES, STAND_INS, format_gates, pipeline_overrides,
 )
 from orchestrator.cli_options import add_pipeline_options, pipeline_overrides as parsed_overrides

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.benchmarks.first_answers import Measurement, cases, format_table, measure
+from benchmarks.first_answers import Measurement, cases, format_table, measure
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from orchestrator.benchmarks import gallery_scale as bench
+from benchmarks import gallery_scale as bench
 from orchestrator.data.tensors import to_model_input
 from orchestrator.gallery import read_shard
 from orchestrator.geometry.geometry import Geometry

@@ -2,7 +2,7 @@
 runs on a posthoc.yaml run (docs/methods.md)."""
 from __future__ import annotations
 
-from orchestrator.benchmarks.posthoc_maps import format_rows
+from benchmarks.posthoc_maps import format_rows
 from orchestrator.metrics import update_summary
 
 

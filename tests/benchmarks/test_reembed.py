@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.benchmarks import reembed
+from benchmarks import reembed
 import ray
 from local_ray import start_local_ray
 

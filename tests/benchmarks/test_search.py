@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.benchmarks import search
+from benchmarks import search
 from orchestrator.geometry import poincare
 
 # OPQ trains for ~15 s even on a tiny gallery; the index tests cover it

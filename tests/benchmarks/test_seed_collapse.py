@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from orchestrator.benchmarks.seed_collapse import (BEGIN, END, collapse_counts, collapsed, format_collapse_table,
+from benchmarks.seed_collapse import (BEGIN, END, collapse_counts, collapsed, format_collapse_table,
                                                    format_mean_updates, format_seed_table, main, read_records,
                                                    replace_section, unchecked)
 from orchestrator.evaluation.update_experiment import UpdateExperiment

@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from orchestrator.benchmarks import serve_load
+from benchmarks import serve_load
 
 
 def test_a_row_reports_the_rate_and_the_nearest_rank_percentiles():

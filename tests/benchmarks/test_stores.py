@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.benchmarks.stores import main
+from benchmarks.stores import main
 
 
 def test_every_store_is_measured_side_by_side(tmp_path, capsys):

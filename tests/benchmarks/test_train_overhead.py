@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from orchestrator.benchmarks import train_overhead
+from benchmarks import train_overhead
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.benchmarks import update_cost
+from benchmarks import update_cost
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import Space
 

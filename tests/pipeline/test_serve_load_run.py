@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from orchestrator.benchmarks import serve_load
+from benchmarks import serve_load
 from serving_client import free_port
 
 pytestmark = pytest.mark.e2e

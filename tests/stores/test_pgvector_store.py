@@ -22,7 +22,7 @@ from orchestrator.outside import OutsideSystemError
 from orchestrator.storage.overwrite import UnknownArtefact
 from orchestrator.stores import StoreLocation, store_at
 from orchestrator.stores.pgvector import PgVectorStore
-from orchestrator.benchmarks.stores import gallery_points
+from benchmarks.stores import gallery_points
 from orchestrator.stores.vectors import query_coordinates, search_rows, stored_coordinates
 
 

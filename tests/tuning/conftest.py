@@ -10,7 +10,7 @@ import pytest
 import ray
 import yaml
 
-from orchestrator.benchmarks import tune_asha_vs_grid
+from benchmarks import tune_asha_vs_grid
 from orchestrator.distributed.runtime import WORKER_ENV_VARS
 from local_ray import start_local_ray
 
