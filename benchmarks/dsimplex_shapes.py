@@ -35,6 +35,7 @@ import torch
 
 from orchestrator.data import ImageTensorDataset, LabeledImages, load_source
 from orchestrator.data.images import channel_statistics
+from orchestrator.lineage.step_keys import StepKind, deploy_key, kind_of
 from orchestrator.methods import create_method
 from orchestrator.metrics.compatibility import average_compatibility, average_multi_model_accuracy
 from orchestrator.models.encoder import EncoderConfig
@@ -102,11 +103,11 @@ def format_gates(lineage: dict) -> str:
     lines = ["| generation | serving | criterion (mAP) | served mAP: predicted / serving (paired SE) | deploy |",
              "|---|---|---|---|---|"]
     for key, step in steps.items():
-        if not key.startswith("gate:") or step["status"] != "committed":
+        if kind_of(key) is not StepKind.GATE or step["status"] != "committed":
             continue
         gate = step["outputs"]
         verdicts = "; ".join(f"→ {gallery}: {'passes' if ok else 'fails'}" for gallery, ok, _why in gate["verdicts"])
-        deploy = steps.get(f"deploy:{gate['generation']}")
+        deploy = steps.get(deploy_key(gate["generation"]))
         if deploy is None:
             outcome = "not run"
         elif deploy["status"] == "committed":

@@ -353,20 +353,21 @@ def run_streamed(job: Job) -> dict[str, Any]:
     from benchmarks.reembed import start_ray
     from orchestrator.integrity import trained_outputs
     from orchestrator.lineage import LineageStore
+    from orchestrator.lineage.step_keys import plan_key, train_key
     from orchestrator.pipeline.gallery_steps import GalleryUpdater
 
     with PeakRss() as rss:
         ray_init_s = start_ray(job.address, job.num_cpus)
         config = pipeline_config(job, f"sqlite:///{Path(job.lineage).resolve()}")
         store = LineageStore(config.lineage)
-        store.start_step(f"train:{GENERATION}")
+        store.start_step(train_key(GENERATION))
         store.upsert_generation(GENERATION, parent=None, method="hbct")
-        store.mark_generation_trained(GENERATION, job.checkpoint_uri, job.sha256, step=f"train:{GENERATION}",
+        store.mark_generation_trained(GENERATION, job.checkpoint_uri, job.sha256, step=train_key(GENERATION),
                                       step_outputs=trained_outputs(job.checkpoint_uri, job.sha256))
         clock = ProgressClock()
         cpu = psutil.Process().cpu_times()
         updater = GalleryUpdater(config, store, config.storage, (MEAN, STD), lambda: None, clock.progress_line)
-        key = updater.plan_key(GENERATION)
+        key = plan_key(updater.name, GENERATION)
         store.start_step(key)
         updater.plan(config.generations[0], key)
         results = updater.execute(updater.committed_plan(GENERATION), GENERATION)

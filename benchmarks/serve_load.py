@@ -56,6 +56,8 @@ if __name__ == "__main__":  # run as a script: one thread per process for BLAS a
 
 import numpy as np
 
+from orchestrator.lineage.step_keys import deploy_key, train_key
+
 K = 10
 
 
@@ -188,8 +190,8 @@ def twin_generation(store, source: str, name: str) -> None:
     record = store.get_generation(source)
     store.upsert_generation(name, parent=record.parent, method=record.method, params=record.params, arch=record.arch,
                             space=record.space, curv=record.curv)
-    store.mark_generation_trained(name, record.checkpoint_uri, record.sha256, step=f"train:{name}",
-                                  step_outputs=store.committed_outputs(f"train:{source}"))
+    store.mark_generation_trained(name, record.checkpoint_uri, record.sha256, step=train_key(name),
+                                  step_outputs=store.committed_outputs(train_key(source)))
 
 
 def deploy_with_shards(store, gallery: str, generation: str) -> None:
@@ -200,7 +202,7 @@ def deploy_with_shards(store, gallery: str, generation: str) -> None:
     from orchestrator.pipeline.operations import SNAPSHOT_FIELDS, shard_snapshot
 
     rows = [{**row, "generation": generation} for row in shard_snapshot(store.shards(gallery)) if row["n_items"]]
-    store.deploy(generation, step=f"deploy:{generation}", step_outputs={"generation": generation, "shards": rows},
+    store.deploy(generation, step=deploy_key(generation), step_outputs={"generation": generation, "shards": rows},
                  restore=(gallery, [ShardAssignment(**{name: row[name] for name in SNAPSHOT_FIELDS}) for row in rows]))
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.lineage.step_keys import integrity_key, train_key
 from orchestrator.storage.checkpoint_layout import CARD_FILE, WEIGHTS_FILE
 from orchestrator.storage.filesystem import join_uri, read_bytes, redact_uri
 
@@ -29,8 +30,6 @@ CARD_SHA256 = "card_sha256"
 #: Key of the ``evaluate:<gen>`` step's outputs holding ``{"uri", "sha256", "items"}`` of the
 #: generation's stored evaluation embeddings.
 EVAL_EMBEDDINGS = "eval_embeddings"
-#: Prefix of the lineage steps that hold an index file's hashes.
-INTEGRITY_PREFIX = "integrity:"
 
 
 class IntegrityError(RuntimeError):
@@ -54,10 +53,6 @@ def card_sha256(checkpoint_uri: str, storage_options: Mapping[str, Any] | None =
 def trained_outputs(checkpoint_uri: str, weights_sha256: str) -> dict[str, Any]:
     """The outputs of a ``train:<gen>`` step: the checkpoint, its weights' and its card's sha256."""
     return {"checkpoint_uri": checkpoint_uri, "sha256": weights_sha256, CARD_SHA256: card_sha256(checkpoint_uri)}
-
-
-def integrity_key(uri: str) -> str:
-    return INTEGRITY_PREFIX + uri
 
 
 def index_record(data: bytes, ids: Any) -> dict[str, Any]:
@@ -104,7 +99,7 @@ def load_checked_index(store, shard, storage_options: Mapping[str, Any] | None =
 
 def recorded_card_sha256(store, generation: str) -> str | None:
     """The card sha256 the lineage holds for ``generation`` (its train step's outputs), or None."""
-    outputs = store.committed_outputs(f"train:{generation}") or {}
+    outputs = store.committed_outputs(train_key(generation)) or {}
     return outputs.get(CARD_SHA256)
 
 

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 from orchestrator.lineage.rows import clean_json
 from orchestrator.lineage.schema import Setting, Step, utcnow
 from orchestrator.lineage.sessions import StoreSessions
+from orchestrator.lineage.step_keys import map_location
 from orchestrator.storage.locations import StorageRoot
 
 #: The ``settings`` row holding the storage root the last writer given one had.
@@ -86,7 +87,7 @@ class StoreLocations(StoreSessions):
     def _key_forms(self, key: str) -> tuple[str, ...]:
         """The forms step ``key`` may be recorded under: relative to the root first, then as given."""
         root = self.storage_root
-        stored = key if root is None else root.relative_key(key)
+        stored = key if root is None else map_location(key, root.relative)
         return (stored,) if stored == key else (stored, key)
 
     def _key_prefix_filter(self, prefix: str):
@@ -111,7 +112,7 @@ class StoreLocations(StoreSessions):
         changes = {name: root.resolve(getattr(result, name)) for name in LOCATION_FIELDS if hasattr(result, name)}
         if hasattr(result, "outputs"):
             changes["outputs"] = root.resolve_json(result.outputs)
-            changes["key"] = root.resolve_key(result.key)
+            changes["key"] = map_location(result.key, root.resolve)
         return dataclasses.replace(result, **changes) if changes else result
 
     def _read(self, fn):

@@ -15,6 +15,7 @@ from orchestrator.data import LabeledImages
 from orchestrator.gallery import ShardEmbeddings, comparable_shards, evaluate_mixed_gallery, read_shard
 from orchestrator.stores import load_checked_shard
 from orchestrator.lineage.records import ShardRecord
+from orchestrator.lineage.step_keys import gallery_eval_key
 from orchestrator.metrics import METRICS
 from orchestrator.pipeline.gallery_context import GalleryContext
 from orchestrator.pipeline.gallery_plan import GalleryPlan
@@ -112,7 +113,7 @@ class GalleryEvaluator:
         position = served.index(generation)
         if position == 0:
             return None
-        outputs = self.ctx.store.committed_outputs(f"gallery-eval:{self.ctx.name}:{served[position - 1]}")
+        outputs = self.ctx.store.committed_outputs(gallery_eval_key(self.ctx.name, served[position - 1]))
         if outputs is None or "full_backfill" not in outputs:
             return None
         return {"generation": served[position - 1], **outputs["full_backfill"]}

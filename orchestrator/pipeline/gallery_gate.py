@@ -12,6 +12,7 @@ import numpy as np
 from orchestrator.data import LabeledImages
 from orchestrator.gallery import ShardEmbeddings, comparable_shards, evaluate_mixed_gallery, read_shard
 from orchestrator.gallery.shard_files import read_selection
+from orchestrator.lineage.step_keys import gallery_eval_key
 from orchestrator.metrics import map_of_average_precisions, paired_difference_standard_error
 from orchestrator.pipeline.gallery_context import GalleryContext
 from orchestrator.pipeline.gallery_plan import GalleryPlan
@@ -24,9 +25,6 @@ class GateMeter:
 
     def __init__(self, ctx: GalleryContext):
         self.ctx = ctx
-
-    def gate_key(self, generation: str) -> str:
-        return f"gate:{self.ctx.name}:{generation}"
 
     def measure_gate(self, plan: GalleryPlan, serving: str, parents: dict[str, str | None]) -> GateMeasurement:
         """What the gate of ``plan.generation`` checks (``pipeline.gate``), before any shard changes:
@@ -43,7 +41,7 @@ class GateMeter:
         remaining = sorted({b.generation for b in stored if b.shard not in replaced})
         verdicts = [[old, verdict[old].admitted, verdict[old].reason] for old in remaining]
         measured = GateMeasurement(generation, serving, metric, verdicts)
-        report = self.ctx.store.committed_outputs(f"gallery-eval:{self.ctx.name}:{serving}")
+        report = self.ctx.store.committed_outputs(gallery_eval_key(self.ctx.name, serving))
         if report is None or "mixed" not in report:
             why = (report or {}).get("skipped") or f"{serving}'s served gallery was never scored"
             return dataclasses.replace(measured, unmeasured=why)

@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from orchestrator.lineage.step_keys import StepKind, shard_update_key
+
 
 @dataclass(frozen=True)
 class PlanEntry:
@@ -38,7 +40,7 @@ class PlanEntry:
     target: int | None = None
 
     def step_key(self, gallery: str, generation: str) -> str:
-        return f"{self.kind}:{gallery}/{self.shard}:{generation}"
+        return shard_update_key(StepKind(self.kind), gallery, self.shard, generation)
 
     @property
     def stored_shard(self) -> int:

@@ -19,6 +19,7 @@ from orchestrator.config import BackfillPolicy
 from orchestrator.distributed.backfill_scores import PriorityRule, ScoredGallery, ShardToScore
 from orchestrator.integrity import IntegrityError, sha256_bytes
 from orchestrator.lineage.records import ShardRecord
+from orchestrator.lineage.step_keys import plan_key
 from orchestrator.models.adapters import FORWARD_ADAPTER
 from orchestrator.pipeline.gallery_context import GalleryContext
 from orchestrator.pipeline.gallery_plan import GalleryPlan, PlanEntry, ShardBefore
@@ -31,12 +32,6 @@ class GalleryPlanner:
 
     def __init__(self, ctx: GalleryContext):
         self.ctx = ctx
-
-    def plan_key(self, generation: str) -> str:
-        return f"plan:{self.ctx.name}:{generation}"
-
-    def escalated_plan_key(self, generation: str) -> str:
-        return f"plan:{self.ctx.name}:{generation}:full"
 
     def plan(self, generation, key: str, policy: BackfillPolicy | None = None) -> GalleryPlan:
         """Compute and store the plan of ``generation`` (a ``GenerationSpec``), committing ``key``;
@@ -71,8 +66,8 @@ class GalleryPlanner:
 
     def committed_plan(self, generation: str) -> GalleryPlan:
         """The plan ``generation`` executes: the gate's escalated full plan if there is one."""
-        outputs = (self.ctx.store.committed_outputs(self.escalated_plan_key(generation))
-                   or self.ctx.store.committed_outputs(self.plan_key(generation)))
+        outputs = (self.ctx.store.committed_outputs(plan_key(self.ctx.name, generation, full=True))
+                   or self.ctx.store.committed_outputs(plan_key(self.ctx.name, generation)))
         data = read_bytes(outputs["plan_uri"])
         if "sha256" in outputs and sha256_bytes(data) != outputs["sha256"]:
             raise IntegrityError(f"{outputs['plan_uri']}: plan file changed since it was written: sha256 "

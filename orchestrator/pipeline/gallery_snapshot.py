@@ -20,12 +20,9 @@ from typing import Any
 
 from orchestrator.data.ray_data_read import RayDataSnapshotSource, read_manifest, read_spec, snapshot_folder
 from orchestrator.integrity import IntegrityError
+from orchestrator.lineage.step_keys import source_key
 from orchestrator.storage import join_uri
 from orchestrator.storage.hashing import sha256_hex
-
-
-def source_key(gallery: str) -> str:
-    return f"source:{gallery}"
 
 
 def open_snapshot(store, gallery: str, gallery_root: str, options: dict[str, Any], ensure_ray: Callable[[], None],

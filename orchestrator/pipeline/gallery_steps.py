@@ -51,15 +51,6 @@ class GalleryUpdater:
     def name(self) -> str:
         return self.ctx.name
 
-    def plan_key(self, generation: str) -> str:
-        return self.planner.plan_key(generation)
-
-    def escalated_plan_key(self, generation: str) -> str:
-        return self.planner.escalated_plan_key(generation)
-
-    def gate_key(self, generation: str) -> str:
-        return self.gate.gate_key(generation)
-
     def plan(self, generation, key: str, policy: BackfillPolicy | None = None) -> GalleryPlan:
         return self.planner.plan(generation, key, policy)
 

@@ -25,6 +25,7 @@ from typing import Any
 
 from orchestrator.integrity import IntegrityError
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.step_keys import StepKind, deploy_key, parse_step_key, redeploy_key
 from orchestrator.lineage.records import DeploymentRecord, ShardAssignment, ShardRecord
 from orchestrator.storage import join_uri, read_bytes
 from orchestrator.storage.hashing import sha256_hex
@@ -59,7 +60,7 @@ def redeploy(store: LineageStore, gallery: str, generation: str | None, rollback
         generation = earlier[-1]
     if generation is None:
         raise ValueError("name the generation to deploy (--generation NAME) or pass --rollback")
-    outputs = store.committed_outputs(f"deploy:{generation}")
+    outputs = store.committed_outputs(deploy_key(generation))
     if outputs is None or "shards" not in outputs:
         raise ValueError(f"generation {generation!r} has no recorded deployment with its shards "
                          "(deployed by an older version, or never deployed): run the pipeline to deploy it")
@@ -87,7 +88,7 @@ def redeploy(store: LineageStore, gallery: str, generation: str | None, rollback
     restored += [ShardAssignment(s.index, generation, None, None, None, 0)
                  for s in store.shards(gallery) if s.index not in kept]  # added later: empty again
     number = len(history) + 1
-    record = store.deploy(generation, step=f"redeploy:{generation}:{number}",
+    record = store.deploy(generation, step=redeploy_key(generation, number),
                           step_outputs={"generation": generation, "previous": current, "shards": snapshot},
                           restore=(gallery, restored))
     say(f"{generation} serves queries again (was {current}), with the {len(snapshot)} shards of its deployment")
@@ -120,14 +121,14 @@ def collect_garbage(store: LineageStore, storage: str, gallery: str, keep_deploy
     needed = {uri for s in store.shards(gallery) for uri in (s.embeddings_uri, s.index_uri) if uri}
     history = store.deployments()
     for deployment in history[-keep_deployments:]:
-        outputs = store.committed_outputs(f"deploy:{deployment.generation}") or {}
+        outputs = store.committed_outputs(deploy_key(deployment.generation)) or {}
         needed |= {row[k] for row in outputs.get("shards", []) for k in ("embeddings_uri", "index_uri") if row[k]}
     needed |= held_uris(storage)  # what a running `orchestrator serve` holds (orchestrator.storage.leases)
     stored, links = _shard_files(join_uri(storage, "galleries", gallery))
     unneeded = [uri for uri in stored if uri not in needed]
     stores = recorded_stores(store, gallery=gallery)
     rows = {id(s): [uri for uri in s.locations() if uri not in needed] for s in stores}
-    trained = {s.key.split(":", 1)[1] for s in store.steps("train:") if s.status == "committed"}
+    trained = {parse_step_key(s.key).generation for s in store.steps(StepKind.TRAIN.prefix) if s.status == "committed"}
     ray_root = join_uri(storage, "ray")
     ray_runs: list[str] = []
     ray_fs, ray_path = open_filesystem(ray_root)

@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, field
 
 from orchestrator.integrity import index_record, sha256_bytes, trained_outputs
+from orchestrator.lineage.step_keys import deploy_key, integrity_key, plan_key, train_key
 from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, join_uri, read_bytes
 
 _SHARD_FILE = re.compile(r"(?P<generation>.+)\.(?P<version>[0-9a-f]{12})\.parquet")
@@ -101,7 +102,7 @@ def _record_generation(store, storage: str, card: dict) -> None:
     method = card["method"]
     store.upsert_generation(card["name"], parent=card.get("parent"), method=method["name"], params=method["params"],
                             arch=card["encoder"]["arch"], space=card["space"], curv=card.get("curv"))
-    store.mark_generation_trained(card["name"], checkpoint, card["sha256"], step=f"train:{card['name']}",
+    store.mark_generation_trained(card["name"], checkpoint, card["sha256"], step=train_key(card["name"]),
                                   step_outputs=trained_outputs(checkpoint, card["sha256"]))
 
 
@@ -181,13 +182,13 @@ def _record_gallery(store, storage: str, gallery: str, cards: dict[str, dict], o
     store.upsert_gallery(gallery, n_items=sum(a.n_items for a in assignments),
                          n_shards=max(a.index for a in assignments) + 1)
     for index_uri, record in records.items():
-        store.commit_step(f"integrity:{index_uri}", record)
+        store.commit_step(integrity_key(index_uri), record)
     shards = store.assign_shards(gallery, assignments, grow=True)
     entries = plan.get("entries", [])
-    store.commit_step(f"plan:{gallery}:{serving}", {"plan_uri": plan_uri, "entries": len(entries), "sha256":
+    store.commit_step(plan_key(gallery, serving), {"plan_uri": plan_uri, "entries": len(entries), "sha256":
                                                     sha256_bytes(plan_bytes),
                                                     "items": sum(e.get("num_items", 0) for e in entries)})
-    store.deploy(serving, step=f"deploy:{serving}",
+    store.deploy(serving, step=deploy_key(serving),
                  step_outputs={"generation": serving, "gate": None, "shards": shard_snapshot(
                      [s for s in shards if s.n_items])})
     recovery.shards += len(assignments)

@@ -31,6 +31,8 @@ from orchestrator.distributed.train import GenerationJob, train_generation_with_
 from orchestrator.evaluation import CompatibilityReport, sample_split
 from orchestrator.integrity import check_checkpoint, load_checked_generation, trained_outputs
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.step_keys import (StepKind, deploy_key, evaluate_key, gallery_eval_key, gate_key,
+                                            parse_step_key, plan_key, train_key)
 from orchestrator.lineage.store import STEP_SPEC, clean_json
 from orchestrator.metrics import KEY_METRICS, METRICS, format_value
 from orchestrator.pipeline.evaluate_step import EVAL_EMBEDDINGS, eval_embeddings_uri, evaluate_once, recorded_embeddings
@@ -175,11 +177,11 @@ class PipelineRunner:
         with self.tracker.pipeline_run(self.config_sha):
             for generation in self.config.generations:
                 self.tracker.start_generation(generation)
-                self._step(f"train:{generation.name}", lambda key, g=generation: self._train(g, key),
+                self._step(train_key(generation.name), lambda key, g=generation: self._train(g, key),
                            self._train_spec(generation), generation.name)
                 record = self.store.get_generation(generation.name)
                 self.tracker.log_checkpoint(generation.name, record.checkpoint_uri, record.sha256)
-                self._step(f"evaluate:{generation.name}", lambda key, g=generation: self._evaluate(g, key),
+                self._step(evaluate_key(generation.name), lambda key, g=generation: self._evaluate(g, key),
                            evaluate_spec(self.config), generation.name)
                 self._warn_own_quality()
                 if generation.name in served:
@@ -205,14 +207,14 @@ class PipelineRunner:
     def _serve(self, generation) -> None:
         """Gallery plan and shard updates, deployment, then the served gallery's evaluation."""
         gallery = self.gallery
-        self._step(gallery.plan_key(generation.name), lambda key: gallery.plan(generation, key),
+        self._step(plan_key(gallery.name, generation.name), lambda key: gallery.plan(generation, key),
                    plan_spec(self.config, generation), generation.name)
         decision = self._gate(generation)
         plan = gallery.committed_plan(generation.name)
         gallery.execute(plan, generation.name)
-        self._step(f"deploy:{generation.name}", lambda key: self._deploy(generation, key, decision))
-        eval_key = f"gallery-eval:{gallery.name}:{generation.name}"
-        self._step(eval_key, lambda key: self.store.commit_step(key, gallery.evaluate(generation.name, self._parents)))
+        self._step(deploy_key(generation.name), lambda key: self._deploy(generation, key, decision))
+        self._step(gallery_eval_key(gallery.name, generation.name),
+                   lambda key: self.store.commit_step(key, gallery.evaluate(generation.name, self._parents)))
 
     def _gate(self, generation) -> GateDecision | None:
         """Measure the gate once (``gate:<gallery>:<gen>``, committed), decide under the current
@@ -224,14 +226,14 @@ class PipelineRunner:
         serving = self.store.current_deployment()
         if serving is None or serving.generation == generation.name:
             return None
-        if self.store.step_status(f"deploy:{generation.name}") == "committed":
+        if self.store.step_status(deploy_key(generation.name)) == "committed":
             return None
         gallery = self.gallery
         plan = gallery.committed_plan(generation.name)
-        self._step(gallery.gate_key(generation.name), lambda key: self.store.commit_step(
+        self._step(gate_key(gallery.name, generation.name), lambda key: self.store.commit_step(
             key, {**gallery.measure_gate(plan, serving.generation, self._parents).to_json(),
                   "p_up": self._p_up(generation.name)}))
-        measurement = GateMeasurement.from_json(self.store.committed_outputs(gallery.gate_key(generation.name)))
+        measurement = GateMeasurement.from_json(self.store.committed_outputs(gate_key(gallery.name, generation.name)))
         decision = decide(measurement, generation.gate)
         self._say(decision.describe())
         for note in (wasted_backfill(measurement), drop_within_noise(measurement, generation.gate, decision),
@@ -253,11 +255,11 @@ class PipelineRunner:
                 f"{decision.describe()}. {serving.generation} keeps serving; to go on, set "
                 f"generations.{position}.gate.action to {other_actions}, or train a better generation, "
                 "and run again")
-            self._step(f"deploy:{generation.name}", lambda key: _raise(held))
+            self._step(deploy_key(generation.name), lambda key: _raise(held))
         if decision.action == "full_backfill":
             policy = BackfillPolicy(policy="full", order="random" if generation.backfill.policy == "none"
                                     else generation.backfill.order)
-            self._step(gallery.escalated_plan_key(generation.name), lambda key: gallery.plan(generation, key, policy))
+            self._step(plan_key(gallery.name, generation.name, full=True), lambda key: gallery.plan(generation, key, policy))
         return decision
 
     def _deploy(self, generation, key: str, decision: GateDecision | None) -> None:
@@ -269,9 +271,9 @@ class PipelineRunner:
     def _check_reused(self, key: str) -> None:
         """Before a committed train step is skipped: its checkpoint (card and weights) must still be
         the one the lineage recorded (``IntegrityError`` otherwise), since later steps load it."""
-        name = key.split(":", 1)[1]
-        if key.startswith("train:") and self.store.has_generation(name):
-            record = self.store.get_generation(name)
+        step = parse_step_key(key)
+        if step.kind is StepKind.TRAIN and self.store.has_generation(step.generation):
+            record = self.store.get_generation(step.generation)
             if record.checkpoint_uri is not None:
                 check_checkpoint(self.store, record)
 
@@ -314,7 +316,7 @@ class PipelineRunner:
             already = len(self._skipped)
             for generation in self.config.generations:
                 if generation.name in names:
-                    self._step(f"train:{generation.name}", lambda key, g=generation: self._train(g, key),
+                    self._step(train_key(generation.name), lambda key, g=generation: self._train(g, key),
                                self._train_spec(generation), generation.name)
             return self._skipped[already:]
 
@@ -407,7 +409,7 @@ class PipelineRunner:
         models = {}
         for name in names:
             models[name], _card = load_checked_generation(self.store, self.store.get_generation(name))
-        stored = {name: recorded_embeddings(self.store.committed_outputs(f"evaluate:{name}"), f"evaluate:{name}")
+        stored = {name: recorded_embeddings(self.store.committed_outputs(evaluate_key(name)), evaluate_key(name))
                   for name in names[:-1]}
         split = self.config.data.eval_split
         parents = {g.name: g.parent for g in self.config.generations if g.parent}
@@ -430,7 +432,7 @@ class PipelineRunner:
         summaries = self._update_summaries(matrices, names)
         reports = join_uri(self.storage, "reports")
         files = write_report(reports, names, values, summaries)
-        served = [self.store.committed_outputs(f"gallery-eval:{self.gallery.name}:{g.name}")
+        served = [self.store.committed_outputs(gallery_eval_key(self.gallery.name, g.name))
                   for g in self.config.served_generations]
         gallery_rows = gallery_report_rows([s for s in served if s])
         for unscored in {s["skipped"] for s in served if s and "skipped" in s}:

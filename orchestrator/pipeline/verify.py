@@ -25,19 +25,18 @@ from typing import Any, Iterator
 
 from orchestrator.integrity import (
     EVAL_EMBEDDINGS,
-    INTEGRITY_PREFIX,
     IntegrityError,
     check_checkpoint,
     check_index_bytes,
     ids_sha256,
     index_record,
-    integrity_key,
     recorded_card_sha256,
     recorded_index,
     sha256_bytes,
     trained_outputs,
 )
 from orchestrator.lineage.locations import StorageRoot
+from orchestrator.lineage.step_keys import StepKind, integrity_key, integrity_location, kind_of, map_location, train_key
 from orchestrator.pipeline.gallery_snapshot import check_snapshot
 from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, join_uri, read_bytes, read_json, redact_uri
 from orchestrator.storage.overwrite import UnknownArtefact, refuse_file_on_first_attempt
@@ -99,8 +98,9 @@ def known_files(store, steps=None) -> set[str]:
         if record.checkpoint_uri:
             known |= {join_uri(record.checkpoint_uri, CARD_FILE), join_uri(record.checkpoint_uri, WEIGHTS_FILE)}
     for step in store.steps() if steps is None else steps:
-        if step.key.startswith(INTEGRITY_PREFIX):
-            known.add(step.key[len(INTEGRITY_PREFIX):])
+        location = integrity_location(step.key)
+        if location is not None:
+            known.add(location)
         known |= set(_strings(step.outputs))
         plan = step.outputs.get("plan_uri")
         if step.status == "committed" and isinstance(plan, str) and os.path.exists(plan):
@@ -121,7 +121,7 @@ def resolved_steps(store, root: StorageRoot) -> tuple[list, list[str]]:
     steps, problems = [], []
     for step in store.steps_as_recorded():
         try:
-            steps.append(dataclasses.replace(step, key=root.resolve_key(step.key),
+            steps.append(dataclasses.replace(step, key=map_location(step.key, root.resolve),
                                              outputs=root.resolve_json(step.outputs)))
         except ValueError as error:
             problems.append(f"step {step.key}: {error}")
@@ -188,13 +188,13 @@ def verify_storage(store, storage: str) -> Verification:
                 current |= {shard.embeddings_uri, shard.index_uri}
                 _check(result, f"gallery {gallery.name} shard {shard.index}", lambda s=shard: _check_shard(store, s))
     for step in committed:
-        evaluation = step.outputs.get(EVAL_EMBEDDINGS) if step.key.startswith("evaluate:") else None
+        evaluation = step.outputs.get(EVAL_EMBEDDINGS) if kind_of(step.key) is StepKind.EVALUATE else None
         if isinstance(evaluation, dict) and "sha256" in evaluation:
             _check(result, f"{step.key} evaluation embeddings",
                    lambda e=evaluation: _check_sha256(e["uri"], e["sha256"], "evaluation embeddings"))
-        if step.key.startswith("plan:") and "sha256" in step.outputs:
+        if kind_of(step.key) is StepKind.PLAN and "sha256" in step.outputs:
             _check(result, f"plan {step.key}", lambda o=step.outputs: _check_plan(o, root))
-        if step.key.startswith("source:") and "manifest_uri" in step.outputs:
+        if kind_of(step.key) is StepKind.SOURCE and "manifest_uri" in step.outputs:
             _check(result, f"gallery snapshot {step.key}", lambda o=step.outputs: check_snapshot(o))
     _check_superseded(store, committed, current, result)
     known = known_files(store, steps)
@@ -228,7 +228,7 @@ def _check_superseded(store, committed: list, current: set[str], result: Verific
     gc collected is not a problem: ``deploy`` refuses to serve it again, naming it)."""
     seen = set(current)
     for step in committed:
-        if step.key.startswith(("deploy:", "redeploy:")):
+        if kind_of(step.key) in (StepKind.DEPLOY, StepKind.REDEPLOY):
             for row in step.outputs.get("shards") or []:
                 if not row.get("n_items") or row["embeddings_uri"] in seen or not os.path.exists(row["embeddings_uri"]):
                     continue
@@ -238,7 +238,7 @@ def _check_superseded(store, committed: list, current: set[str], result: Verific
     from orchestrator.stores import is_store_uri, store_at
 
     for step in committed:
-        uri = step.key[len(INTEGRITY_PREFIX):] if step.key.startswith(INTEGRITY_PREFIX) else None
+        uri = integrity_location(step.key)
         if uri and uri not in seen and is_store_uri(uri):
             seen.add(uri)
             gallery_store = store_at(uri, step.outputs)
@@ -262,7 +262,7 @@ def adopt_unhashed(store) -> list[str]:
 
     adopted = []
     for record in store.list_generations():
-        key = f"train:{record.name}"
+        key = train_key(record.name)
         outputs = store.committed_outputs(key)
         if record.checkpoint_uri and outputs is not None and recorded_card_sha256(store, record.name) is None:
             weights = join_uri(record.checkpoint_uri, WEIGHTS_FILE)

@@ -75,16 +75,6 @@ class StorageRoot:
         """``value`` with every relative location resolved against this root."""
         return _map_strings(value, self.resolve)
 
-    def relative_key(self, key: str) -> str:
-        """A step key ``<kind>:<location>`` (``integrity:/run/galleries/…``) with its location relative."""
-        kind, sep, rest = key.partition(":")
-        return f"{kind}:{self.relative(rest)}" if sep else key
-
-    def resolve_key(self, key: str) -> str:
-        """A step key with its relative location resolved."""
-        kind, sep, rest = key.partition(":")
-        return f"{kind}:{self.resolve(rest)}" if sep else key
-
 
 def _map_strings(value: Any, fn) -> Any:
     if isinstance(value, str):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-STORE_PREFIX = "store:"
+from orchestrator.lineage.step_keys import StepKind, kind_of, parse_step_key, store_key
 
 
 def store_outputs(gallery_store) -> dict[str, Any]:
@@ -24,7 +24,7 @@ def record_store(lineage, gallery: str, gallery_store) -> None:
     outputs = store_outputs(gallery_store)
     name = hashlib.sha256(repr(sorted((k, str(v)) for k, v in outputs.items() if k in ("kind", "url", "prefix", "path"))
                                ).encode()).hexdigest()[:12]
-    lineage.commit_step(f"{STORE_PREFIX}{gallery}:{name}", outputs)
+    lineage.commit_step(store_key(gallery, name), outputs)
 
 
 def recorded_stores(lineage, steps=None, gallery: str | None = None) -> list:
@@ -33,8 +33,9 @@ def recorded_stores(lineage, steps=None, gallery: str | None = None) -> list:
     from orchestrator.stores.pgvector import PgVectorStore
 
     found = []
-    for step in (lineage.steps(STORE_PREFIX) if steps is None else [s for s in steps if s.key.startswith(STORE_PREFIX)]):
-        if step.status != "committed" or (gallery is not None and not step.key.startswith(f"{STORE_PREFIX}{gallery}:")):
+    kind = StepKind.STORE
+    for step in (lineage.steps(kind.prefix) if steps is None else [s for s in steps if kind_of(s.key) is kind]):
+        if step.status != "committed" or (gallery is not None and parse_step_key(step.key).gallery != gallery):
             continue
         out = step.outputs
         if out.get("kind") == "pgvector":

@@ -40,6 +40,7 @@ import torch
 from orchestrator.data import ImageTensorDataset
 from orchestrator.data.scenarios import stratified_sample
 from orchestrator.methods.base import embed_dataset_with_ids
+from orchestrator.lineage.step_keys import parse_step_key
 from orchestrator.metrics import retrieval_metrics
 from orchestrator.training.config import COLLAPSED, STOP, HealthSpec  # noqa: F401  (re-exported)
 
@@ -56,7 +57,7 @@ class TrainingUnhealthy(Exception):
         self.line, self.key, self.setting = line, key, setting
         text = line
         if key is not None:
-            generation = key.split(":", 1)[-1]
+            generation = parse_step_key(key).generation
             text += (f"; {key} failed, nothing of {generation} was evaluated or deployed. Train it otherwise "
                      f"(its training settings), or change {setting or 'its health settings'}, and run again")
         super().__init__(text)

@@ -20,7 +20,8 @@ from orchestrator.data.ray_data_read import SnapshotError, read_spec, snapshot_f
 from orchestrator.distributed.ray_data_snapshot import write_snapshot
 from orchestrator.integrity import IntegrityError
 from orchestrator.lineage import LineageStore
-from orchestrator.pipeline.gallery_snapshot import check_snapshot, open_snapshot, source_key
+from orchestrator.lineage.step_keys import source_key
+from orchestrator.pipeline.gallery_snapshot import check_snapshot, open_snapshot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("local_ray")]
 

@@ -16,6 +16,7 @@ from sqlalchemy import create_engine
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage import migrate
 from orchestrator.lineage.records import ShardAssignment
+from orchestrator.lineage.step_keys import StepKind, integrity_key, shard_update_key
 
 
 def raw(db: Path, sql: str) -> list[tuple]:
@@ -32,8 +33,8 @@ def record_a_run(store: LineageStore, root: Path) -> None:
     store.upsert_gallery("gal", "/datasets/digits", 100, 2)
     for index in range(2):
         shard = root / "galleries" / "gal" / f"shard-{index}"
-        store.commit_step(f"integrity:{shard}.faiss", {"sha256": str(index)})
-        store.assign_shard("gal", index, "g0", f"{shard}.parquet", f"{shard}.faiss", "d" * 64, 50, step=f"embed:{index}")
+        store.commit_step(integrity_key(f"{shard}.faiss"), {"sha256": str(index)})
+        store.assign_shard("gal", index, "g0", f"{shard}.parquet", f"{shard}.faiss", "d" * 64, 50, step=shard_update_key(StepKind.EMBED, "gal", index, "g0"))
     store.record_compatibility([("g0", "g0", "map", 0.5, "digits")], step="evaluate:g0",
                                step_outputs={"embeddings": {"uri": str(root / "generations" / "g0" / "eval.safetensors")}})
     store.deploy("g0", step="deploy:g0", step_outputs={"shards": [{"embeddings_uri": s.embeddings_uri}
@@ -57,8 +58,8 @@ def test_rows_hold_relative_locations_and_records_absolute_ones(tmp_path):
     assert store.get_generation("g0").checkpoint_uri == str(root / "generations" / "g0")
     assert [s.index_uri for s in store.shards("gal")] == [str(root / "galleries" / "gal" / f"shard-{i}.faiss")
                                                           for i in range(2)]
-    assert store.committed_outputs(f"integrity:{root}/galleries/gal/shard-1.faiss") == {"sha256": "1"}
-    assert f"integrity:{root}/galleries/gal/shard-0.faiss" in [s.key for s in store.steps("integrity:")]
+    assert store.committed_outputs(integrity_key(f"{root}/galleries/gal/shard-1.faiss")) == {"sha256": "1"}
+    assert integrity_key(f"{root}/galleries/gal/shard-0.faiss") in [s.key for s in store.steps(StepKind.INTEGRITY.prefix)]
     assert store.committed_outputs("evaluate:g0")["embeddings"]["uri"] == str(root / "generations" / "g0" / "eval.safetensors")
 
 
@@ -74,8 +75,8 @@ def test_a_moved_storage_resolves_to_its_new_place_and_keeps_its_rows(tmp_path):
     moved = LineageStore(new / "lineage.db", storage=new)
     assert moved.get_generation("g0").checkpoint_uri == str(new / "generations" / "g0")
     assert moved.committed_outputs("deploy:g0")["shards"][0]["embeddings_uri"] == str(new / "galleries" / "gal" / "shard-0.parquet")
-    assert moved.committed_outputs(f"integrity:{new}/galleries/gal/shard-0.faiss") == {"sha256": "0"}
-    assert moved.committed_outputs(f"integrity:{old}/galleries/gal/shard-0.faiss") is None  # nothing points back
+    assert moved.committed_outputs(integrity_key(f"{new}/galleries/gal/shard-0.faiss")) == {"sha256": "0"}
+    assert moved.committed_outputs(integrity_key(f"{old}/galleries/gal/shard-0.faiss")) is None  # nothing points back
     # the same writes again (a resumed run at the new place) change no row
     record_a_run(moved, new)
     assert moved.row_counts() == counts
@@ -121,15 +122,15 @@ def test_a_lineage_with_absolute_locations_keeps_working(tmp_path):
                            "updated_at) VALUES ('g0', '{}', ?, 'ab', 'trained', '{}', '2026-01-01', '2026-01-01')",
                            (f"{root}/generations/g0",))
         connection.execute("INSERT INTO steps (key, status, attempts, outputs, started_at) VALUES (?, 'committed', 1, "
-                           "?, '2026-01-01')", (f"integrity:{index}", '{"sha256": "1"}'))
+                           "?, '2026-01-01')", (integrity_key(index), '{"sha256": "1"}'))
 
     store = LineageStore(db, storage=root)  # migrates to the head
     assert store.get_generation("g0").checkpoint_uri == f"{root}/generations/g0"
-    assert store.step_status(f"integrity:{index}") == "committed"
-    assert store.start_step(f"integrity:{index}").attempts == 1  # committed: found, not started again
-    store.commit_step(f"integrity:{index}", {"sha256": "2"})
+    assert store.step_status(integrity_key(index)) == "committed"
+    assert store.start_step(integrity_key(index)).attempts == 1  # committed: found, not started again
+    store.commit_step(integrity_key(index), {"sha256": "2"})
     assert raw(db, "SELECT key, outputs FROM steps") == [("integrity:storage:galleries/gal/shard-0.faiss", '{"sha256": "2"}')]
-    assert store.committed_outputs(f"integrity:{index}") == {"sha256": "2"}
+    assert store.committed_outputs(integrity_key(index)) == {"sha256": "2"}
 
 
 def test_a_prefix_copied_to_another_bucket_serves_from_the_copy(s3_bucket, monkeypatch, tmp_path):

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from orchestrator.lineage import LineageStore, lineage_json, lineage_tree_text
+from orchestrator.lineage.step_keys import train_key
 
 
 @pytest.fixture
@@ -16,7 +17,7 @@ def store(tmp_path):
     s.upsert_generation("g2", parent="g1", method="hbct", space="lorentz", curv=1.0)
     s.upsert_generation("g1b", parent="g0", method="l2")
     for name in ("g0", "g1", "g2"):
-        s.mark_generation_trained(name, f"file:///ckpt/{name}", "a" * 64, {"loss": 0.1}, step=f"train:{name}")
+        s.mark_generation_trained(name, f"file:///ckpt/{name}", "a" * 64, {"loss": 0.1}, step=train_key(name))
     s.record_compatibility([
         ("g0", "g0", "cmc@1", 0.70, "digits"), ("g0", "g0", "map", 0.50, "digits"),
         ("g1", "g1", "cmc@1", 0.80, "digits"), ("g1", "g1", "map", 0.60, "digits"),

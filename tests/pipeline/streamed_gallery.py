@@ -25,6 +25,7 @@ from orchestrator.data import channel_statistics, load_digits
 from orchestrator.gallery import read_shard
 from orchestrator.index import load_index
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.step_keys import plan_key, train_key
 from orchestrator.methods import create_method
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
@@ -97,12 +98,12 @@ def first_generation(tmp_path: Path, items_per_shard: int, **embedding):
     uri = f"{config.storage}/generations/{generation.name}"
     card = save_generation(model, method, None, uri, name=generation.name, parent=None)
     store.upsert_generation(generation.name, parent=None, method="hbct")
-    store.start_step(f"train:{generation.name}")
-    store.mark_generation_trained(generation.name, uri, card.sha256, step=f"train:{generation.name}",
+    store.start_step(train_key(generation.name))
+    store.mark_generation_trained(generation.name, uri, card.sha256, step=train_key(generation.name),
                                   step_outputs=trained_outputs(uri, card.sha256))
     updater = GalleryUpdater(config, store, config.storage, channel_statistics(load_digits("train")),
                              lambda: load_digits("test"), lambda line: None)
-    key = updater.plan_key(generation.name)
+    key = plan_key(updater.name, generation.name)
     store.start_step(key)
     updater.plan(generation, key)
     return config, store, updater
@@ -126,16 +127,16 @@ def serve_untrained(config_file: str) -> None:
     config = PipelineConfig.model_validate(json.loads(Path(config_file).read_text()))
     store = LineageStore(config.lineage)
     for seed, generation in enumerate(config.generations):
-        if store.step_status(f"train:{generation.name}") == "committed":
+        if store.step_status(train_key(generation.name)) == "committed":
             continue
-        store.start_step(f"train:{generation.name}")
+        store.start_step(train_key(generation.name))
         method = create_method("hbct", {"clip": 1.2})
         torch.manual_seed(seed)
         model = method.build_model(EncoderConfig(arch="test_resnet", embed_dim=8), 10, range(10))
         uri = f"{config.storage}/generations/{generation.name}"
         card = save_generation(model, method, None, uri, name=generation.name, parent=generation.parent)
         store.upsert_generation(generation.name, parent=generation.parent, method="hbct")
-        store.mark_generation_trained(generation.name, uri, card.sha256, step=f"train:{generation.name}",
+        store.mark_generation_trained(generation.name, uri, card.sha256, step=train_key(generation.name),
                                       step_outputs=trained_outputs(uri, card.sha256))
 
     def step(key, action) -> None:
@@ -147,7 +148,7 @@ def serve_untrained(config_file: str) -> None:
     updater = GalleryUpdater(config, store, config.storage, channel_statistics(load_digits("train")),
                              lambda: load_digits("test"), lambda line: print(line, flush=True))
     for generation in config.generations:
-        key = updater.plan_key(generation.name)
+        key = plan_key(updater.name, generation.name)
         step(key, lambda: updater.plan(generation, key))
         updater.execute(updater.committed_plan(generation.name), generation.name)
     ray.shutdown()

@@ -13,6 +13,7 @@ from orchestrator.comparison import IncomparableGenerations, comparison_path
 from orchestrator.config import EvaluationSpec, load_pipeline
 from orchestrator.data import load_digits
 from orchestrator.evaluation import compare_generations, embed_split, evaluate_generations, sample_split
+from orchestrator.lineage.step_keys import evaluate_key, train_key
 from orchestrator.methods import create_method
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.methods.fct import build_forward_map
@@ -193,14 +194,14 @@ def test_the_pipeline_evaluates_a_lineage_with_one_pass_per_generation(tmp_path,
         uri = runner.generation_uri(generation.name)
         card = save_generation(model, method, None, uri, name=generation.name, parent=generation.parent)
         runner.store.upsert_generation(generation.name, parent=generation.parent, method="hbct")
-        runner.store.mark_generation_trained(generation.name, uri, card.sha256, step=f"train:{generation.name}",
+        runner.store.mark_generation_trained(generation.name, uri, card.sha256, step=train_key(generation.name),
                                              step_outputs=trained_outputs(uri, card.sha256))
     for generation in lineage_specs:
-        runner._step(f"evaluate:{generation.name}", lambda key, g=generation: runner._evaluate(g, key),
+        runner._step(evaluate_key(generation.name), lambda key, g=generation: runner._evaluate(g, key),
                      evaluate_spec(runner.config), generation.name)
     assert sorted(forwards.values()) == [60, 60, 60]  # 3N forward items, not 6N
 
-    outputs = {g.name: runner.store.committed_outputs(f"evaluate:{g.name}") for g in lineage_specs}
+    outputs = {g.name: runner.store.committed_outputs(evaluate_key(g.name)) for g in lineage_specs}
     assert [outputs[name]["pairs"] for name in outputs] == [1, 2, 3]
     assert outputs["g2"][EVAL_EMBEDDINGS]["uri"] == eval_embeddings_uri(runner.storage, "g2", "test")
     stored = read_split_embeddings(outputs["g0-old"][EVAL_EMBEDDINGS])

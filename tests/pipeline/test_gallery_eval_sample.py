@@ -16,6 +16,7 @@ from orchestrator.data import ImageTensorDataset, channel_statistics, load_digit
 from orchestrator.gallery import read_shard
 from orchestrator.integrity import trained_outputs
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.step_keys import plan_key, train_key
 from orchestrator.methods import create_method
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.models.encoder import EncoderConfig
@@ -78,7 +79,7 @@ def test_a_labelled_streamed_gallery_is_scored_on_its_sample(tmp_path):
     uri = f"{config.storage}/generations/{generation.name}"
     card = save_generation(model, method, None, uri, name=generation.name, parent=None)
     store.upsert_generation(generation.name, parent=None, method="independent")
-    store.mark_generation_trained(generation.name, uri, card.sha256, step=f"train:{generation.name}",
+    store.mark_generation_trained(generation.name, uri, card.sha256, step=train_key(generation.name),
                                   step_outputs=trained_outputs(uri, card.sha256))
 
     def step(key, action) -> None:
@@ -87,7 +88,7 @@ def test_a_labelled_streamed_gallery_is_scored_on_its_sample(tmp_path):
 
     start_local_ray()
     try:
-        key = updater.plan_key(generation.name)
+        key = plan_key(updater.name, generation.name)
         step(key, lambda: updater.plan(generation, key))
         updater.execute(updater.committed_plan(generation.name), generation.name)
     finally:

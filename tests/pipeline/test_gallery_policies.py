@@ -18,6 +18,7 @@ from orchestrator.data import channel_statistics, load_digits
 from orchestrator.gallery import ShardEmbeddings, read_shard, write_shard
 from orchestrator.integrity import trained_outputs
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.step_keys import plan_key, train_key
 from orchestrator.methods import create_method
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.pipeline.gallery_steps import GalleryUpdater
@@ -57,14 +58,14 @@ def updater_for(config: PipelineConfig, tmp_path) -> tuple[GalleryUpdater, Linea
         uri = str(tmp_path / "run" / "generations" / generation.name)
         card = save_generation(model, method, None, uri, name=generation.name, parent=generation.parent)
         store.upsert_generation(generation.name, parent=generation.parent, method="hbct")
-        store.mark_generation_trained(generation.name, uri, card.sha256, step=f"train:{generation.name}",
+        store.mark_generation_trained(generation.name, uri, card.sha256, step=train_key(generation.name),
                                       step_outputs=trained_outputs(uri, card.sha256))
     updater = GalleryUpdater(config, store, str(tmp_path / "run"), stats, lambda: load_digits("test"), lambda line: None)
     return updater, store
 
 
 def serve(updater: GalleryUpdater, store: LineageStore, generation) -> None:
-    key = updater.plan_key(generation.name)
+    key = plan_key(updater.name, generation.name)
     store.start_step(key)
     updater.plan(generation, key)
     updater.execute(updater.committed_plan(generation.name), generation.name)

@@ -20,6 +20,7 @@ from orchestrator.geometry.spaces import Space
 from orchestrator.index import load_index
 from orchestrator.integrity import IntegrityError, ids_sha256, load_checked_index, record_index, trained_outputs
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.step_keys import integrity_key, plan_key
 from orchestrator.shard_update import ShardTarget, write_shard_files
 from orchestrator.methods import create_method
 from orchestrator.models.encoder import EncoderConfig
@@ -71,7 +72,7 @@ def test_an_intact_gallery_loads_and_verifies(gallery):
     assert index.ntotal == 6
     result = verify_storage(store, str(storage))
     assert result.ok and result.checked == 2 and result.unreferenced == []
-    record = store.committed_outputs(f"integrity:{shards[1].index_uri}")
+    record = store.committed_outputs(integrity_key(shards[1].index_uri))
     assert record["ids_sha256"] == hashlib.sha256(np.arange(6, 10, dtype="<i8").tobytes()).hexdigest()
     assert record["sha256"] == hashlib.sha256(Path(shards[1].index_uri).read_bytes()).hexdigest()
 
@@ -163,7 +164,7 @@ def test_a_changed_plan_file_is_reported(gallery):
     plan = storage / "galleries" / GALLERY / "plans" / "g0.json"
     plan.parent.mkdir()
     plan.write_text('{"entries": []}')
-    store.commit_step(f"plan:{GALLERY}:g0", {"plan_uri": str(plan), "sha256": hashlib.sha256(plan.read_bytes()).hexdigest()})
+    store.commit_step(plan_key(GALLERY, "g0"), {"plan_uri": str(plan), "sha256": hashlib.sha256(plan.read_bytes()).hexdigest()})
     assert verify_storage(store, str(storage)).ok
     plan.write_text('{"entries": [1]}')
     result = verify_storage(store, str(storage))
@@ -183,8 +184,8 @@ def test_adopt_records_the_index_hashes_an_older_lineage_lacks(gallery):
     assert not verify_storage(older, str(storage)).ok
     assert adopt_unhashed(older) == [s.index_uri for s in shards]
     assert verify_storage(older, str(storage)).ok
-    assert older.committed_outputs(f"integrity:{shards[0].index_uri}") == store.committed_outputs(
-        f"integrity:{shards[0].index_uri}")
+    assert older.committed_outputs(integrity_key(shards[0].index_uri)) == store.committed_outputs(
+        integrity_key(shards[0].index_uri))
     older.close()
 
 

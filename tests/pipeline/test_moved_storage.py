@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config import load_pipeline
-from orchestrator.integrity import INTEGRITY_PREFIX
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.step_keys import StepKind
 from cli_runs import cli, cli_in_process
 from g0_run import g0_config, write_pipeline
 
@@ -61,7 +61,7 @@ def test_a_moved_storage_serves_verifies_and_resumes(tmp_path, copy_g0_run):
     assert "0 problem(s), 0 unreferenced file(s)" in verify.stdout
 
     store = LineageStore(lineage, storage=str(new), readonly=True)
-    steps = [s.key for s in store.steps() if not s.key.startswith(INTEGRITY_PREFIX)]
+    steps = [s.key for s in store.steps() if not s.key.startswith(StepKind.INTEGRITY.prefix)]
     shards = [s for s in store.shards(g0_config()["gallery"]["name"]) if s.n_items]
     assert all(s.status == "committed" for s in store.steps())
     assert store.get_generation("g0-old").checkpoint_uri == str(new / "generations" / "g0-old")
@@ -75,7 +75,7 @@ def test_a_moved_storage_serves_verifies_and_resumes(tmp_path, copy_g0_run):
     assert rerun.returncode == 0, rerun.stdout[-4000:] + rerun.stderr[-4000:]
     assert " done in " not in rerun.stdout
     assert "Started a local Ray instance" not in rerun.stderr  # nothing to do: no Ray was started
-    shard_updates = [key for key in steps if key.startswith("embed:")]
+    shard_updates = [key for key in steps if key.startswith(StepKind.EMBED.prefix)]
     assert all(f"{key}: already committed, skipped" in rerun.stdout for key in steps if key not in shard_updates)
     assert f"{len(shard_updates)} shard update(s) of g0-old already committed, skipped" in rerun.stdout
     assert files(new) == stored

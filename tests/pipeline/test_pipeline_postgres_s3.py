@@ -30,6 +30,7 @@ from PIL import Image
 
 from orchestrator.gallery import read_shard
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.step_keys import train_key
 from streamed_gallery import FILE_SIZES, pipeline_config, write_parquet_gallery
 
 pytestmark = pytest.mark.e2e
@@ -122,7 +123,7 @@ def test_two_runs_at_once_resume_search_and_lineage_on_s3_with_postgresql(s3_buc
     out = results[winner][1]
     assert "testing" not in out + results[winner][2]  # the fixture's secret key is never printed
     for name in ("g0-old", "g1"):
-        assert re.search(rf"train:{name}: epoch 1/1  loss \d+\.\d{{4}} \(.+\)  lr ", out), out[-3000:]
+        assert re.search(re.escape(train_key(name)) + r": epoch 1/1  loss \d+\.\d{4} \(.+\)  lr ", out), out[-3000:]
     assert re.search(r"photos: embedded \d+/\d+ items \(100%", out), out[-3000:]
     assert "no labels" in out  # the served-gallery report is skipped, and says why
     assert_stored_on_s3(bucket, endpoint)

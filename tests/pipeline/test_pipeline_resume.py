@@ -31,6 +31,7 @@ from orchestrator.data import load_digits
 from orchestrator.gallery import read_shard
 from orchestrator.index import ShardIndex
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.step_keys import StepKind, evaluate_key
 from orchestrator.storage import read_json
 
 pytestmark = pytest.mark.e2e
@@ -192,9 +193,9 @@ def test_killed_driver_resumes_without_redoing_or_duplicating(tmp_path, copy_g0_
     plans = {g: read_json(store.committed_outputs(f"plan:digits-test:{g}")["plan_uri"]) for g in ("g0-old", "g1", "g2")}
     # train + evaluate per generation; per served generation: plan, one step per entry, deploy, gallery-eval;
     # a gate for each generation deployed while another served (g1, g2), none for g0-old on the re-runs
-    pipeline_steps = [s for s in store.steps() if not s.key.startswith("integrity:")]  # + one per index file
+    pipeline_steps = [s for s in store.steps() if not s.key.startswith(StepKind.INTEGRITY.prefix)]  # + one per index file
     assert len(pipeline_steps) == 2 * len(GENERATIONS) + sum(3 + len(p["entries"]) for p in plans.values()) + 2
-    assert sorted(s.key for s in store.steps() if s.key.startswith("gate:")) == ["gate:digits-test:g1",
+    assert sorted(s.key for s in store.steps() if s.key.startswith(StepKind.GATE.prefix)) == ["gate:digits-test:g1",
                                                                                  "gate:digits-test:g2"]
     assert all(step.status == "committed" for step in store.steps())
     attempts = {step.key: step.attempts for step in store.steps()}
@@ -204,7 +205,7 @@ def test_killed_driver_resumes_without_redoing_or_duplicating(tmp_path, copy_g0_
     # one value per (query, gallery ≤ query, metric): 1 + 2 + 3 pairs × 3 metrics
     assert counts["compatibility"] == (1 + 2 + 3) * 3
     # every generation embedded the evaluation split once, into the file its evaluate step records
-    assert all(store.committed_outputs(f"evaluate:{g}")["eval_embeddings"]["items"] == 539 for g in GENERATIONS)
+    assert all(store.committed_outputs(evaluate_key(g))["eval_embeddings"]["items"] == 539 for g in GENERATIONS)
     assert store.get_generation("g0-old").sha256 == g0_before.sha256
     assert [d.generation for d in store.deployments()] == ["g0-old", "g1", "g2"]
     # the budgets: g1 moved ⌊0.5·539⌋ items into 4 new shards, g2 re-embedded 4 of the 8 shards whole

@@ -20,6 +20,7 @@ import torch
 from orchestrator.config import load_pipeline
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.step_keys import gate_key
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.metrics import retrieval_metrics
 from orchestrator.models.adapters import BACKWARD_ADAPTER, ChartMap
@@ -77,7 +78,7 @@ def test_its_cross_test_is_the_map_applied_to_its_queries_and_passes_the_gate(se
     assert recorded["g1-posthoc", "g0-old", "map"] == pytest.approx(cross.mean_ap, abs=1e-6)
     assert recorded["g0-old", "g0-old", "map"] == pytest.approx(own.mean_ap, abs=1e-6)
     assert cross.mean_ap > own.mean_ap  # the empirical criterion, through the map alone
-    gate = store.committed_outputs(f"gate:{config.gallery.name}:g1-posthoc")
+    gate = store.committed_outputs(gate_key(config.gallery.name, "g1-posthoc"))
     assert gate is not None and store.current_deployment().generation == "g1-posthoc"
     assert "g1-posthoc serves queries" in stdout
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.config import BackfillPolicy, load_pipeline
+from orchestrator.lineage.step_keys import train_key
 from orchestrator.pipeline.runner import PipelineRunner
 from orchestrator.pipeline.step_specs import ChangedStepSpec, changed_fields, plan_spec, recorded_spec, train_spec
 
@@ -16,7 +17,7 @@ def runner(tmp_path, **overrides) -> PipelineRunner:
 
 def run_train_step(r: PipelineRunner, index: int = 1) -> bool:
     generation = r.config.generations[index]
-    return r._step(f"train:{generation.name}", lambda key: r.store.commit_step(key, {"done": True}),
+    return r._step(train_key(generation.name), lambda key: r.store.commit_step(key, {"done": True}),
                    train_spec(r.config, generation, "parent-sha"), generation.name)
 
 

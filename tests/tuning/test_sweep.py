@@ -20,6 +20,7 @@ import yaml
 
 from orchestrator.config import load_pipeline
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.step_keys import StepKind
 from orchestrator.pipeline.runner import PipelineRunner
 from orchestrator.storage import load_card
 
@@ -47,7 +48,7 @@ def test_parent_and_reference_are_trained_by_the_pipeline_steps(compared, small)
     store = LineageStore(f"sqlite:///{small.storage}/lineage.db")
     steps = {s.key: (s.status, s.attempts) for s in store.steps()}
     # trained once, by the first sweep on this storage, never by a trial
-    assert {k: v for k, v in steps.items() if k.startswith("train:")} == {
+    assert {k: v for k, v in steps.items() if k.startswith(StepKind.TRAIN.prefix)} == {
         "train:g0-old": ("committed", 1), "train:phi-star": ("committed", 1)}
     assert store.get_generation("g0-old").status == "trained" and not store.has_generation("g1")
 
