@@ -73,6 +73,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from benchmarks.harness import parse_sizes, start_ray
+
 DEFAULT_SIZES = (100_000, 1_000_000, 10_000_000)
 ENCODERS = {"cheap": 8, "realistic": 32}  # --encoder → the side of the generated square RGB images
 ITEMS_PER_FILE = 20_000
@@ -350,14 +352,13 @@ def run_streamed(job: Job) -> dict[str, Any]:
     import psutil
     import ray
 
-    from benchmarks.reembed import start_ray
     from orchestrator.integrity import trained_outputs
     from orchestrator.lineage import LineageStore
     from orchestrator.lineage.step_keys import plan_key, train_key
     from orchestrator.pipeline.gallery_steps import GalleryUpdater
 
     with PeakRss() as rss:
-        ray_init_s = start_ray(job.address, job.num_cpus)
+        ray_init_s = start_ray(job.num_cpus, address=job.address, ray_data=True)
         config = pipeline_config(job, f"sqlite:///{Path(job.lineage).resolve()}")
         store = LineageStore(config.lineage)
         store.start_step(train_key(GENERATION))
@@ -606,16 +607,6 @@ class MotoS3:
         self.server.stop()
         for key, value in self.saved.items():
             os.environ.pop(key, None) if value is None else os.environ.__setitem__(key, value)
-
-
-def parse_sizes(text: str) -> list[int]:
-    try:
-        values = [int(float(part)) for part in text.split(",") if part.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected item counts separated by commas (1e5,1e6), got {text!r}")
-    return values
 
 
 def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:

@@ -45,12 +45,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
+if __package__ in (None, ""):  # run as `python benchmarks/reembed.py`: the checkout on the path, for `benchmarks.*`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import numpy as np
 import torch
 
+from benchmarks.harness import start_ray
 from orchestrator.data import LabeledImages, channel_statistics, load_digits
 from orchestrator.data.tensors import to_model_input
-from orchestrator.distributed.runtime import start_local_ray
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.methods import create_method
 from orchestrator.models.encoder import EncoderConfig
@@ -59,7 +62,6 @@ from orchestrator.storage import load_generation, save_generation
 TARGET_RATIO = 0.9
 DEFAULT_ITEMS = 20_000  # the plain loop needs a few seconds for a steady-state number
 IMAGE_SIZE = 32
-WORKER_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 @dataclass(frozen=True)
@@ -177,26 +179,10 @@ def run_plain(setup: Setup, batch_size: int = 256) -> Embedded:
 # --------------------------------------------------------------------------- Ray Data
 
 
-def start_ray(address: str | None = None, num_cpus: int = 2) -> float:
-    """Start a local Ray with ``num_cpus`` CPUs, or join the cluster at ``address``; one torch/OpenMP
-    thread in every worker. Ray Data's progress bars are turned off. Returns the seconds it took."""
-    import ray
-    import ray.data
-
-    started = time.perf_counter()
-    runtime_env = {"env_vars": dict(WORKER_ENV)}
-    if address is None:  # a new instance even when another Ray runs on this machine
-        start_local_ray(num_cpus=num_cpus, runtime_env=runtime_env)
-    else:
-        ray.init(address=address, log_to_driver=False, runtime_env=runtime_env)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    return time.perf_counter() - started
-
-
 def run_ray(setup: Setup, concurrency: int, batch_size: int = 256) -> Embedded:
     """The gallery step's read and embedding stages (``gallery_step.embed_gallery``) with
     ``concurrency`` actors of 1 CPU, consumed with ``iter_batches`` (whole output blocks, as they
-    arrive: each read task reads one batch). Ray must be initialised (``start_ray``)."""
+    arrive: each read task reads one batch). Ray must be initialised (``harness.start_ray``)."""
     from orchestrator.config.gallery import EmbeddingSpec
     from orchestrator.data.gallery_sources import MemorySource
     from orchestrator.distributed.gallery_read import RowRange
@@ -322,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="reembed_") as workdir:
         setup = make_setup(Path(workdir), args.items, args.arch, args.method, args.embed_dim)
-        ray_init_seconds = start_ray(args.address, args.num_cpus)
+        ray_init_seconds = start_ray(args.num_cpus, address=args.address, ray_data=True)
         try:
             cluster = cluster_description()
             print(f"embedding {args.items} digits (32×32) with {args.arch} ({args.method}, embed_dim "

@@ -68,11 +68,14 @@ from typing import Any, Callable
 if __name__ == "__main__":  # run as a script: one thread per process for BLAS and FAISS, before numpy and faiss load
     for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_variable, "1")
+if __package__ in (None, ""):  # run as `python benchmarks/search.py`: the checkout on the path, for `benchmarks.*`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import faiss
 import numpy as np
 import torch
 
+from benchmarks.harness import parse_sizes
 from orchestrator.geometry import lorentz, poincare
 from orchestrator.index import build_index
 
@@ -413,13 +416,6 @@ def format_targets(verdicts: list[dict[str, Any]]) -> str:
         lines.append(f"target N={v['n']:,} {v['method']}: {v['target']} (single-query) — single {v['single']:.2f}×, "
                      f"batched {v['batched']:.2f}×{extra}: {'met' if v['met'] else 'NOT met'}")
     return "\n".join(lines)
-
-
-def parse_sizes(text: str) -> list[int]:
-    values = [int(float(part)) for part in text.split(",") if part.strip()]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive sizes separated by commas, got {text!r}")
-    return sorted(set(values))
 
 
 def parse_methods(text: str) -> tuple[str, ...]:

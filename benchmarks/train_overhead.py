@@ -64,15 +64,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+if __package__ in (None, ""):  # run as `python benchmarks/train_overhead.py`: the checkout on the path, for `benchmarks.*`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from benchmarks.harness import start_ray
 from orchestrator.data import ImageTensorDataset, LabeledImages, channel_statistics, load_digits
 from orchestrator.methods import CompatibilityMethod, TrainContext, create_method
 from orchestrator.models.bundle import CompatibleModel
-from orchestrator.distributed.runtime import WORKER_ENV_VARS, start_local_ray
+from orchestrator.distributed.runtime import WORKER_ENV_VARS
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
 
@@ -208,24 +212,6 @@ def run_local(setup: Setup) -> dict[str, Any]:
 DEFAULT_HEALTH_CHECK_S = float(WORKER_ENV_VARS["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"])
 
 
-def start_ray(num_cpus: int = 2, health_check_interval_s: float | None = DEFAULT_HEALTH_CHECK_S) -> float:
-    """Start a local Ray (one torch thread in every worker); returns the seconds it took.
-
-    health_check_interval_s: ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` for the Ray Train controller;
-    default: the value the pipeline's local Ray uses (``orchestrator.distributed.runtime``);
-    None: Ray's own default of 2 s. The controller takes the workers' reports when it polls them,
-    and a worker's ``ray.train.report`` waits while its previous report is untaken (a queue of
-    one), so epochs shorter than this interval are paced by it.
-    """
-
-    env_vars = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    if health_check_interval_s is not None:
-        env_vars["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = str(health_check_interval_s)
-    started = time.perf_counter()
-    start_local_ray(num_cpus=num_cpus, runtime_env={"env_vars": env_vars})  # never another Ray on this machine
-    return time.perf_counter() - started
-
-
 def _ray_job(setup: Setup):
     """The ``GenerationJob`` of (c) and (d)."""
     from orchestrator.distributed.train import GenerationJob
@@ -242,7 +228,7 @@ def _ray_job(setup: Setup):
 
 
 def run_ray(setup: Setup, run_name: str = "train-overhead") -> dict[str, Any]:
-    """(c) ``train_generation_with_ray`` with one worker; Ray must be initialised (``start_ray``)."""
+    """(c) ``train_generation_with_ray`` with one worker; Ray must be initialised (``harness.start_ray``)."""
     from orchestrator.config.runtime import RaySettings
     from orchestrator.distributed.train import train_generation_with_ray
 
@@ -284,7 +270,7 @@ def _ray_summary(path: str, metrics: dict[str, Any], ends: list[float], fit_call
     """The summary of a Ray path (c, d) from its epochs' end times (epoch seconds, in order) and
     the times the training call was made and returned. One worker, or none: every epoch handles
     the same number of items. The fastest epoch interval is an epoch that did not wait for the
-    controller (see ``start_ray``): the best estimate of what epoch 0 itself cost, so start-up is
+    controller (see ``main``): the best estimate of what epoch 0 itself cost, so start-up is
     (end of epoch 0 − call) − the fastest epoch."""
     samples = int(metrics["samples"])
     epochs = [{"epoch": i, "seconds": None if i == 0 else ends[i] - ends[i - 1], "samples": samples,
@@ -406,7 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         ray_init_seconds = None
         for path in paths:
             if path in ("ray", "ray_local"):
-                seconds = start_ray(health_check_interval_s=args.ray_health_check_interval)
+                # the Ray Train controller takes the workers' reports when it polls them, and a worker's
+                # ray.train.report waits while its previous report is untaken: epochs shorter than the
+                # polling interval are paced by it
+                seconds = start_ray(env_vars={"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(args.ray_health_check_interval)})
                 ray_init_seconds = seconds if path == "ray" else ray_init_seconds
                 try:
                     results[path] = (run_ray if path == "ray" else run_ray_local)(setup)

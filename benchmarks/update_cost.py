@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from benchmarks import reembed
+from benchmarks.harness import parse_sizes, start_ray
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import Space
@@ -196,13 +197,6 @@ def format_table(rows: dict[int, list[dict[str, Any]]], break_even_n: dict[int, 
     return "\n".join(lines)
 
 
-def parse_sizes(text: str) -> list[int]:
-    values = [int(float(part)) for part in text.split(",") if part.strip()]
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive sizes separated by commas, got {text!r}")
-    return sorted(set(values))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -227,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
               f"samples/epoch: {update.seconds:.1f} s", flush=True)
         ray_init_seconds = None
         if args.embed_path == "ray":
-            ray_init_seconds = reembed.start_ray()
+            ray_init_seconds = start_ray(ray_data=True)
         try:
             embedding = measure_embedding(update, args.embed_items, args.embed_path, args.concurrency,
                                           args.batch_size)

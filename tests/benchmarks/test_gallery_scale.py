@@ -206,10 +206,3 @@ def test_steady_rates_count_the_items_after_the_first_batch_and_compare_per_core
     rows = bench.summarise(records)
     assert rows[1]["steady_ratio_per_core"] == pytest.approx(15000.0 / 2 / 12000.0)
     assert rows[0]["steady_ratio_per_core"] == pytest.approx(1.0)
-
-
-def test_sizes_parse_from_scientific_notation():
-    assert bench.parse_sizes("1e5,1e6, 2000") == [100_000, 1_000_000, 2000]
-    for bad in ("", "1e5,x", "0"):
-        with pytest.raises(Exception, match="item counts"):
-            bench.parse_sizes(bad)
