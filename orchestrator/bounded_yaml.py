@@ -21,9 +21,10 @@ import yaml
 from yaml.events import AliasEvent
 
 from orchestrator import limits
+from orchestrator.errors import UsageError
 
 
-class YAMLLimitError(yaml.YAMLError):
+class YAMLLimitError(UsageError, yaml.YAMLError):
     """A document past one of the bounds.
 
     loc:     the field path where it was found (keys and list positions), () for the whole file.

@@ -16,7 +16,6 @@ output where it can be checked up front (arguments, files, method names).
 from __future__ import annotations
 
 import argparse
-import enum
 import logging
 import sys
 import time
@@ -31,25 +30,13 @@ from orchestrator.cli_options import (
     int_at_least,
     pipeline_overrides,
 )
+from orchestrator.errors import ExitCode, OrchestratorError
 from orchestrator.search.cli import add_search_command
 from orchestrator.serving.cli import add_serve_command
 
 DEMO_METHODS = ("independent", "l2", "bct", "hot_refresh", "hoc", "hbct")
 DESCRIPTION = ("Train, evaluate, deploy and search backward-compatible embedding-model generations "
                "described by a pipeline file. 'orchestrator COMMAND -h' shows a command's options.")
-
-
-class ExitCode(enum.IntEnum):
-    """The process exit status of every command (docs/cli.md)."""
-
-    OK = 0
-    FAILED = 1  # a runtime failure: a failed step, a storage or database problem
-    USAGE = 2  # bad arguments, a bad pipeline / tune file or value: nothing was started
-    HELD = 3  # the deployment gate held a generation back (nothing broke, nothing was deployed)
-    BUSY = 4  # another process holds the pipeline's run lock (nothing was done)
-    INTEGRITY = 5  # a stored file is not what the lineage recorded (any file), or verify checked nothing
-    UNREACHABLE = 6  # S3, PostgreSQL, SQLite or Ray did not answer or refused (the line names which, and where)
-    UNHEALTHY = 7  # the health check stopped a generation at train:<gen> (nothing of it evaluated or deployed)
 
 
 def _methods_command(args: argparse.Namespace) -> int:
@@ -328,48 +315,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
 
 
-def _reported(error: Exception, verbose: bool) -> ExitCode | None:
-    """Print ``error`` as the one line its kind calls for and return the exit code; None: an error
-    of no kind below (or a storage or database error under ``-v``), whose traceback is shown."""
-    from orchestrator.lineage.errors import LineageBusy, LineageNotFound
-    from orchestrator.outside import explain
-    from orchestrator.pipeline.gate import DeploymentHeld
-    from orchestrator.storage import ChecksumMismatch
+#: The exit code and the word of the one line of an error the project does not define, by the
+#: builtin class it is (its most specific one listed here); word None: a file, storage or database
+#: problem, told with its type and shown with its traceback under ``-v``.
+_BUILTIN_REPORTS: dict[type, tuple[ExitCode, str | None]] = {
+    ValueError: (ExitCode.USAGE, "error"),  # bad input: the message names the file, field and value
+    ImportError: (ExitCode.USAGE, "error"),
+    LookupError: (ExitCode.USAGE, "error"),  # a generation or gallery the lineage does not know, named
+    RuntimeError: (ExitCode.FAILED, "failed"),  # a failed step; the lineage records it and a re-run resumes
+    OSError: (ExitCode.FAILED, None),  # a missing file, a storage problem
+}
 
-    outside = explain(error)
-    if outside is not None and not verbose:  # S3, PostgreSQL, SQLite, Ray: the system, where, what to check
-        print(f"orchestrator: unreachable: {outside}", file=sys.stderr)
-        return ExitCode.UNREACHABLE
-    integrity_error = getattr(sys.modules.get("orchestrator.integrity"), "IntegrityError", ())  # none unless imported
-    if isinstance(error, (integrity_error, ChecksumMismatch)):  # a stored file is not what the lineage recorded
-        print(f"orchestrator: integrity: {error}", file=sys.stderr)
-        return ExitCode.INTEGRITY
-    if isinstance(error, LineageNotFound):  # a reader never creates a store
-        print(f"orchestrator: error: LineageNotFound: {error}", file=sys.stderr)
-        return ExitCode.USAGE
-    if isinstance(error, LineageBusy):  # another run of the pipeline holds its lock; nothing was done
-        print(f"orchestrator: busy: {error}", file=sys.stderr)
-        return ExitCode.BUSY
-    if isinstance(error, (ValueError, ImportError, LookupError)):  # bad input: the message names the file, field
-        # and value (LookupError: a generation or gallery the lineage does not know, named)
-        print(f"orchestrator: error: {error}", file=sys.stderr)
-        return ExitCode.USAGE
-    if isinstance(error, DeploymentHeld):  # the gate held a generation back: nothing broke, nothing was deployed
-        print(f"orchestrator: held: {error}", file=sys.stderr)
-        return ExitCode.HELD
-    unhealthy = getattr(sys.modules.get("orchestrator.training.health"), "TrainingUnhealthy", ())
-    if isinstance(error, unhealthy):  # a generation that does not learn, stopped at its train step
-        print(f"orchestrator: unhealthy: {error}", file=sys.stderr)
-        return ExitCode.UNHEALTHY
-    if isinstance(error, RuntimeError):  # a failed step; the lineage records it and a re-run resumes
-        print(f"orchestrator: failed: {error}", file=sys.stderr)
-        return ExitCode.FAILED
-    database_error = getattr(sys.modules.get("sqlalchemy.exc"), "SQLAlchemyError", ())  # none unless it was imported
-    if isinstance(error, (OSError, database_error)) and not verbose:  # a missing file, a storage or database problem
-        text = " ".join(str(error).split()) or type(error).__name__
-        print(f"orchestrator: error: {type(error).__name__}: {text[:500]} (-v shows the traceback)", file=sys.stderr)
-        return ExitCode.FAILED
+
+def _reported(error: Exception, verbose: bool) -> ExitCode | None:
+    """Print ``error`` as its one line and return its exit code: an outside system's failure as
+    ``outside.explain`` tells it, one of the project's errors as it carries them
+    (``errors.OrchestratorError``), any other by its builtin class (``_BUILTIN_REPORTS``). None: an
+    error of no kind there (or an outside system's, storage or database error under ``-v``), whose
+    traceback is shown."""
+    from orchestrator.outside import explain
+
+    outside = explain(error)  # S3, PostgreSQL, SQLite, Ray: the system, where, what to check
+    if outside is not None and verbose:
+        return None
+    reported = _report_of(outside or error, verbose)
+    if reported is not None:
+        print(f"orchestrator: {reported[0]}", file=sys.stderr)
+        return reported[1]
     return None
+
+
+def _report_of(error: Exception, verbose: bool) -> tuple[str, ExitCode] | None:
+    """(the line after ``orchestrator: ``, the exit code) of ``error`` (``_reported``)."""
+    if isinstance(error, OrchestratorError):
+        return error.report_line(), error.exit_code
+    database = getattr(sys.modules.get("sqlalchemy.exc"), "SQLAlchemyError", None)  # none unless it was imported
+    reports = _BUILTIN_REPORTS if database is None else {**_BUILTIN_REPORTS, database: (ExitCode.FAILED, None)}
+    code, word = next((reports[kind] for kind in type(error).__mro__ if kind in reports), (None, None))
+    if code is None or (word is None and verbose):
+        return None
+    if word is None:
+        text = " ".join(str(error).split()) or type(error).__name__
+        return f"error: {type(error).__name__}: {text[:500]} (-v shows the traceback)", code
+    return f"{word}: {error}", code
 
 
 if __name__ == "__main__":  # pragma: no cover

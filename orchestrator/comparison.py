@@ -43,12 +43,13 @@ from typing import Literal
 import torch
 from torch import nn
 
+from orchestrator.errors import UsageError
 from orchestrator.geometry.spaces import Space
 from orchestrator.models.adapters import BACKWARD_ADAPTER, FORWARD_ADAPTER, ChartMap, truncate_to_common
 from orchestrator.models.bundle import CompatibleModel
 
 
-class IncomparableGenerations(ValueError):
+class IncomparableGenerations(UsageError, ValueError):
     """No meaningful distance exists between two generations' embeddings (``reason`` says why)."""
 
     def __init__(self, query: str, gallery: str, reason: str):

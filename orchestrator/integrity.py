@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.errors import StoredFileError
 from orchestrator.lineage.step_keys import integrity_key, train_key
 from orchestrator.storage.checkpoint_layout import CARD_FILE, WEIGHTS_FILE
 from orchestrator.storage.filesystem import join_uri, read_bytes, redact_uri
@@ -32,7 +33,7 @@ CARD_SHA256 = "card_sha256"
 EVAL_EMBEDDINGS = "eval_embeddings"
 
 
-class IntegrityError(RuntimeError):
+class IntegrityError(StoredFileError, RuntimeError):
     """A stored file does not match (or has no) hash in the lineage (the CLI's exit code 1)."""
 
 

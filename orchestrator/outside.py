@@ -18,15 +18,19 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from orchestrator.errors import ExitCode, OrchestratorError
 from orchestrator.storage.filesystem import is_local, open_filesystem, redact_uri
 
 #: The S3 (botocore) settings of the reachability check: one attempt, bounded by the timeout.
 _ONE_ATTEMPT = {"max_attempts": 1, "mode": "standard"}
 
 
-class OutsideSystemError(Exception):
+class OutsideSystemError(OrchestratorError):
     """An outside system (S3, PostgreSQL, SQLite, Ray) did not answer or refused: one line naming
     the system, its location (redacted) and what to check."""
+
+    exit_code = ExitCode.UNREACHABLE
+    reported_as = "unreachable"
 
     def __init__(self, system: str, location: str, problem: str, check: str):
         self.system, self.location = system, location

@@ -19,11 +19,13 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 from pydantic_core import PydanticCustomError
 
+from orchestrator.errors import UsageError
+
 
 _NO_INPUT = object()  # a problem that shows no "(got ...)" value
 
 
-class PipelineConfigError(ValueError):
+class PipelineConfigError(UsageError, ValueError):
     """A pipeline file that cannot be used; ``str(error)`` is one line per problem.
 
     file:     the path as given to ``load_pipeline``.

@@ -37,6 +37,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from orchestrator.data.gallery_sources import RESERVED_COLUMNS, Fragment, ImageFormat, ParquetDatasetSource
+from orchestrator.errors import UsageError
 
 #: Arguments every read takes that change how it runs, not what it reads (left out of the digest).
 RESOURCE_ARGS = ("num_cpus", "num_gpus", "memory", "concurrency", "override_num_blocks")
@@ -56,7 +57,7 @@ MANIFEST = "manifest.json"
 SNAPSHOT_FORMAT = 1
 
 
-class ReadOptionError(ValueError):
+class ReadOptionError(UsageError, ValueError):
     """A ``ray_data`` option that cannot be used: ``field`` (below ``gallery.options``), the value
     and why; ``str()`` is the one line ``gallery.options.<field>: <reason> (got <value>)``."""
 
@@ -65,7 +66,7 @@ class ReadOptionError(ValueError):
         super().__init__(f"gallery.options.{field}: {reason} (got {value!r})")
 
 
-class SnapshotError(ValueError):
+class SnapshotError(UsageError, ValueError):
     """The read's rows cannot form a gallery (a duplicate id, a column of the wrong type): one line."""
 
 

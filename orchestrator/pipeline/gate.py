@@ -29,10 +29,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from orchestrator.config import GateSpec
+from orchestrator.errors import ExitCode, OrchestratorError
 
 
-class DeploymentHeld(RuntimeError):
+class DeploymentHeld(OrchestratorError, RuntimeError):
     """A generation failed its gate with action ``hold``: it was not deployed."""
+
+    exit_code = ExitCode.HELD
+    reported_as = "held"
 
 
 @dataclass(frozen=True)

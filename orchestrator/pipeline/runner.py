@@ -389,8 +389,8 @@ class PipelineRunner:
         except TrainingUnhealthy as stop:
             self.store.set_generation_status(generation.name, "failed")
             self._say(f"{key}: stopped by the health check: {stop.line}")
-            raise TrainingUnhealthy(stop.line, key=key, setting=f"generations.{self.config.generations.index(generation)}"
-                                    ".health") from None
+            setting = f"generations.{self.config.generations.index(generation)}.health"
+            raise TrainingUnhealthy(stop.line, generation.name, key, setting) from None
         health = {k.removeprefix("health/"): v for k, v in metrics.items() if k.startswith("health/")}
         card = load_card(output)
         self.store.upsert_generation(generation.name, space=card.space, curv=card.curv)

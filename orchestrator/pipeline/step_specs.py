@@ -27,9 +27,10 @@ from pydantic import ValidationError
 
 from orchestrator.config import (BackfillPolicy, DataSettings, EvaluationSpec, GallerySpec, GenerationSpec,
                                  PipelineConfig)
+from orchestrator.errors import UsageError
 
 
-class ChangedStepSpec(ValueError):
+class ChangedStepSpec(UsageError, ValueError):
     """A committed step's recorded spec differs from what the file now says."""
 
     def __init__(self, key: str, fields: list[str], generation: str):

@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from orchestrator.comparison import ComparisonPath, IncomparableGenerations, comparison_path
+from orchestrator.errors import UsageError
 from orchestrator.gallery.shard_files import ShardEmbeddings, read_shard
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.index import build_index
@@ -71,7 +72,7 @@ class SkippedShard:
         return f"shard {self.index} ({self.n_items} items of {self.generation}): {self.reason}"
 
 
-class IncompatibleShards(ValueError):
+class IncompatibleShards(UsageError, ValueError):
     """The serving generation cannot search some shards; ``shards`` lists them with the reasons."""
 
     def __init__(self, serving: str, gallery: str, shards: Sequence[SkippedShard]):

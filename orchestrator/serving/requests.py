@@ -29,6 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from orchestrator.errors import UsageError
+
 QUERY_FIELDS = ("embeddings", "images", "uris")
 DEFAULT_K = 10
 #: The longest reason a refusal gives (it may quote what the client sent).
@@ -49,7 +51,7 @@ def _quoting() -> reprlib.Repr:
 _QUOTE = _quoting()
 
 
-class BadRequest(ValueError):
+class BadRequest(UsageError, ValueError):
     """A request the server refuses: ``status`` (4xx) and a ``reason`` of one line, at most
     ``MAX_REASON`` characters, without control characters (no terminal codes)."""
 

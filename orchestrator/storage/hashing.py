@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import hashlib
 
+from orchestrator.errors import StoredFileError
 from orchestrator.storage.filesystem import redact_uri
 
 
-class ChecksumMismatch(ValueError):
+class ChecksumMismatch(StoredFileError, ValueError):
     """The bytes read from ``uri`` do not hash to the expected sha256."""
 
     def __init__(self, uri: str, expected: str, actual: str):

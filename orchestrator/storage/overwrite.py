@@ -10,10 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.errors import OrchestratorError
 from orchestrator.storage.filesystem import exists, redact_uri
 
 
-class UnknownArtefact(RuntimeError):
+class UnknownArtefact(OrchestratorError, RuntimeError):
     """A file the lineage does not know is where a step would write."""
 
 

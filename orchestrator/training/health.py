@@ -39,8 +39,8 @@ import torch
 
 from orchestrator.data import ImageTensorDataset
 from orchestrator.data.scenarios import stratified_sample
+from orchestrator.errors import ExitCode, OrchestratorError
 from orchestrator.methods.base import embed_dataset_with_ids
-from orchestrator.lineage.step_keys import parse_step_key
 from orchestrator.metrics import retrieval_metrics
 from orchestrator.training.config import COLLAPSED, STOP, HealthSpec  # noqa: F401  (re-exported)
 
@@ -48,16 +48,20 @@ MEASURED = ("health/own_cmc@1", "health/chance", "health/first_loss")
 FIT_HISTORIES = ("fct_history", "lambda_orth_history", "posthoc_history")  # ctx.state keys of the map fits
 
 
-class TrainingUnhealthy(Exception):
+class TrainingUnhealthy(OrchestratorError):
     """A generation stopped by the health check: ``line`` is the ``HealthStop``'s one line; a
-    pipeline run adds its step ``key`` and the ``setting`` that holds the thresholds, and ``str``
-    then says that nothing of the generation ran after the step, and how to go on."""
+    pipeline run adds the ``generation``, its step ``key`` and the ``setting`` that holds the
+    thresholds, and ``str`` then says that nothing of the generation ran after the step, and how to
+    go on."""
 
-    def __init__(self, line: str, key: str | None = None, setting: str | None = None):
+    exit_code = ExitCode.UNHEALTHY
+    reported_as = "unhealthy"
+
+    def __init__(self, line: str, generation: str | None = None, key: str | None = None,
+                 setting: str | None = None):
         self.line, self.key, self.setting = line, key, setting
         text = line
         if key is not None:
-            generation = parse_step_key(key).generation
             text += (f"; {key} failed, nothing of {generation} was evaluated or deployed. Train it otherwise "
                      f"(its training settings), or change {setting or 'its health settings'}, and run again")
         super().__init__(text)

@@ -14,6 +14,7 @@ import pytest
 import orchestrator
 from orchestrator import cli
 from orchestrator.cli import ExitCode, build_parser, main
+from orchestrator.lineage.step_keys import train_key
 from orchestrator.methods import available_methods
 
 REPO = Path(__file__).resolve().parents[2]
@@ -274,7 +275,7 @@ def test_a_generation_stopped_by_the_health_check_exits_7_with_one_line(monkeypa
     from orchestrator.training.health import TrainingUnhealthy
 
     def stopped(args):
-        raise TrainingUnhealthy("g1: own CMC@1 0.017 after 4 epochs, chance is 0.016", key="train:g1",
+        raise TrainingUnhealthy("g1: own CMC@1 0.017 after 4 epochs, chance is 0.016", "g1", train_key("g1"),
                                 setting="generations.1.health")
 
     monkeypatch.setattr(cli, "_run_command", stopped)
