@@ -355,7 +355,7 @@ def run_streamed(job: Job) -> dict[str, Any]:
     from orchestrator.integrity import trained_outputs
     from orchestrator.lineage import LineageStore
     from orchestrator.lineage.step_keys import plan_key, train_key
-    from orchestrator.pipeline.gallery_steps import GalleryUpdater
+    from orchestrator.pipeline.gallery.updater import GalleryUpdater
 
     with PeakRss() as rss:
         ray_init_s = start_ray(job.num_cpus, address=job.address, ray_data=True)

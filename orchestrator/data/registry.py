@@ -41,7 +41,7 @@ EXISTING_DATA_OPTIONS: dict[str, str] = {
     "parquet_dataset": "path", "image_files": "path",
 }
 #: A gallery read by Ray Data (``orchestrator.data.ray_data_read``): its options are a
-#: ``RayDataRead``; the pipeline opens it over its snapshot (``orchestrator.pipeline.gallery_snapshot``).
+#: ``RayDataRead``; the pipeline opens it over its snapshot (``orchestrator.pipeline.gallery.snapshot``).
 RAY_DATA = "ray_data"
 STREAMED_SOURCES: dict[str, Callable[..., Any]] = {"parquet_dataset": ParquetDatasetSource, "image_files": ImageFilesSource,
                                                    RAY_DATA: RayDataRead}
@@ -68,7 +68,7 @@ def open_gallery_source(kind: str, options: dict[str, Any]) -> GallerySource:
         raise ValueError(f"source: unknown gallery source {kind!r}; known: {', '.join(STREAMED_SOURCES)}")
     if kind == RAY_DATA:
         raise ValueError("source: a ray_data gallery is opened over its snapshot, under the pipeline's storage "
-                         "(orchestrator.pipeline.gallery_snapshot.open_snapshot)")
+                         "(orchestrator.pipeline.gallery.snapshot.open_snapshot)")
     return STREAMED_SOURCES[kind](**options)
 
 

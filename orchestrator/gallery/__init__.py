@@ -1,7 +1,7 @@
 """Galleries: the item → shard layout, the Parquet shard files, and the evaluation of a gallery
 whose shards hold embeddings of different generations.
 
-No Ray here; ``orchestrator.pipeline.gallery_steps`` drives these from the pipeline.
+No Ray here; ``orchestrator.pipeline.gallery.updater`` drives these from the pipeline.
 """
 from orchestrator.lazy_exports import lazy_exports
 

@@ -3,7 +3,7 @@
 Decision: the S initial shards take the sorted ids in S contiguous blocks whose sizes differ by at
 most one (``numpy.array_split`` sizes), so a shard is a stable id range: the same gallery always
 gives the same layout, whatever order the source lists its items in. Later, a partial item-level
-backfill moves items into new shards (``orchestrator.pipeline.gallery_steps``); the lineage, not
+backfill moves items into new shards (``orchestrator.pipeline.gallery.updater``); the lineage, not
 this function, says where an item is after that.
 """
 from __future__ import annotations

@@ -36,7 +36,7 @@ from orchestrator.lineage.step_keys import (StepKind, deploy_key, evaluate_key, 
 from orchestrator.lineage.store import STEP_SPEC, clean_json
 from orchestrator.metrics import KEY_METRICS, METRICS, format_value
 from orchestrator.pipeline.evaluate_step import EVAL_EMBEDDINGS, eval_embeddings_uri, evaluate_once, recorded_embeddings
-from orchestrator.pipeline.gallery_steps import GalleryUpdater
+from orchestrator.pipeline.gallery.updater import GalleryUpdater
 from orchestrator.pipeline.gate import (DeploymentHeld, GateDecision, GateMeasurement, decide, drop_within_noise,
                                         noise_unmeasured, wasted_backfill)
 from orchestrator.pipeline.operations import shard_snapshot

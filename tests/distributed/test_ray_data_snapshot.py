@@ -1,5 +1,5 @@
 """The snapshot of a gallery read by Ray Data (``orchestrator.distributed.ray_data_snapshot``,
-opened through ``orchestrator.pipeline.gallery_snapshot``) on a local Ray: the rows come out sorted
+opened through ``orchestrator.pipeline.gallery.snapshot``) on a local Ray: the rows come out sorted
 by id whatever the read's order, two opens give the same rows and the second writes nothing, the
 lineage records the snapshot and refuses another one, a duplicate id is one line naming it (inside
 a block or across two), a partial snapshot is replaced, the driver receives one small row per file,
@@ -21,7 +21,7 @@ from orchestrator.distributed.ray_data_snapshot import write_snapshot
 from orchestrator.integrity import IntegrityError
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.step_keys import source_key
-from orchestrator.pipeline.gallery_snapshot import check_snapshot, open_snapshot
+from orchestrator.pipeline.gallery.snapshot import check_snapshot, open_snapshot
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("local_ray")]
 

@@ -28,7 +28,7 @@ from orchestrator.lineage import LineageStore
 from orchestrator.lineage.step_keys import plan_key, train_key
 from orchestrator.methods import create_method
 from orchestrator.models.encoder import EncoderConfig
-from orchestrator.pipeline.gallery_steps import GalleryUpdater
+from orchestrator.pipeline.gallery.updater import GalleryUpdater
 from orchestrator.storage import save_generation
 from orchestrator.distributed.runtime import start_local_ray
 from orchestrator.integrity import trained_outputs

@@ -20,7 +20,7 @@ from orchestrator.lineage.step_keys import plan_key, train_key
 from orchestrator.methods import create_method
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.models.encoder import EncoderConfig
-from orchestrator.pipeline.gallery_steps import GalleryUpdater
+from orchestrator.pipeline.gallery.updater import GalleryUpdater
 from orchestrator.storage import load_generation, save_generation
 from streamed_gallery import pipeline_config, write_parquet_gallery
 from local_ray import start_local_ray

@@ -2,16 +2,16 @@
 
 For every served generation, in order:
 
-1. ``plan:<gallery>:<gen>`` (``gallery_planner.GalleryPlanner``): freeze what this generation does
-   to the gallery (``gallery_plan``).
-1b. ``gate:<gallery>:<gen>`` (``gallery_gate.GateMeter``, when another generation serves): what
+1. ``plan:<gallery>:<gen>`` (``planner.GalleryPlanner``): freeze what this generation does
+   to the gallery (``plan``).
+1b. ``gate:<gallery>:<gen>`` (``gate.GateMeter``, when another generation serves): what
    the deployment gate checks, measured before any shard changes; the runner decides
    (``pipeline.gate``) and may escalate the plan to a full one (``plan:<gallery>:<gen>:full``).
 2. ``embed:<gallery>/<shard>:<gen>`` / ``split:<gallery>/<shard>:<gen>``
-   (``gallery_execute.GalleryExecutor``): each shard update runs on a Ray worker that reads,
+   (``execute.GalleryExecutor``): each shard update runs on a Ray worker that reads,
    embeds and writes its shard's files; the driver commits the returned metadata. No item passes
    through the driver.
-3. (after deployment) ``gallery-eval:<gallery>:<gen>`` (``gallery_evaluate.GalleryEvaluator``):
+3. (after deployment) ``gallery-eval:<gallery>:<gen>`` (``evaluate.GalleryEvaluator``):
    retrieval quality of the served, mixed gallery on a labelled sample.
 
 What the parts share (the file, the lineage, the source, the models) is one ``GalleryContext``.
@@ -24,12 +24,12 @@ from typing import Any
 from orchestrator.config import BackfillPolicy, PipelineConfig
 from orchestrator.data import LabeledImages
 from orchestrator.lineage import LineageStore
-from orchestrator.pipeline.gallery_context import GalleryContext
-from orchestrator.pipeline.gallery_evaluate import GalleryEvaluator
-from orchestrator.pipeline.gallery_execute import GalleryExecutor
-from orchestrator.pipeline.gallery_gate import GateMeter
-from orchestrator.pipeline.gallery_plan import GalleryPlan
-from orchestrator.pipeline.gallery_planner import GalleryPlanner
+from orchestrator.pipeline.gallery.context import GalleryContext
+from orchestrator.pipeline.gallery.evaluate import GalleryEvaluator
+from orchestrator.pipeline.gallery.execute import GalleryExecutor
+from orchestrator.pipeline.gallery.gate import GateMeter
+from orchestrator.pipeline.gallery.plan import GalleryPlan
+from orchestrator.pipeline.gallery.planner import GalleryPlanner
 from orchestrator.pipeline.gate import GateMeasurement
 from orchestrator.shard_update import ShardUpdateResult
 

@@ -1,5 +1,5 @@
 """Planning a generation's gallery update (``plan:<gallery>:<gen>``): which shards or items it
-embeds, in what order, frozen in a plan file before any work starts (``gallery_plan``).
+embeds, in what order, frozen in a plan file before any work starts (``plan``).
 
 The first served generation embeds every shard (contiguous row ranges of the source); later ones
 follow their backfill policy, with priorities computed per shard on Ray (``ScoredGallery``) and
@@ -21,8 +21,8 @@ from orchestrator.integrity import IntegrityError, sha256_bytes
 from orchestrator.lineage.records import ShardRecord
 from orchestrator.lineage.step_keys import plan_key
 from orchestrator.models.adapters import FORWARD_ADAPTER
-from orchestrator.pipeline.gallery_context import GalleryContext
-from orchestrator.pipeline.gallery_plan import GalleryPlan, PlanEntry, ShardBefore
+from orchestrator.pipeline.gallery.context import GalleryContext
+from orchestrator.pipeline.gallery.plan import GalleryPlan, PlanEntry, ShardBefore
 from orchestrator.pipeline.verify import refuse_unknown_file
 from orchestrator.storage import join_uri, read_bytes, write_json_atomic
 

@@ -26,8 +26,8 @@ from orchestrator.distributed.gallery_step import GenerationModel, quiet_ray_dat
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.integrity import record_index
 from orchestrator.lineage.records import ShardAssignment
-from orchestrator.pipeline.gallery_context import GalleryContext
-from orchestrator.pipeline.gallery_plan import GalleryPlan, PlanEntry
+from orchestrator.pipeline.gallery.context import GalleryContext
+from orchestrator.pipeline.gallery.plan import GalleryPlan, PlanEntry
 from orchestrator.progress import Meter
 from orchestrator.shard_update import ShardTarget, ShardUpdate, ShardUpdateResult
 from orchestrator.shard_update.parts import step_staging

@@ -14,8 +14,8 @@ from orchestrator.gallery import ShardEmbeddings, comparable_shards, evaluate_mi
 from orchestrator.gallery.shard_files import read_selection
 from orchestrator.lineage.step_keys import gallery_eval_key
 from orchestrator.metrics import map_of_average_precisions, paired_difference_standard_error
-from orchestrator.pipeline.gallery_context import GalleryContext
-from orchestrator.pipeline.gallery_plan import GalleryPlan
+from orchestrator.pipeline.gallery.context import GalleryContext
+from orchestrator.pipeline.gallery.plan import GalleryPlan
 from orchestrator.pipeline.gate import GateMeasurement
 from orchestrator.search import CompatibilityCriterion
 

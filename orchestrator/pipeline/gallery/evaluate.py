@@ -17,9 +17,9 @@ from orchestrator.stores import load_checked_shard
 from orchestrator.lineage.records import ShardRecord
 from orchestrator.lineage.step_keys import gallery_eval_key
 from orchestrator.metrics import METRICS
-from orchestrator.pipeline.gallery_context import GalleryContext
-from orchestrator.pipeline.gallery_plan import GalleryPlan
-from orchestrator.pipeline.gallery_planner import GalleryPlanner
+from orchestrator.pipeline.gallery.context import GalleryContext
+from orchestrator.pipeline.gallery.plan import GalleryPlan
+from orchestrator.pipeline.gallery.planner import GalleryPlanner
 from orchestrator.search import CompatibilityCriterion, IncompatibleShards, SearchRouter
 from orchestrator.search.router_evaluation import evaluate_search
 from orchestrator.storage import join_uri

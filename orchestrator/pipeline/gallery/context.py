@@ -17,7 +17,7 @@ from orchestrator.geometry.geometry import Geometry
 from orchestrator.integrity import load_checked_generation
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import ShardRecord
-from orchestrator.pipeline.gallery_snapshot import open_snapshot
+from orchestrator.pipeline.gallery.snapshot import open_snapshot
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.storage import join_uri
 from orchestrator.storage.locations import StorageRoot
