@@ -186,7 +186,7 @@ def _gc_command(args: argparse.Namespace) -> int:
 
 
 def _verify_command(args: argparse.Namespace) -> int:
-    writes = args.adopt or args.rebuild_lineage  # verify alone reads only: it creates and changes nothing
+    writes = args.adopt or args.rebuild_lineage or args.migrate_stores  # verify alone reads only: it changes nothing
     config, store, storage = _served_store(args, readonly=not writes)
     from orchestrator.pipeline.verify import adopt_unhashed, verify_storage
 
@@ -198,6 +198,11 @@ def _verify_command(args: argparse.Namespace) -> int:
     if args.adopt:
         for uri in adopt_unhashed(store):
             print(f"adopted {uri}")
+    if args.migrate_stores:
+        from orchestrator.stores.migrate import migrate_stores
+
+        for line in migrate_stores(store):
+            print(line)
     result = verify_storage(store, storage)
     for line in result.lines():
         print(line)
@@ -215,6 +220,10 @@ def _add_verify_command(commands: argparse._SubParsersAction) -> None:
     verify.add_argument("--adopt", action="store_true",
                         help="first record the hashes a lineage written by an older version lacks, trusting the "
                              "cards and indexes as they are now (weights and shard files are still checked)")
+    verify.add_argument("--migrate-stores", action="store_true",
+                        help="first bring pgvector tables and Lance datasets written by an earlier layout to the "
+                             "current one in place (add and fill the search and raw columns, rebuild the index, "
+                             "record the new digest; docs/stores.md); run it while no pipeline writes")
     verify.add_argument("--rebuild-lineage", action="store_true",
                         help="first rebuild a lost or emptied lineage from the storage's own files (cards and "
                              "weights, shard and index files, the last plan), refusing whatever disagrees "

@@ -9,7 +9,8 @@ comparison path its generation needs (``orchestrator.comparison``):
   queries being mapped once per generation, not once per shard;
 - ``forward``: an older generation reached through forward maps F (FCT): its stored index holds
   the old space, which the serving queries cannot search, so when the router is built the shard's
-  stored embeddings (its Parquet file, checksum checked) are mapped by F into the serving space
+  stored embeddings (its Parquet file, checksum checked, or its rows' raw embeddings in a gallery
+  store: ``stores.read_checked_embeddings``) are mapped by F into the serving space
   and put in an in-memory exact (``flat``) index of that space, whatever kind the stored index is
   (``paths()`` says so); the raw queries search it;
 
@@ -40,7 +41,7 @@ import torch
 
 from orchestrator.comparison import ComparisonPath, IncomparableGenerations, comparison_path
 from orchestrator.errors import UsageError
-from orchestrator.gallery.shard_files import ShardEmbeddings, read_shard
+from orchestrator.gallery.shard_files import read_shard
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.index import build_index
 from orchestrator.lineage.records import ShardRecord
@@ -167,7 +168,7 @@ def _path(serving: str, generation: str, models, parents, criterion: Compatibili
 
 
 def load_route(shard: ShardRecord, path: ComparisonPath, load_index: Callable[[str], Any],
-               read_embeddings: Callable[[ShardRecord], ShardEmbeddings] | None = None) -> ShardRoute:
+               read_embeddings: Callable[[ShardRecord], tuple[np.ndarray, np.ndarray]] | None = None) -> ShardRoute:
     """An admitted shard with its index: the stored one (``load_index(uri)``, its size checked
     against the lineage's row), or on a ``forward`` path the in-memory flat index of its stored
     embeddings (``read_embeddings``) mapped into the serving space."""
@@ -185,17 +186,18 @@ def load_route(shard: ShardRecord, path: ComparisonPath, load_index: Callable[[s
 
 
 def _mapped_index(shard: ShardRecord, path: ComparisonPath,
-                  read_embeddings: Callable[[ShardRecord], ShardEmbeddings]) -> Any:
+                  read_embeddings: Callable[[ShardRecord], tuple[np.ndarray, np.ndarray]]) -> Any:
     """The in-memory flat index, in ``path.space``, of the shard's stored embeddings (N, D_g)
-    mapped by ``path.map_gallery`` (N, D_q), with the shard's item ids."""
+    (``read_embeddings``: shard row → (ids (N,), embeddings)) mapped by ``path.map_gallery``
+    (N, D_q), with the shard's item ids."""
     if shard.embeddings_uri is None:
         raise ValueError(f"gallery {shard.gallery!r} shard {shard.index} ({shard.generation}) has no embeddings "
                          f"file in the lineage; its {path.note} needs the stored embeddings")
-    stored = read_embeddings(shard)
-    vectors = torch.from_numpy(np.ascontiguousarray(stored.embeddings))
+    ids, embeddings = read_embeddings(shard)
+    vectors = torch.from_numpy(np.ascontiguousarray(embeddings))
     mapped = torch.cat([path.map_gallery(part).float() for part in vectors.split(MAP_GALLERY_CHUNK)])
     geometry = Geometry(path.space, path.curv)
-    return build_index(mapped.numpy(), geometry.space, "flat", stored.ids, curv=geometry.curv)
+    return build_index(mapped.numpy(), geometry.space, "flat", ids, curv=geometry.curv)
 
 
 @dataclass
@@ -238,9 +240,10 @@ class SearchResult:
         return out
 
 
-def _read_shard_file(shard: ShardRecord) -> ShardEmbeddings:
-    """The shard's Parquet file, its sha256 checked against the lineage row."""
-    return read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)
+def _read_shard_file(shard: ShardRecord) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, embeddings) of the shard's Parquet file, its sha256 checked against the lineage row."""
+    stored = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)
+    return stored.ids, stored.embeddings
 
 
 def merge_top_k(distances: Sequence[np.ndarray], ids: Sequence[np.ndarray], sources: Sequence[int],
@@ -356,27 +359,27 @@ class SearchRouter:
     criterion: the compatibility criterion over recorded values (None: admit every shard that has
                a comparison path; for tests and galleries without recorded evaluations).
     load_index: index URI → index object (``orchestrator.index.load_index``).
-    read_embeddings: shard row → its stored embeddings, for shards on a ``forward`` path (default:
-               ``read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)``).
+    read_embeddings: shard row → (ids, its stored embeddings), for shards on a ``forward`` path
+               (``stores.read_checked_embeddings``; default: its Parquet file, sha256 checked).
     """
 
     def __init__(self, serving: str, models: Mapping[str, CompatibleModel], parents: Mapping[str, str | None],
                  shards: Sequence[ShardRecord], criterion: CompatibilityCriterion | None,
                  load_index: Callable[[str], Any], on_incompatible: OnIncompatible = "refuse",
-                 read_embeddings: Callable[[ShardRecord], ShardEmbeddings] | None = None):
+                 read_embeddings: Callable[[ShardRecord], tuple[np.ndarray, np.ndarray]] | None = None):
         self._load(plan_routes(serving, models, parents, shards, criterion, on_incompatible), models, load_index,
                    read_embeddings)
 
     @classmethod
     def of_plan(cls, plan: RoutePlan, models: Mapping[str, CompatibleModel], load_index: Callable[[str], Any],
-                read_embeddings: Callable[[ShardRecord], ShardEmbeddings] | None = None) -> "SearchRouter":
+                read_embeddings: Callable[[ShardRecord], tuple[np.ndarray, np.ndarray]] | None = None) -> "SearchRouter":
         """The router of a ``plan_routes`` plan: its admitted shards' indexes loaded."""
         router = cls.__new__(cls)
         router._load(plan, models, load_index, read_embeddings)
         return router
 
     def _load(self, plan: RoutePlan, models: Mapping[str, CompatibleModel], load_index: Callable[[str], Any],
-              read_embeddings: Callable[[ShardRecord], ShardEmbeddings] | None) -> None:
+              read_embeddings: Callable[[ShardRecord], tuple[np.ndarray, np.ndarray]] | None) -> None:
         self.plan, self.serving, self.models, self.gallery = plan, plan.serving, models, plan.gallery
         self.skipped: list[SkippedShard] = list(plan.skipped)
         self.routes: list[ShardRoute] = [load_route(shard, path, load_index, read_embeddings)

@@ -21,7 +21,7 @@ import torch
 
 from orchestrator.gallery import read_shard
 from orchestrator.integrity import load_checked_generation
-from orchestrator.stores import load_checked_shard
+from orchestrator.stores import load_checked_shard, read_checked_embeddings
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import GenerationRecord, ShardRecord
 from orchestrator.models.bundle import CompatibleModel
@@ -82,9 +82,7 @@ def open_router(store: LineageStore, gallery: str, serving: str | None = None, *
         def load_index(shard: ShardRecord) -> Any:
             return load_checked_shard(store, shard, storage_options)
     return SearchRouter.of_plan(plan, models, lambda uri: load_index(by_uri[uri]),
-                                read_embeddings=lambda shard: read_shard(shard.embeddings_uri,
-                                                                         expected_sha256=shard.sha256,
-                                                                         storage_options=storage_options))
+                                read_embeddings=lambda shard: read_checked_embeddings(store, shard, storage_options))
 
 
 @dataclass

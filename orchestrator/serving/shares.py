@@ -54,6 +54,7 @@ class ShardShare:
         pairs, all of this share. Returns (shard index, index kind) of each, for the ingress's
         check that one ranking can merge them (``search.router.check_one_distance_unit``)."""
         from orchestrator.search.router import load_route
+        from orchestrator.stores import read_checked_embeddings
 
         foreign = [shard.index for shard, _path in admitted if share_of(shard.index, self.shares) != self.share]
         if foreign:
@@ -62,7 +63,8 @@ class ShardShare:
             with self._lock:
                 held = self._held.get(key)
             if held is None:  # loading takes the time: searches of held keys go on meanwhile
-                routes = [load_route(shard, path, lambda _uri, shard=shard: self.indexes.load(shard), self._read)
+                routes = [load_route(shard, path, lambda _uri, shard=shard: self.indexes.load(shard),
+                                     lambda shard: read_checked_embeddings(self.store, shard))
                           for shard, path in admitted]
                 held = routes, {route.shard.index: self._read(route.shard) for route in routes}
             with self._lock:

@@ -62,4 +62,21 @@ def load_checked_shard(lineage, shard, storage_options: Mapping[str, Any] | None
     return load_checked_index(lineage, shard, storage_options)
 
 
-__all__ = ["StoreLocation", "is_store_uri", "load_checked_shard", "store_at", "store_of"]
+def read_checked_embeddings(lineage, shard, storage_options: Mapping[str, Any] | None = None):
+    """(ids (N,), float32 embeddings (N, D)) of lineage shard row ``shard`` as its generation's
+    model wrote them (what a forward path maps through F): from its store's rows (count and
+    digest checked against the lineage's record, ``stores.vectors.read_checked_embeddings``), or
+    from its shard file (sha256 checked against the lineage's row)."""
+    if is_store_uri(shard.index_uri):
+        from orchestrator.integrity import recorded_index
+        from orchestrator.stores.vectors import read_checked_embeddings as read_store
+
+        record = recorded_index(lineage, shard.index_uri)
+        return read_store(store_at(shard.index_uri, record), shard.index_uri, record)
+    from orchestrator.gallery.shard_files import read_shard
+
+    stored = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256, storage_options=storage_options)
+    return stored.ids, stored.embeddings
+
+
+__all__ = ["StoreLocation", "is_store_uri", "load_checked_shard", "read_checked_embeddings", "store_at", "store_of"]

@@ -5,7 +5,9 @@ What it creates (nothing else; docs/stores.md): under its folder (``store.path``
 ``<storage>/galleries/<gallery>/lance``) one dataset per generation, ``<generation>.lance``, with
 the columns ``shard`` int32, ``version`` string, ``id`` int64, ``label`` int64, ``uri`` string,
 ``embedding`` fixed-size list of float32 (the stored coordinates, ``stores.vectors``; with an
-approximate index over a hyperbolic gallery also ``search``, their MIPS→L2 search coordinates), and
+approximate index over a hyperbolic gallery also ``search``, their MIPS→L2 search coordinates; in a
+non-Euclidean gallery also ``raw``, the raw embeddings a forward path maps through F:
+``stores.vectors.row_columns``), and
 with ``store.index`` an ``IVF_PQ`` or ``IVF_HNSW_SQ`` vector index on the column the search ranks
 by (``stores.vectors.search_metric``) once a dataset holds enough rows (``MIN_INDEX_ROWS``); rows
 appended later are searched unindexed (flat) until the index is rebuilt.
@@ -30,8 +32,9 @@ import numpy as np
 
 from orchestrator.integrity import ids_sha256
 from orchestrator.stores.locations import StoreLocation
-from orchestrator.stores.vectors import (check_rows, check_servable, query_coordinates, rerank, rows_digest,
-                                         search_metric, search_rows, searches_mips, stored_coordinates)
+from orchestrator.stores.vectors import (EarlierLayout, check_current_layout, check_layout, check_rows, check_servable,
+                                         query_coordinates, recorded_columns, rerank, row_columns, rows_digest,
+                                         search_metric, shard_columns, stored_coordinates)
 
 VERSION_CHARS = 20
 MIN_INDEX_ROWS = 4096
@@ -89,23 +92,29 @@ class LanceStore:
         from orchestrator.storage.overwrite import UnknownArtefact
 
         vectors = stored_coordinates(shard.embeddings, shard.space, shard.curv)
-        digest = rows_digest(shard.ids, vectors)
+        names = row_columns(shard.space, self.index)
+        values = shard_columns(shard.embeddings, vectors, names)
+        digest = rows_digest(shard.ids, *values.values())
         name = dataset_name(shard.generation)
         location = StoreLocation("lance", self.path, int(shard_index), digest[:VERSION_CHARS], name)
         attributes = shard.attributes
         uris = attributes.column("uri").to_pylist() if attributes is not None and "uri" in attributes.column_names \
             else [None] * len(shard.ids)
-        n, dim = vectors.shape
+        n = len(shard.ids)
         columns = {"shard": pa.array(np.full(n, shard_index, np.int32)),
                    "version": pa.array([location.version] * n, pa.string()),
                    "id": pa.array(np.asarray(shard.ids, np.int64)),
                    "label": pa.array(np.asarray(shard.labels, np.int64)),
-                   "uri": pa.array(uris, pa.string()),
-                   "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1)), dim)}
-        if searches_mips(shard.space, self.index):
-            columns["search"] = pa.FixedSizeListArray.from_arrays(pa.array(search_rows(vectors).reshape(-1)), dim + 1)
+                   "uri": pa.array(uris, pa.string())}
+        for column, rows in values.items():
+            columns[column] = pa.FixedSizeListArray.from_arrays(pa.array(rows.reshape(-1)), rows.shape[1])
         table = pa.table(columns)
         dataset = self._open(name)
+        missing = [] if dataset is None else [column for column in values if column not in dataset.schema.names]
+        if missing:
+            raise EarlierLayout(f"lance store {self.path} dataset {name}: written by an earlier layout without the "
+                                f"column(s) {', '.join(missing)}; run `orchestrator verify FILE --migrate-stores` to "
+                                "add and fill them in place, then re-run")
         if dataset is not None and dataset.count_rows(filter=self._filter(location)):
             if first_attempt:
                 raise UnknownArtefact(f"{key}: {location.describe()} already holds rows, although the step is on its "
@@ -127,7 +136,8 @@ class LanceStore:
         return location.uri, {"kind": "lance", "sha256": digest, "ids_sha256": ids_sha256(shard.ids),
                               "n_items": int(n), "space": shard.space, "curv": float(shard.curv),
                               "dim": int(np.asarray(shard.embeddings).shape[1]), "index": self.index,
-                              "index_options": dict(self.index_options), "overfetch": int(self.overfetch)}
+                              "index_options": dict(self.index_options), "overfetch": int(self.overfetch),
+                              "columns": names}
 
     def _maybe_index(self, name: str, space: str, force: bool = False) -> None:
         """Build the dataset's vector index once it holds ``MIN_INDEX_ROWS`` rows (``force``: rebuild now)."""
@@ -158,26 +168,63 @@ class LanceStore:
         dataset = self._open(location.table)
         return 0 if dataset is None else int(dataset.count_rows(filter=self._filter(location)))
 
-    def read_rows(self, uri: str) -> tuple[np.ndarray, np.ndarray]:
+    def read_rows(self, uri: str, columns: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """(ids (N,) int64 ascending, column → its (N, ·) float32 values in that order) of the rows at ``uri``."""
         location = self._location(uri)
         dataset = self._open(location.table)
         if dataset is None:
-            return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
-        table = dataset.to_table(columns=["id", "embedding"], filter=self._filter(location))
+            return np.zeros(0, np.int64), {column: np.zeros((0, 0), np.float32) for column in columns}
+        table = dataset.to_table(columns=["id", *columns], filter=self._filter(location))
         ids = table.column("id").to_numpy().astype(np.int64)
-        embedding = table.column("embedding").combine_chunks()
-        vectors = embedding.values.to_numpy().reshape(len(ids), embedding.type.list_size) if len(ids) else \
-            np.zeros((0, embedding.type.list_size), np.float32)
         order = np.argsort(ids, kind="stable")
-        return ids[order], np.ascontiguousarray(vectors[order], dtype=np.float32)
+        return ids[order], {column: np.ascontiguousarray(_vectors(table.column(column), len(ids))[order])
+                            for column in columns}
 
     def open_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None):
         held = self.count(uri)
-        check_servable(StoreLocation.parse(uri).describe(), record, held)
+        where = StoreLocation.parse(uri).describe()
+        check_servable(where, record, held)
+        check_layout(where, record, [search_metric(record["space"], record.get("index", "exact"))[0]],
+                     "the column its search ranks by")
         return LanceShard(self, uri, dict(record), held)
 
     def check_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None) -> None:
-        check_rows(self._location(uri).describe(), record, *self.read_rows(uri))
+        where = self._location(uri).describe()
+        check_rows(where, record, *self.read_rows(uri, recorded_columns(record or {})))
+        check_current_layout(where, record)
+
+    def add_columns(self, name: str, locations: list[tuple[str, np.ndarray, dict[str, np.ndarray]]],
+                    space: str) -> None:
+        """``stores.migrate``: one new version of dataset ``name`` with the columns ``locations``
+        ((location URI, its ids ascending, column → (N, ·) values)) carry (null in rows no location
+        names), its vector index rebuilt on the column its search ranks by."""
+        import lance
+        import pyarrow as pa
+
+        table = self._open(name).to_table()
+        shards, versions = table.column("shard").to_numpy(), np.asarray(table.column("version").to_pylist(), dtype=object)
+        row_ids = table.column("id").to_numpy()
+        widths = {column: values.shape[1] for _uri, _ids, added in locations for column, values in added.items()}
+        filled, present = {}, {}
+        for column, width in widths.items():  # a column an interrupted migration added keeps its values
+            held = table.column(column) if column in table.column_names else None
+            present[column] = np.zeros(len(table), bool) if held is None else held.is_valid().to_numpy(zero_copy_only=False)
+            filled[column] = np.zeros((len(table), width), np.float32)
+            if held is not None:
+                filled[column][present[column]] = _vectors(held.filter(held.is_valid()), int(present[column].sum()))
+                table = table.drop_columns([column])
+        for uri, ids, added in locations:
+            location = self._location(uri)
+            rows = np.flatnonzero((shards == location.shard) & (versions == location.version))
+            rows = rows[np.argsort(row_ids[rows], kind="stable")]  # in the order of ``ids`` (ascending)
+            for column, values in added.items():
+                filled[column][rows], present[column][rows] = values, True
+        for column, width in widths.items():
+            array = pa.FixedSizeListArray.from_arrays(pa.array(filled[column].reshape(-1)), width,
+                                                      mask=pa.array(~present[column]))
+            table = table.append_column(column, array)
+        lance.write_dataset(table, self._uri(name), mode="overwrite")
+        self._maybe_index(name, space, force=True)
 
     def datasets(self) -> list[str]:
         from orchestrator.storage.filesystem import list_dir
@@ -242,8 +289,13 @@ class LanceShard:
                                            filter=LanceStore._filter(self.location), prefilter=True,
                                            disable_scoring_autoprojection=True)
             ids = table.column("id").to_numpy().astype(np.int64)
-            embedding = table.column("embedding").combine_chunks()
             found.append(ids)
-            vectors.append(embedding.values.to_numpy().reshape(len(ids), embedding.type.list_size).astype(np.float32)
-                           if len(ids) else np.zeros((0, coords.shape[1]), np.float32))
+            vectors.append(_vectors(table.column("embedding"), len(ids)))
         return rerank(coords, found, vectors, k, self.space, self.curv)
+
+
+def _vectors(column, n: int) -> np.ndarray:
+    """A fixed-size-list column of ``n`` rows → (n, width) float32."""
+    values = column.combine_chunks()
+    width = values.type.list_size
+    return values.flatten().to_numpy().reshape(n, width).astype(np.float32) if n else np.zeros((0, width), np.float32)

@@ -9,7 +9,9 @@ it once), and per generation of the gallery one table ``<table>__<generation>``:
 
 (with an approximate index over a hyperbolic gallery, also ``search vector(D'+1)``: the rows'
 MIPS→L2 search coordinates, ``stores.vectors``; with a binary ``gallery.index`` kind, also ``code
-bit(8C)``: the rows' bit-plane codes, ``stores.bits``, searched by Hamming distance ``<~>``) and,
+bit(8C)``: the rows' bit-plane codes, ``stores.bits``, searched by Hamming distance ``<~>``; in a
+non-Euclidean gallery, also ``raw vector(D)``: the raw embeddings a forward path maps through F;
+``stores.vectors.row_columns``) and,
 when ``store.index`` says so, one approximate index (``hnsw`` or ``ivfflat``) on the column the
 search ranks by: ``embedding`` with ``vector_l2_ops`` (euclidean) or ``vector_ip_ops`` (cosine),
 ``search`` with ``vector_ip_ops`` (hyperbolic; ``stores.vectors.search_metric``), ``code`` with
@@ -45,8 +47,9 @@ from orchestrator.outside import OutsideSystemError
 from orchestrator.stores.bits import (bit_strings, candidates_per_query, code_distances, codes_of_bit_strings,
                                       query_codes, shard_codes)
 from orchestrator.stores.locations import StoreLocation, libpq_url, shown
-from orchestrator.stores.vectors import (check_rows, check_servable, nearest, query_coordinates, rerank, rows_digest,
-                                         search_metric, search_rows, stored_coordinates)
+from orchestrator.stores.vectors import (EarlierLayout, check_current_layout, check_layout, check_rows, check_servable,
+                                         nearest, query_coordinates, recorded_columns, rerank, row_columns, rows_digest,
+                                         search_metric, shard_columns, stored_coordinates)
 
 _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 _COPY_TRAILER = struct.pack(">h", -1)
@@ -153,23 +156,35 @@ class PgVectorStore:
             connection.execute("SELECT 1")
 
     # -- tables ---------------------------------------------------------------------------------
-    def _ensure_table(self, connection, table: str, dim: int, space: str, code_bytes: int | None) -> None:
+    def _ensure_table(self, connection, table: str, columns: dict[str, np.ndarray]) -> None:
+        """Create ``table`` with the vector ``columns`` (column → its (N, width) values) unless it
+        exists; ``EarlierLayout`` when it exists without one of them (written by an earlier layout)."""
         from psycopg import sql
 
         connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (f"orchestrator-store:{table}",))
         if connection.execute("SELECT to_regclass(%s)", (f'"{table}"',)).fetchone()[0] is not None:
+            missing = [column for column in columns if column not in self.table_columns(connection, table)]
+            if missing:
+                raise EarlierLayout(f"pgvector store {shown(self.url)} table {table}: written by an earlier layout "
+                                    f"without the column(s) {', '.join(missing)}; run `orchestrator verify FILE "
+                                    "--migrate-stores` to add and fill them in place, then re-run")
             return
         if connection.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() is None:
             connection.execute("SELECT pg_advisory_xact_lock(hashtext('orchestrator-store:vector-extension'))")
             connection.execute("CREATE EXTENSION IF NOT EXISTS vector")
-        column = self.searched_column(space)[0]
-        searched = {"search": sql.SQL("search vector({}) NOT NULL, ").format(sql.Literal(dim + 1)),
-                    "code": sql.SQL("code bit({}) NOT NULL, ").format(sql.Literal(8 * (code_bytes or 0)))
-                    }.get(column, sql.SQL(""))
+        defined = sql.SQL("").join(sql.SQL("{} {} NOT NULL, ").format(sql.Identifier(column),
+                                                                       _column_type(column, values.shape[1]))
+                                   for column, values in columns.items())
         connection.execute(sql.SQL("CREATE TABLE {} (shard integer NOT NULL, version text NOT NULL, id bigint NOT NULL, "
-                                   "label bigint NOT NULL, embedding vector({}) NOT NULL, {}uri text, "
-                                   "PRIMARY KEY (shard, version, id))").format(sql.Identifier(table), sql.Literal(dim),
-                                                                               searched))
+                                   "label bigint NOT NULL, {}uri text, PRIMARY KEY (shard, version, id))")
+                           .format(sql.Identifier(table), defined))
+
+    @staticmethod
+    def table_columns(connection, table: str) -> set[str]:
+        """The names of ``table``'s columns."""
+        return {row[0] for row in connection.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() AND "
+            "table_name = %s", (table,)).fetchall()}
 
     def build_index(self, connection, table: str, space: str) -> bool:
         """Create the table's approximate index (``store.index``) unless it has one; True if created.
@@ -217,21 +232,19 @@ class PgVectorStore:
         from orchestrator.storage.overwrite import UnknownArtefact
 
         vectors = stored_coordinates(shard.embeddings, shard.space, shard.curv)
-        digest = rows_digest(shard.ids, vectors)
+        names = row_columns(shard.space, self.index, self.binary is not None)
+        codes = codes_record = None
+        if "code" in names:
+            codes, codes_record = shard_codes(shard.embeddings, shard.space, shard.curv, self.binary, self.binary_options)
+        columns = shard_columns(shard.embeddings, vectors, names, codes)
+        digest = rows_digest(shard.ids, *columns.values())
         table = table_name(self.prefix, shard.generation)
         location = StoreLocation("pgvector", self.url, int(shard_index), digest[:VERSION_CHARS], table)
         attributes = shard.attributes
         uris = attributes.column("uri").to_pylist() if attributes is not None and "uri" in attributes.column_names else None
-        column = self.searched_column(shard.space)[0]
-        codes = codes_record = None
-        if column == "code":
-            codes, codes_record = shard_codes(shard.embeddings, shard.space, shard.curv, self.binary, self.binary_options)
-        searched = {"search": search_rows(vectors) if column == "search" else None, "code": codes}.get(column)
-        data = _copy_rows(int(shard_index), location.version, shard.ids, shard.labels, vectors,
-                          column if searched is not None else None, searched, uris)
+        data = _copy_rows(int(shard_index), location.version, shard.ids, shard.labels, columns, uris)
         with self.connect() as connection:
-            self._ensure_table(connection, table, vectors.shape[1], shard.space,
-                               None if codes is None else codes.shape[1])
+            self._ensure_table(connection, table, columns)
             where = sql.SQL("WHERE shard = {} AND version = {}").format(sql.Literal(location.shard),
                                                                          sql.Literal(location.version))
             connection.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", (location.uri,))
@@ -243,9 +256,9 @@ class PgVectorStore:
                                           "its first attempt (so no earlier attempt wrote them and the lineage does not "
                                           "know them); refusing to replace them")
                 connection.execute(sql.SQL("DELETE FROM {} ").format(sql.Identifier(table)) + where)
-            columns = "shard, version, id, label, embedding, " + (f"{column}, " if searched is not None else "") + "uri"
+            listed = sql.SQL(", ").join(sql.Identifier(name) for name in ["shard", "version", "id", "label", *columns, "uri"])
             with connection.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
-                    sql.Identifier(table), sql.SQL(columns))) as copy:
+                    sql.Identifier(table), listed)) as copy:
                 copy.write(data)
         if self.index != "exact":  # once the table holds enough rows to train on (a separate transaction)
             with self.connect() as connection:
@@ -256,7 +269,7 @@ class PgVectorStore:
                               "n_items": int(len(shard.ids)), "space": shard.space, "curv": float(shard.curv),
                               "dim": int(np.asarray(shard.embeddings).shape[1]), "index": self.index,
                               "index_options": dict(self.index_options), "overfetch": int(self.overfetch),
-                              **({"binary": codes_record} if codes_record else {})}
+                              "columns": names, **({"binary": codes_record} if codes_record else {})}
 
     def count(self, uri: str) -> int:
         from psycopg import sql
@@ -269,30 +282,74 @@ class PgVectorStore:
                                           .format(sql.Identifier(location.table)),
                                           (location.shard, location.version)).fetchone()[0])
 
-    def read_rows(self, uri: str) -> tuple[np.ndarray, np.ndarray]:
-        """(ids (N,) int64 ascending, stored float32 rows (N, D')) at ``uri``."""
+    def read_rows(self, uri: str, columns: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """(ids (N,) int64 ascending, column → its (N, ·) values in that order: float32 vectors,
+        uint8 codes) of the rows at ``uri``."""
         from psycopg import sql
 
         location = self._location(uri)
         with self.connect() as connection:
             if connection.execute("SELECT to_regclass(%s)", (f'"{location.table}"',)).fetchone()[0] is None:
-                return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
+                return np.zeros(0, np.int64), {column: np.zeros((0, 0), np.float32) for column in columns}
             buffer = bytearray()
-            with connection.cursor().copy(sql.SQL("COPY (SELECT id, embedding FROM {} WHERE shard = {} AND version = {} "
+            listed = sql.SQL(", ").join(sql.Identifier(name) for name in ["id", *columns])
+            with connection.cursor().copy(sql.SQL("COPY (SELECT {} FROM {} WHERE shard = {} AND version = {} "
                                                   "ORDER BY id) TO STDOUT (FORMAT BINARY)")
-                                          .format(sql.Identifier(location.table), sql.Literal(location.shard),
+                                          .format(listed, sql.Identifier(location.table), sql.Literal(location.shard),
                                                   sql.Literal(location.version))) as copy:
                 for chunk in copy:
                     buffer += chunk
-        return _parse_id_vectors(bytes(buffer))
+        return _parse_rows(bytes(buffer), ["code" if column == "code" else "vector" for column in columns], columns)
 
     def open_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None):
         held = self.count(uri)
-        check_servable(StoreLocation.parse(uri).describe(), record, held)
+        where = StoreLocation.parse(uri).describe()
+        check_servable(where, record, held)
+        searched = "code" if record.get("binary") else search_metric(record["space"], record.get("index", "exact"))[0]
+        check_layout(where, record, [searched], "the column its search ranks by")
         return PgVectorShard(self, uri, dict(record), held)
 
     def check_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None) -> None:
-        check_rows(self._location(uri).describe(), record, *self.read_rows(uri))
+        where = self._location(uri).describe()
+        check_rows(where, record, *self.read_rows(uri, recorded_columns(record or {})))
+        check_current_layout(where, record)
+
+    def add_columns(self, table: str, locations: list[tuple[str, np.ndarray, dict[str, np.ndarray]]],
+                    space: str) -> None:
+        """``stores.migrate``: add the columns ``locations`` ((location URI, its ids ascending,
+        column → (N, ·) values)) carry to ``table`` (nullable: rows no location names get none),
+        fill each location's rows in one transaction, and rebuild the approximate index on ``search``
+        when that column is new (the earlier layout's index was on ``embedding``)."""
+        from psycopg import sql
+
+        widths = {column: values.shape[1] for _uri, _ids, added in locations for column, values in added.items()}
+        with self.connect() as connection:
+            held = self.table_columns(connection, table)
+            for column, width in widths.items():
+                if column not in held:
+                    connection.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} {}").format(
+                        sql.Identifier(table), sql.Identifier(column), _column_type(column, width)))
+        for uri, ids, added in locations:
+            location = self._location(uri)
+            names = [sql.Identifier(column) for column in added]
+            with self.connect() as connection:
+                connection.execute(sql.SQL("CREATE TEMPORARY TABLE migrated ON COMMIT DROP AS SELECT shard, version, id, "
+                                           "label, {}, uri FROM {} LIMIT 0").format(sql.SQL(", ").join(names),
+                                                                                   sql.Identifier(table)))
+                with connection.cursor().copy("COPY migrated FROM STDIN (FORMAT BINARY)") as copy:
+                    copy.write(_copy_rows(location.shard, location.version, ids, np.zeros(len(ids), np.int64), added, None))
+                connection.execute(sql.SQL("UPDATE {} AS t SET {} FROM migrated AS m WHERE t.shard = m.shard AND "
+                                           "t.version = m.version AND t.id = m.id").format(
+                    sql.Identifier(table), sql.SQL(", ").join(sql.SQL("{} = m.{}").format(name, name) for name in names)))
+        if "search" in widths and self.index != "exact":
+            with self.connect() as connection:
+                name = f"{table}_{self.index}"
+                definition = connection.execute("SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() "
+                                                "AND indexname = %s", (name,)).fetchone()
+                if definition is not None and "(search " not in definition[0]:
+                    connection.execute(sql.SQL("DROP INDEX {}").format(sql.Identifier(name)))
+                self.build_index(connection, table, space)
+                connection.execute(sql.SQL("ANALYZE {}").format(sql.Identifier(table)))
 
     def locations(self) -> list[str]:
         from psycopg import sql
@@ -324,7 +381,8 @@ class PgVectorShard:
         self.store, self.uri, self.record = store, uri, record
         self.location = store._location(uri)
         self.space, self.curv, self.dim = record["space"], float(record["curv"]), int(record["dim"])
-        self.kind = {"hnsw": "hnsw", "ivfflat": "ivf"}.get(record.get("index", "exact"), "flat")
+        self.kind = (record["binary"]["kind"] if record.get("binary") else  # its distances' unit (router)
+                     {"hnsw": "hnsw", "ivfflat": "ivf"}.get(record.get("index", "exact"), "flat"))
         self._ntotal = n_rows
 
     @property
@@ -354,11 +412,11 @@ class PgVectorShard:
             sql.Identifier(returned), order, sql.Identifier(self.location.table), order)  # ::text of the hits only
         options = dict(self.store.index_options)
         with self.store.reading() as connection:
-            if self.kind == "hnsw":
+            if index == "hnsw":
                 connection.execute(sql.SQL("SET LOCAL hnsw.ef_search = {}").format(
                     sql.Literal(int(options.get("ef_search", max(40, fetch))))))
                 connection.execute("SET LOCAL hnsw.iterative_scan = relaxed_order")
-            elif self.kind == "ivf":
+            elif index == "ivfflat":
                 connection.execute(sql.SQL("SET LOCAL ivfflat.probes = {}").format(
                     sql.Literal(int(options.get("probes", 10)))))
                 connection.execute("SET LOCAL ivfflat.iterative_scan = relaxed_order")
@@ -383,32 +441,41 @@ def _vector_text(row: np.ndarray) -> str:
     return "[" + ",".join(repr(float(v)) for v in row.astype(np.float32)) + "]"
 
 
-def _copy_rows(shard: int, version: str, ids: np.ndarray, labels: np.ndarray, vectors: np.ndarray,
-               column: str | None, searched: np.ndarray | None, uris: list[str | None] | None) -> bytes:
-    """The rows in PostgreSQL's binary COPY format: (shard, version, id, label, embedding[, column], uri),
-    ``column`` holding ``searched``: ``search`` float32 vectors or ``code`` uint8 packed bits."""
-    n, dim = vectors.shape
+def _column_type(column: str, width: int):
+    """The SQL type of a vector column of ``width`` values (``code``: ``width`` bytes of bits)."""
+    from psycopg import sql
+
+    return sql.SQL("bit({})" if column == "code" else "vector({})").format(sql.Literal(8 * width if column == "code" else width))
+
+
+def _copy_rows(shard: int, version: str, ids: np.ndarray, labels: np.ndarray, columns: Mapping[str, np.ndarray],
+               uris: list[str | None] | None) -> bytes:
+    """The rows in PostgreSQL's binary COPY format: (shard, version, id, label, the vector
+    ``columns`` in order, uri); ``code`` holds uint8 packed bits (a ``bit``), the others float32
+    (a ``vector``)."""
+    n = len(ids)
     version_bytes = version.encode()
-    if column is None:
-        extra = []
-    elif column == "code":  # bit: its length in bits, then the bytes
-        extra = [("l_extra", ">i4"), ("bits", ">i4"), ("extra", "u1", (searched.shape[1],))]
-    else:  # vector: its dimension, a reserved int16, then the floats
-        extra = [("l_extra", ">i4"), ("extra_dim", ">i2"), ("extra_unused", ">i2"), ("extra", ">f4", (searched.shape[1],))]
-    fixed = np.dtype([("fields", ">i2"), ("l_shard", ">i4"), ("shard", ">i4"), ("l_version", ">i4"),
-                      ("version", f"S{len(version_bytes)}"), ("l_id", ">i4"), ("id", ">i8"), ("l_label", ">i4"),
-                      ("label", ">i8"), ("l_vec", ">i4"), ("dim", ">i2"), ("unused", ">i2"), ("vec", ">f4", (dim,))]
-                     + extra)
+    fields = [("fields", ">i2"), ("l_shard", ">i4"), ("shard", ">i4"), ("l_version", ">i4"),
+              ("version", f"S{len(version_bytes)}"), ("l_id", ">i4"), ("id", ">i8"), ("l_label", ">i4"),
+              ("label", ">i8")]
+    for position, (column, values) in enumerate(columns.items()):
+        width = values.shape[1]
+        if column == "code":  # bit: its length in bits, then the bytes
+            fields += [(f"l{position}", ">i4"), (f"size{position}", ">i4"), (f"v{position}", "u1", (width,))]
+        else:  # vector: its dimension, a reserved int16, then the floats
+            fields += [(f"l{position}", ">i4"), (f"size{position}", ">i2"), (f"unused{position}", ">i2"),
+                       (f"v{position}", ">f4", (width,))]
+    fixed = np.dtype(fields)
     rows = np.zeros(n, dtype=fixed)
-    rows["fields"], rows["l_shard"], rows["shard"] = 6 if column is None else 7, 4, shard
+    rows["fields"], rows["l_shard"], rows["shard"] = 5 + len(columns), 4, shard
     rows["l_version"], rows["version"] = len(version_bytes), version_bytes
     rows["l_id"], rows["id"] = 8, np.asarray(ids, dtype=np.int64)
     rows["l_label"], rows["label"] = 8, np.asarray(labels, dtype=np.int64)
-    rows["l_vec"], rows["dim"], rows["vec"] = 4 + 4 * dim, dim, vectors
-    if column == "code":
-        rows["l_extra"], rows["bits"], rows["extra"] = 4 + searched.shape[1], 8 * searched.shape[1], searched
-    elif column is not None:
-        rows["l_extra"], rows["extra_dim"], rows["extra"] = 4 + 4 * searched.shape[1], searched.shape[1], searched
+    for position, (column, values) in enumerate(columns.items()):
+        width = values.shape[1]
+        code = column == "code"
+        rows[f"l{position}"] = 4 + width if code else 4 + 4 * width
+        rows[f"size{position}"], rows[f"v{position}"] = 8 * width if code else width, values
     raw = rows.tobytes()
     size = fixed.itemsize
     parts = [_COPY_HEADER]
@@ -424,13 +491,23 @@ def _copy_rows(shard: int, version: str, ids: np.ndarray, labels: np.ndarray, ve
     return b"".join(parts)
 
 
-def _parse_id_vectors(data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """Binary COPY of (id bigint, embedding vector) rows → (ids, float32 vectors)."""
+def _parse_rows(data: bytes, kinds: list[str], names: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Binary COPY of (id bigint, then one ``vector`` or ``code`` (bit) field per ``kinds``) rows →
+    (ids, name → float32 vectors or uint8 codes); every row has the first row's widths."""
     body = data[len(_COPY_HEADER):len(data) - len(_COPY_TRAILER)]
     if not body:
-        return np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
-    dim = struct.unpack(">h", body[2 + 4 + 8 + 4:2 + 4 + 8 + 4 + 2])[0]
-    row = np.dtype([("fields", ">i2"), ("l_id", ">i4"), ("id", ">i8"), ("l_vec", ">i4"), ("dim", ">i2"),
-                    ("unused", ">i2"), ("vec", ">f4", (dim,))])
-    rows = np.frombuffer(body, dtype=row)
-    return rows["id"].astype(np.int64), np.ascontiguousarray(rows["vec"].astype(np.float32))
+        return np.zeros(0, np.int64), {name: np.zeros((0, 0), np.float32) for name in names}
+    fields = [("fields", ">i2"), ("l_id", ">i4"), ("id", ">i8")]
+    at = 2 + 4 + 8
+    for position, kind in enumerate(kinds):
+        length = struct.unpack(">i", body[at:at + 4])[0]
+        if kind == "code":
+            fields += [(f"l{position}", ">i4"), (f"size{position}", ">i4"), (f"v{position}", "u1", (length - 4,))]
+        else:
+            fields += [(f"l{position}", ">i4"), (f"size{position}", ">i2"), (f"unused{position}", ">i2"),
+                       (f"v{position}", ">f4", ((length - 4) // 4,))]
+        at += 4 + length
+    rows = np.frombuffer(body, dtype=np.dtype(fields))
+    return rows["id"].astype(np.int64), {
+        name: np.ascontiguousarray(rows[f"v{position}"].astype(np.uint8 if kind == "code" else np.float32))
+        for position, (kind, name) in enumerate(zip(kinds, names))}

@@ -37,9 +37,19 @@ the stored float32 rows with the space's own distance (``Geometry.coordinate_dis
 as the shard index's refine step does, and the ``k`` nearest kept. With an exact scan the hits and
 distances are those of the ``flat`` shard index.
 
-The digest of a shard's rows (``rows_digest``) is what ``verify`` compares: sha256 over the ids
-sorted ascending (int64 little-endian) followed by each row's stored float32 coordinates
-(little-endian) in that order.
+Besides, a row of a non-Euclidean gallery holds its *raw* embedding (column ``raw``, float32: the
+vector the model wrote, as the shard's Parquet file holds it), which a ``forward``-path route maps
+through F: the stored coordinates are not it (cosine rows lost their norm, a Lorentz row's time
+coordinate is recomputed, a Poincaré row is mapped to the hyperboloid). A Euclidean row's stored
+coordinates are its raw embedding, so it holds no second copy.
+
+The *columns* of a row (``row_columns``), in order: ``embedding``, then ``search`` (above), ``code``
+(a binary ``gallery.index`` kind, ``stores.bits``) and ``raw``, those the gallery's space, store
+index and kind call for. The lineage's record of a shard's rows names them (``columns``; a record
+without it was written by the earlier layout, which held ``embedding`` alone). The digest of a
+shard's rows (``rows_digest``) is what ``verify`` compares: sha256 over the ids sorted ascending
+(int64 little-endian) followed by each column in that order, its rows in id order (float32
+little-endian; ``code``: the packed bytes), so a changed value in any column is caught.
 """
 from __future__ import annotations
 
@@ -97,13 +107,71 @@ def query_coordinates(queries: np.ndarray, space: str, curv: float,
     return coords, np.ascontiguousarray(searched, dtype=np.float32)
 
 
-def rows_digest(ids: np.ndarray, vectors: np.ndarray) -> str:
-    """sha256 (hex) of the rows: sorted ids, then their float32 vectors in that order."""
+#: The columns a row may hold, in the digest's order (module docstring).
+COLUMN_ORDER = ("embedding", "search", "code", "raw")
+#: The columns of a record written before ``columns`` was recorded (the earlier layout).
+EARLIER_LAYOUT = ("embedding",)
+
+
+def row_columns(space: str, index: str, binary: bool = False) -> list[str]:
+    """The columns a store row of a ``space`` gallery holds with store index ``index`` (``binary``:
+    with a binary ``gallery.index`` kind's codes), in the digest's order (module docstring)."""
+    wanted = {"embedding", "search" if searches_mips(space, index) and not binary else "",
+              "code" if binary else "", "raw" if space != "euclidean" else ""}
+    return [column for column in COLUMN_ORDER if column in wanted]
+
+
+def recorded_columns(record: Mapping[str, Any]) -> list[str]:
+    """The columns the lineage's ``record`` of a shard's rows says they hold (their digest's)."""
+    return list(record.get("columns") or EARLIER_LAYOUT)
+
+
+def missing_columns(record: Mapping[str, Any]) -> list[str]:
+    """The columns the current layout gives rows like the recorded ones and the record lacks:
+    non-empty for rows written by an earlier layout."""
+    held = set(recorded_columns(record))
+    return [column for column in row_columns(record["space"], record.get("index", "exact"), "binary" in record)
+            if column not in held]
+
+
+class EarlierLayout(ValueError):
+    """A shard's rows lack a column the current layout needs (one line naming them and what to run)."""
+
+
+def earlier_layout(where: str, missing: list[str], needed_for: str) -> EarlierLayout:
+    return EarlierLayout(f"{where}: written by an earlier layout without the column(s) {', '.join(missing)} "
+                         f"({needed_for}); run `orchestrator verify FILE --migrate-stores` to add and fill them in place")
+
+
+def check_layout(where: str, record: Mapping[str, Any], needed: list[str], needed_for: str) -> None:
+    """``EarlierLayout`` unless the rows ``record`` describes hold every column of ``needed``."""
+    missing = [column for column in needed if column not in recorded_columns(record)]
+    if missing:
+        raise earlier_layout(where, missing, needed_for)
+
+
+def rows_digest(ids: np.ndarray, *columns: np.ndarray) -> str:
+    """sha256 (hex) of the rows: sorted ids, then each column's (N, ·) values in that order
+    (float32, or uint8 codes as they are)."""
     ids = np.asarray(ids, dtype=np.int64)
     order = np.argsort(ids, kind="stable")
     digest = hashlib.sha256(ids[order].astype("<i8").tobytes())
-    digest.update(np.ascontiguousarray(np.asarray(vectors, dtype=np.float32)[order]).astype("<f4").tobytes())
+    for values in columns:
+        values = np.asarray(values)
+        values = values if values.dtype == np.uint8 else values.astype("<f4")
+        digest.update(np.ascontiguousarray(values[order]).tobytes())
     return digest.hexdigest()
+
+
+def shard_columns(embeddings: np.ndarray, stored: np.ndarray, columns: list[str],
+                  codes: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """One shard update's values of ``columns``: ``stored`` (N, D') coordinates, their search
+    coordinates (N, D'+1), ``codes`` (N, C) uint8, the raw (N, D) float32 ``embeddings``."""
+    values = {"embedding": stored, "code": codes,
+              "raw": np.ascontiguousarray(np.asarray(embeddings, dtype=np.float32))}
+    if "search" in columns:
+        values["search"] = search_rows(stored)
+    return {column: values[column] for column in columns}
 
 
 def rerank(query_coords: np.ndarray, candidate_ids: list[np.ndarray], candidate_vectors: list[np.ndarray],
@@ -143,9 +211,11 @@ def check_servable(where: str, record: Mapping[str, Any] | None, held: int) -> N
                              "serve it (run `orchestrator verify FILE`)")
 
 
-def check_rows(where: str, record: Mapping[str, Any] | None, ids: np.ndarray, vectors: np.ndarray) -> None:
+def check_rows(where: str, record: Mapping[str, Any] | None, ids: np.ndarray, columns: Mapping[str, np.ndarray]) -> None:
     """``verify``'s check of a store's rows at ``where`` against the lineage's ``record``: the row
-    count and the digest of ids and vectors (``rows_digest``); ``FileNotFoundError`` when none are left."""
+    count and the digest of ids and the recorded columns (``rows_digest``; ``columns``: column →
+    (N, ·) values in the order of ``ids``); ``FileNotFoundError`` when none are left;
+    ``verify`` then asks ``check_current_layout``."""
     if record is None:
         raise IntegrityError(f"{where}: the lineage holds no record of these rows")
     if not len(ids) and int(record["n_items"]):
@@ -153,7 +223,38 @@ def check_rows(where: str, record: Mapping[str, Any] | None, ids: np.ndarray, ve
     if len(ids) != int(record["n_items"]):
         raise IntegrityError(f"{where}: {len(ids)} rows, the lineage recorded {record['n_items']} "
                              "(rows missing or added)")
-    actual = rows_digest(ids, vectors)
+    actual = rows_digest(ids, *(columns[column] for column in recorded_columns(record)))
     if actual != record["sha256"]:
-        raise IntegrityError(f"{where}: rows changed since they were written (a vector or an id): "
-                             f"digest {actual}, the lineage holds {record['sha256']}")
+        raise IntegrityError(f"{where}: rows changed since they were written (a vector of "
+                             f"{'/'.join(recorded_columns(record))} or an id): digest {actual}, the lineage holds "
+                             f"{record['sha256']}")
+
+
+def check_current_layout(where: str, record: Mapping[str, Any]) -> None:
+    """``EarlierLayout`` when the rows ``record`` describes lack a column of the current layout."""
+    missing = missing_columns(record)
+    if missing:
+        raise earlier_layout(where, missing, "searched by the store's index or mapped by a forward path")
+
+
+def raw_column(space: str) -> str:
+    """The column holding a row's raw embedding: ``raw``, or a Euclidean row's ``embedding``."""
+    return "embedding" if space == "euclidean" else "raw"
+
+
+def read_checked_embeddings(store, uri: str, record: Mapping[str, Any] | None) -> tuple[np.ndarray, np.ndarray]:
+    """(ids (N,) ascending, raw float32 embeddings (N, D)) of a store's rows at ``uri`` (what a
+    forward path maps through F, as the shard's file holds them), read with every column the
+    lineage's ``record`` names and checked against it (count and digest: ``check_rows``);
+    ``EarlierLayout`` when the rows hold no raw embeddings."""
+    from orchestrator.stores.locations import StoreLocation
+
+    where = StoreLocation.parse(uri).describe()
+    if record is None:
+        raise IntegrityError(f"{where}: the lineage holds no record of these rows; refusing to serve them "
+                             "(run `orchestrator verify FILE`)")
+    raw = raw_column(record["space"])
+    check_layout(where, record, [raw], "the raw embeddings a forward path maps through F")
+    ids, columns = store.read_rows(uri, recorded_columns(record))
+    check_rows(where, record, ids, columns)
+    return ids, columns[raw]

@@ -104,7 +104,7 @@ def served_rows(store: LineageStore) -> np.ndarray:
     for shard in store.shards(GALLERY):
         if shard.n_items:
             assert is_store_uri(shard.index_uri), shard.index_uri
-            found, _vectors = store_at(shard.index_uri).read_rows(shard.index_uri)
+            found, _columns = store_at(shard.index_uri).read_rows(shard.index_uri, ["embedding"])
             assert len(found) == shard.n_items
             ids.append(found)
     return np.concatenate(ids)

@@ -13,7 +13,7 @@ import torch
 from orchestrator.backfill import DEFAULT_FRACTIONS, budget_count, write_backfill_curve
 from orchestrator.data import LabeledImages
 from orchestrator.gallery import ShardEmbeddings, comparable_shards, evaluate_mixed_gallery, read_shard
-from orchestrator.stores import load_checked_shard
+from orchestrator.stores import load_checked_shard, read_checked_embeddings
 from orchestrator.lineage.records import ShardRecord
 from orchestrator.lineage.step_keys import gallery_eval_key
 from orchestrator.metrics import METRICS
@@ -94,7 +94,7 @@ class GalleryEvaluator:
         try:
             router = SearchRouter(generation, models, parents, shards, criterion,
                                   lambda uri: load_checked_shard(self.ctx.store, by_uri[uri]), on_incompatible="skip",
-                                  read_embeddings=self.ctx.read)
+                                  read_embeddings=lambda shard: read_checked_embeddings(self.ctx.store, shard))
         except IncompatibleShards as refused:  # not one shard is searchable: report that, do not fail the step
             self.ctx.say(f"search {self.ctx.name} as {generation}: nothing searchable: {refused}")
             return {**{m: None for m in METRICS}, "k": self.ctx.config.search.eval_k or len(gallery),
