@@ -24,7 +24,7 @@ from orchestrator.search import SearchRouter
 from orchestrator.stores import StoreLocation, read_checked_embeddings, store_at
 from orchestrator.stores.lance import LanceStore
 from orchestrator.stores.migrate import migrate_stores
-from orchestrator.stores.pgvector import PgVectorStore
+from orchestrator.stores.pgvector import PgVectorStore, index_name
 from orchestrator.stores.vectors import EarlierLayout, rows_digest
 from test_pgvector_store import libpq, recall_at_10, shard, spread_points
 from vector_models import vector_model
@@ -135,6 +135,11 @@ def test_verify_digest_covers_every_column(tmp_path, kind, url, column):
         gallery_store.check_shard(uri, record)
 
 
+def index_of(definitions, location, index):
+    """The definition among ``definitions`` of the index ``index_name`` names for ``location``."""
+    return next((d for d in definitions if f"INDEX {index_name(location, index)} " in d), None)
+
+
 def make_earlier_layout(kind, gallery_store, uri, record, rows):
     """Rewrite the rows at ``uri`` as the earlier layout held them: ``embedding`` alone (pgvector:
     the approximate index on it), the record without ``columns``, its digest over ``embedding``."""
@@ -195,8 +200,10 @@ def test_rows_of_the_earlier_layout_are_refused_in_one_line_then_migrated_in_pla
         import psycopg
 
         with psycopg.connect(gallery_store.url) as connection:
-            definition = connection.execute("SELECT indexdef FROM pg_indexes WHERE indexname = %s",
-                                            (f"{table}_{index}",)).fetchone()[0]
-        assert "(search vector_ip_ops)" in definition, definition
+            definitions = [row[0] for row in connection.execute("SELECT indexdef FROM pg_indexes WHERE tablename = %s "
+                                                                "AND indexdef LIKE '%%ivfflat%%'", (table,))]
+        assert definitions == [index_of(definitions, StoreLocation.parse(uri), index)], definitions
+        assert "(search vector_ip_ops)" in definitions[0] and f"version = '{StoreLocation.parse(uri).version}'" \
+            in definitions[0], definitions  # the shard update's own index, on search; the earlier one dropped
     else:
         assert [entry["fields"] for entry in gallery_store.open_shard(uri, record)._dataset.list_indices()] == [["search"]]
