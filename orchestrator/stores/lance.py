@@ -113,8 +113,8 @@ class LanceStore:
         missing = [] if dataset is None else [column for column in values if column not in dataset.schema.names]
         if missing:
             raise EarlierLayout(f"lance store {self.path} dataset {name}: written by an earlier layout without the "
-                                f"column(s) {', '.join(missing)}; run `orchestrator verify FILE --migrate-stores` to "
-                                "add and fill them in place, then re-run")
+                                f"column(s) {', '.join(missing)} (or with another store.index); run `orchestrator verify FILE "
+                                "--migrate-stores` to add and fill them in place, then re-run")
         if dataset is not None and dataset.count_rows(filter=self._filter(location)):
             if first_attempt:
                 raise UnknownArtefact(f"{key}: {location.describe()} already holds rows, although the step is on its "

@@ -178,8 +178,8 @@ class PgVectorStore:
             missing = [column for column in columns if column not in self.table_columns(connection, table)]
             if missing:
                 raise EarlierLayout(f"pgvector store {shown(self.url)} table {table}: written by an earlier layout "
-                                    f"without the column(s) {', '.join(missing)}; run `orchestrator verify FILE "
-                                    "--migrate-stores` to add and fill them in place, then re-run")
+                                    f"without the column(s) {', '.join(missing)} (or with another store.index); run "
+                                    "`orchestrator verify FILE --migrate-stores` to add and fill them in place, then re-run")
             return
         if connection.execute("SELECT 1 FROM pg_extension WHERE extname = 'vector'").fetchone() is None:
             connection.execute("SELECT pg_advisory_xact_lock(hashtext('orchestrator-store:vector-extension'))")

@@ -179,7 +179,7 @@ def test_rows_of_the_earlier_layout_are_refused_in_one_line_then_migrated_in_pla
         read_checked_embeddings(lineage, shard_row)
     with pytest.raises(EarlierLayout, match=f"{table}.*{refusal} search, raw .*{command}"):
         gallery_store.check_shard(uri, old)  # intact (its digest holds), but not searchable as it is
-    with pytest.raises(EarlierLayout, match=f"{table}: {refusal} search, raw; {command}"):
+    with pytest.raises(EarlierLayout, match=f"{table}: {refusal} search, raw .*; {command}"):
         gallery_store.write_shard(1, shard("lorentz", n=50, dim=33, seed=9), "embed:test/1:g1", True)
 
     lineage.commit_step("deploy:gallery:1", {"shards": [{"index": 0, "index_uri": uri, "n_items": len(rows.ids),
