@@ -37,11 +37,12 @@ from orchestrator.stores.vectors import missing_columns, row_columns, rows_diges
 def shard_files_by_location(lineage) -> dict[str, tuple[str, str]]:
     """Store location → (its shard's Parquet URI, that file's sha256), from the lineage's shard
     rows and the shard lists deployments recorded."""
+    from orchestrator.lineage.step_keys import StepKind, kind_of
     from orchestrator.stores.locations import is_store_uri
 
     found: dict[str, tuple[str, str]] = {}
     for step in lineage.steps():
-        if step.status == "committed" and step.key.startswith(("deploy:", "redeploy:")):
+        if step.status == "committed" and kind_of(step.key) in (StepKind.DEPLOY, StepKind.REDEPLOY):
             for row in step.outputs.get("shards") or []:
                 if is_store_uri(row.get("index_uri")) and row.get("embeddings_uri"):
                     found[row["index_uri"]] = (row["embeddings_uri"], row["sha256"])
@@ -86,7 +87,8 @@ def raw_embeddings(files: Mapping[str, tuple[str, str]], uri: str, ids: np.ndarr
 def migrate_stores(lineage) -> list[str]:
     """Migrate every store location the lineage records on an earlier layout (module docstring);
     one line per location: migrated (the columns added) or why not."""
-    from orchestrator.integrity import INTEGRITY_PREFIX, IntegrityError, integrity_key
+    from orchestrator.integrity import IntegrityError
+    from orchestrator.lineage.step_keys import StepKind, integrity_key, integrity_location
     from orchestrator.stores import store_at
     from orchestrator.stores.locations import StoreLocation, is_store_uri
     from orchestrator.stores.vectors import check_rows
@@ -95,8 +97,8 @@ def migrate_stores(lineage) -> list[str]:
     pending: dict[tuple[str, str, str], list[tuple[str, dict[str, Any], np.ndarray, dict[str, np.ndarray]]]] = {}
     stores: dict[tuple[str, str, str], Any] = {}
     lines = []
-    for step in lineage.steps(INTEGRITY_PREFIX):
-        uri, record = step.key[len(INTEGRITY_PREFIX):], dict(step.outputs)
+    for step in lineage.steps(StepKind.INTEGRITY.prefix):
+        uri, record = integrity_location(step.key), dict(step.outputs)
         if step.status != "committed" or not is_store_uri(uri) or not missing_columns(record):
             continue
         location = StoreLocation.parse(uri)

@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.errors import UsageError
 from orchestrator.index.mips import mips_gallery, mips_queries, uses_mips
 from orchestrator.integrity import IntegrityError
 
@@ -134,8 +135,9 @@ def missing_columns(record: Mapping[str, Any]) -> list[str]:
             if column not in held]
 
 
-class EarlierLayout(ValueError):
-    """A shard's rows lack a column the current layout needs (one line naming them and what to run)."""
+class EarlierLayout(UsageError, ValueError):
+    """A shard's rows lack a column the current layout needs (one line naming them and what to run;
+    exit 2: nothing was started)."""
 
 
 def earlier_layout(where: str, missing: list[str], needed_for: str) -> EarlierLayout:

@@ -18,6 +18,7 @@ from orchestrator.index import ShardIndex, build_index
 from orchestrator.integrity import IntegrityError, integrity_key
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import ShardRecord
+from orchestrator.lineage.step_keys import deploy_key
 from orchestrator.methods import create_method
 from orchestrator.methods.fct import build_forward_map
 from orchestrator.search import SearchRouter
@@ -182,7 +183,7 @@ def test_rows_of_the_earlier_layout_are_refused_in_one_line_then_migrated_in_pla
     with pytest.raises(EarlierLayout, match=f"{table}: {refusal} search, raw .*; {command}"):
         gallery_store.write_shard(1, shard("lorentz", n=50, dim=33, seed=9), "embed:test/1:g1", True)
 
-    lineage.commit_step("deploy:gallery:1", {"shards": [{"index": 0, "index_uri": uri, "n_items": len(rows.ids),
+    lineage.commit_step(deploy_key("g1"), {"shards": [{"index": 0, "index_uri": uri, "n_items": len(rows.ids),
                                                          "embeddings_uri": shard_row.embeddings_uri,
                                                          "sha256": shard_row.sha256, "generation": "g1"}]})
     assert migrate_stores(lineage) == [f"migrated {StoreLocation.parse(uri).describe()}: added search, raw"]
