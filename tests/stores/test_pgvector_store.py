@@ -253,7 +253,7 @@ def test_binary_kinds_are_bit_codes_searched_by_hamming_distance_as_the_shard_in
     store.check_shard(uri, record)
 
 
-@pytest.mark.parametrize("index,options", [("hnsw", {"m": 16, "ef_construction": 64}), ("ivfflat", {"lists": 20, "probes": 10})])
+@pytest.mark.parametrize("index,options", [("hnsw", {"m": 16, "ef_construction": 64}), ("ivfflat", {"lists": 20, "probes": 12})])
 def test_an_index_over_the_bit_codes_is_used_and_recalls_the_exact_hamming_hits(postgres_url, index, options):
     """``store.index`` over the codes (``bit_hamming_ops``): what ``binary_ivf`` is in shard files."""
     import psycopg
