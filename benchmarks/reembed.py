@@ -185,16 +185,16 @@ def run_ray(setup: Setup, concurrency: int, batch_size: int = 256) -> Embedded:
     arrive: each read task reads one batch). Ray must be initialised (``harness.start_ray``)."""
     from orchestrator.config.gallery import EmbeddingSpec
     from orchestrator.data.gallery_sources import MemorySource
-    from orchestrator.distributed.gallery_read import RowRange
     from orchestrator.distributed.gallery_step import GenerationModel, embed_gallery
+    from orchestrator.shard_update import ShardUpdate, UpdateKind
 
     settings = EmbeddingSpec(batch_size=batch_size, concurrency=concurrency, num_cpus=1.0, num_gpus=0.0)
     clock = BatchClock()
     source = MemorySource(setup.gallery, "images")
     model = GenerationModel.from_checkpoint(setup.name, setup.checkpoint_uri, setup.sha256, IMAGE_SIZE,
                                             source.image_format, setup.mean, setup.std)
-    dataset = embed_gallery(source, [RowRange(0, 0, source.num_items)], model, settings, block_rows=batch_size,
-                            rows_per_task=batch_size)
+    whole = ShardUpdate(UpdateKind.EMBED, 0, source.num_items, rows=(0, source.num_items))
+    dataset = embed_gallery(source, [whole], model, settings, block_rows=batch_size, rows_per_task=batch_size)
     dataset_seconds = time.perf_counter() - clock.started
     ids, embeddings, uncertainty = [], [], []
     for batch in dataset.iter_batches(batch_size=None, batch_format="numpy"):

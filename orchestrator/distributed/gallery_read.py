@@ -1,14 +1,15 @@
 """Ray Data datasource over a gallery source: read tasks that stream the items of shard updates.
 
-Each pending shard update (an *entry* of a gallery plan) becomes one or more read tasks, and every
-block a task yields holds rows of that entry only, tagged with an ``entry`` column, so the driver
-can assemble each update as its rows arrive. What an entry reads:
+Each pending shard update (``shard_update.ShardUpdate``, an *entry* of a gallery plan) becomes one
+or more read tasks, and every block a task yields holds rows of that entry only, tagged with an
+``entry`` column (the update's position in the list given), so the driver can assemble each update
+as its rows arrive. What an entry reads (``update_reads``):
 
-- ``RowRange``: gallery rows [start, stop) (a shard's first population), split into tasks of at
+- ``RowRange``: its gallery rows [start, stop) (a shard's first population), split into tasks of at
   most ``rows_per_task`` rows;
-- ``StoredItems``: the items of a stored shard file (its ``row`` column; sha256 checked in the
-  task), optionally only the ids of a selection file (a partial backfill's choice), read again
-  from the source to be re-embedded by a new generation.
+- ``StoredItems``: the items of its stored shard file (``source``; its ``row`` column, sha256
+  checked in the task), only the ids of its selection file when it has one (a partial backfill's
+  choice), read again from the source to be re-embedded by a new generation.
 
 The driver only describes the reads; the files are read inside Ray tasks (on any node), a bounded
 block at a time. A ``MemorySource`` (an in-memory data source such as the digits) is put into the
@@ -27,6 +28,7 @@ from ray.data.block import BlockMetadata
 
 from orchestrator.data.gallery_sources import GallerySource, MemorySource
 from orchestrator.gallery.shard_files import read_selection, read_shard_rows
+from orchestrator.shard_update.update import ShardUpdate
 
 
 @dataclass(frozen=True)
@@ -57,9 +59,16 @@ class StoredItems:
 EntryRead = RowRange | StoredItems
 
 
-def gallery_dataset(source: GallerySource, reads: Sequence[EntryRead], block_rows: int = 1024,
+def update_reads(updates: Sequence[ShardUpdate]) -> list[EntryRead]:
+    """What each of ``updates`` reads, tagged with its position (module docstring)."""
+    return [RowRange(entry, *update.rows) if update.rows is not None
+            else StoredItems(entry, *update.source, update.selection, update.num_items)
+            for entry, update in enumerate(updates)]
+
+
+def gallery_dataset(source: GallerySource, updates: Sequence[ShardUpdate], block_rows: int = 1024,
                     rows_per_task: int = 65536):
-    """A lazy ``ray.data.Dataset`` of the raw items of ``reads`` (columns of
+    """A lazy ``ray.data.Dataset`` of the raw items ``updates`` read (columns of
     ``orchestrator.data.gallery_sources`` plus ``entry``); Ray must be initialised.
 
     The read keeps Ray Data's default resources, so that Ray Data fuses it into the stage after it:
@@ -73,7 +82,7 @@ def gallery_dataset(source: GallerySource, reads: Sequence[EntryRead], block_row
     import ray
     import ray.data
 
-    pieces = [piece for read in reads for piece in _split(read, rows_per_task)]
+    pieces = [piece for read in update_reads(updates) for piece in _split(read, rows_per_task)]
     datasource = _GalleryDatasource(source, ray.put(source) if needs_source_ref(source, pieces) else None,
                                     tuple(pieces), block_rows)
     # one task per piece, its blocks already bounded by block_rows: no further splitting

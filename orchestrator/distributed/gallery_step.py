@@ -48,7 +48,7 @@ import pyarrow as pa
 
 from orchestrator.config.gallery import EmbeddingSpec
 from orchestrator.data.gallery_sources import GallerySource, ImageFormat, decode_images, raw_image_column
-from orchestrator.distributed.gallery_read import EntryRead, gallery_dataset
+from orchestrator.distributed.gallery_read import gallery_dataset
 from orchestrator.shard_update import (PixelEmbedder, ShardTarget, ShardUpdate, ShardUpdateResult, embedded_part,
                                        finish_shard_update)
 from orchestrator.shard_update.parts import read_parts, staging_folder, write_parts
@@ -175,12 +175,13 @@ def embedded_dataset(dataset, image_format: ImageFormat, model: GenerationModel,
                                num_gpus=resources.num_gpus or None)
 
 
-def embed_gallery(source: GallerySource, reads: Sequence[EntryRead], model: GenerationModel,
+def embed_gallery(source: GallerySource, updates: Sequence[ShardUpdate], model: GenerationModel,
                   resources: EmbeddingSpec = EmbeddingSpec(), block_rows: int | None = None,
                   rows_per_task: int | None = None, max_actors: int | None = None,
                   staging: tuple[dict[int, str], dict | None] | None = None):
-    """A lazy ``ray.data.Dataset`` of the items that ``reads`` name embedded by ``model`` (stages 1
-    and 2: the rows the step stages, with their ``entry``; with ``staging``, the part rows), for
+    """A lazy ``ray.data.Dataset`` of the items that ``updates`` read embedded by ``model`` (stages 1
+    and 2: the rows the step stages, with their ``entry``: the update's position; with ``staging``,
+    the part rows), for
     consumers of the embeddings themselves (the re-embedding benchmarks). Ray must be initialised.
 
     block_rows:    rows per block a read task yields (default ``PART_BATCHES`` batches);
@@ -190,17 +191,18 @@ def embed_gallery(source: GallerySource, reads: Sequence[EntryRead], model: Gene
     """
     block_rows = block_rows or PART_BATCHES * resources.batch_size
     high = min(resources.pool_size[1], max_actors or resources.pool_size[1])
-    dataset = gallery_dataset(source, reads, block_rows=block_rows,
+    dataset = gallery_dataset(source, updates, block_rows=block_rows,
                               rows_per_task=rows_per_task or TASK_BLOCKS * block_rows)
     return embedded_dataset(dataset, source.image_format, model, resources, max_actors=high, staging=staging)
 
 
-def step_dataset(source: GallerySource, work: Sequence[tuple[ShardUpdate, EntryRead]], model: GenerationModel,
+def step_dataset(source: GallerySource, updates: Sequence[ShardUpdate], model: GenerationModel,
                  target: ShardTarget, resources: EmbeddingSpec, attempt_token: str):
     """The step's lazy ``ray.data.Dataset`` (module docstring, stages 1 and 2): one row per staged
     part (``entry``, ``uri``, ``n_items``). Ray must be initialised."""
-    folders = {read.entry: staging_folder(target.gallery_root, update.key, attempt_token) for update, read in work}
-    return embed_gallery(source, [read for _update, read in work], model, resources, max_actors=len(work),
+    folders = {entry: staging_folder(target.gallery_root, update.key, attempt_token)
+               for entry, update in enumerate(updates)}
+    return embed_gallery(source, updates, model, resources, max_actors=len(updates),
                          staging=(folders, target.storage_options))
 
 
@@ -221,32 +223,32 @@ def quiet_ray_data() -> None:
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
-def run_shard_updates(source: GallerySource, work: Sequence[tuple[ShardUpdate, EntryRead]], model: GenerationModel,
+def run_shard_updates(source: GallerySource, updates: Sequence[ShardUpdate], model: GenerationModel,
                       target: ShardTarget, resources: EmbeddingSpec,
                       on_lost: Callable[[ShardUpdate, BaseException], ShardUpdate | None],
                       on_staged: Callable[[int], None] = lambda n_items: None) -> Iterator[ShardUpdateResult]:
-    """Run every (update, the items it reads) of ``source`` through the step's stages; yield each
+    """Run every started update of ``source``'s items through the step's stages; yield each
     update's result as its finish call completes (any order). Ray must be initialised. A finish
     call lost with its actor: ``on_lost(update, error)`` returns the update to finish again (from
     the same parts), or None to raise the error. ``on_staged(n_items)``: a part of that many
     embedded items was staged (progress before the first update completes). An error of an update
     itself (an undecodable image, items not as planned, a file the lineage does not know) is raised
     as raised on the worker."""
-    if not work:
+    if not updates:
         return
-    updates = {read.entry: update for update, read in work}
+    by_entry = dict(enumerate(updates))
     finishes = _Finishes(model, target, finisher_actors(resources), on_lost)
-    parts: dict[int, dict[str, int]] = {entry: {} for entry in updates}
+    parts: dict[int, dict[str, int]] = {entry: {} for entry in by_entry}
     try:
-        for batch in _batches(step_dataset(source, work, model, target, resources, uuid.uuid4().hex[:12])):
+        for batch in _batches(step_dataset(source, updates, model, target, resources, uuid.uuid4().hex[:12])):
             for entry, uri, n_items in zip(*(batch.column(c).to_pylist() for c in ("entry", "uri", "n_items"))):
                 if uri not in parts[entry]:
                     parts[entry][uri] = n_items
                     on_staged(n_items)
-                    if sum(parts[entry].values()) == updates[entry].num_items:
-                        finishes.add(updates[entry], sorted(parts[entry]))
+                    if sum(parts[entry].values()) == by_entry[entry].num_items:
+                        finishes.add(by_entry[entry], sorted(parts[entry]))
             yield from finishes.completed(timeout=0)
-        for entry, update in updates.items():
+        for entry, update in by_entry.items():
             staged = sum(parts[entry].values())
             if staged != update.num_items:
                 raise RuntimeError(f"{update.key}: the step's stages staged {staged} items, the plan says "

@@ -13,5 +13,6 @@ from orchestrator.lazy_exports import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "embedder": ["PixelEmbedder"],
     "files": ["ShardTarget", "WrittenShard", "write_shard_files"],
-    "work": ["ShardUpdate", "ShardUpdateResult", "embedded_part", "finish_shard_update", "run_shard_update"],
+    "update": ["ShardUpdate", "UpdateKind"],
+    "work": ["ShardUpdateResult", "embedded_part", "finish_shard_update", "run_shard_update"],
 })

@@ -13,38 +13,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from orchestrator.gallery.shard_files import ShardEmbeddings, read_shard
 from orchestrator.shard_update.files import ShardTarget, WrittenShard, write_shard_files
+from orchestrator.shard_update.update import ShardUpdate, UpdateKind
 
 EmbedBlock = Callable[[pa.Table], tuple[np.ndarray, np.ndarray]]
-
-
-@dataclass(frozen=True)
-class ShardUpdate:
-    """One planned shard update as a worker receives it (a few hundred bytes, never items).
-
-    key:           its lineage step (``embed:<gallery>/<shard>:<gen>`` / ``split:…``);
-    kind:          ``embed`` (the shard's items, all re-embedded) or ``split`` (the items a
-                   selection names move to the new shard ``target``; ``source`` is the shard's file
-                   (URI, sha256) they are removed from);
-    num_items:     the items planned; rows: the planned gallery rows [start, stop) of a first
-                   population (None: the items are those of a stored file);
-    first_attempt: whether the step is on its first attempt (then no existing file is overwritten).
-    """
-
-    key: str
-    kind: Literal["embed", "split"]
-    shard: int
-    num_items: int
-    first_attempt: bool
-    rows: tuple[int, int] | None = None
-    target: int | None = None
-    source: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -98,7 +76,7 @@ def finish_shard_update(update: ShardUpdate, parts: Sequence[pa.Table], generati
     planned items (``assemble_shard``)."""
     clock, began = time.perf_counter(), time.time()
     shard = assemble_shard(update, parts, generation, space, curv)
-    if update.kind == "embed":
+    if update.kind is UpdateKind.EMBED:
         written: tuple[WrittenShard, ...] = (write_shard_files(update.shard, shard, target, update.key,
                                                                update.first_attempt),)
     else:

@@ -9,11 +9,11 @@ import torch
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
 from orchestrator.config.gallery import EmbeddingSpec
 from orchestrator.data.gallery_sources import MemorySource
-from orchestrator.distributed.gallery_read import RowRange
 from orchestrator.distributed.gallery_step import GenerationModel, embed_gallery
 from orchestrator.geometry import lorentz
 from orchestrator.methods import create_method, embed_dataset
 from orchestrator.models.encoder import EncoderConfig
+from orchestrator.shard_update import ShardUpdate, UpdateKind
 from orchestrator.storage import save_generation
 
 pytestmark = pytest.mark.e2e
@@ -22,7 +22,8 @@ pytestmark = pytest.mark.e2e
 def embed_images(images, uri: str, sha256: str, mean, std, settings: EmbeddingSpec = EmbeddingSpec()):
     source = MemorySource(images, "digits:test")
     model = GenerationModel.from_checkpoint("g0", uri, sha256, 32, source.image_format, mean, std)
-    return embed_gallery(source, [RowRange(0, 0, source.num_items)], model, settings)
+    return embed_gallery(source, [ShardUpdate(UpdateKind.EMBED, 0, source.num_items, rows=(0, source.num_items))],
+                         model, settings)
 
 
 def test_actor_pool_embeddings_equal_the_local_ones(local_ray, tmp_path):

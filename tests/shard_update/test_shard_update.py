@@ -17,7 +17,7 @@ from orchestrator.index import load_index
 from orchestrator.integrity import index_record
 from orchestrator.methods import create_method, embed_dataset
 from orchestrator.models.encoder import EncoderConfig
-from orchestrator.shard_update import PixelEmbedder, ShardTarget, ShardUpdate, run_shard_update
+from orchestrator.shard_update import PixelEmbedder, ShardTarget, ShardUpdate, UpdateKind, run_shard_update
 from orchestrator.storage import read_bytes
 from orchestrator.storage.overwrite import UnknownArtefact
 
@@ -42,6 +42,13 @@ def blocks_of(source: MemorySource, start: int, stop: int, block_rows: int = 50)
     return [b for f, lo, hi in source.pieces(start, stop) for b in source.reader(f).blocks(lo, hi, None, block_rows)]
 
 
+def started(kind: UpdateKind, shard: int, num_items: int, generation: str = "g0", first_attempt: bool = True,
+            source: tuple[str, str] | None = None, **planned) -> ShardUpdate:
+    """An update of gallery ``photos`` as its step's run carries it."""
+    update = ShardUpdate(kind, shard, num_items, **planned)
+    return update.started(update.step_key("photos", generation), first_attempt, source)
+
+
 def run(update, source, embedder, target, blocks):
     return run_shard_update(update, blocks, embed_rows(source, embedder), "g0", "lorentz", 1.0, target,
                             batch_size=32)
@@ -51,7 +58,8 @@ def test_an_update_writes_the_planned_items_as_the_local_path_embeds_them(digits
     model, source, mean, std = digits
     embedder = PixelEmbedder(model, IMAGE_SIZE, mean, std)
     target = ShardTarget(str(tmp_path / "gallery"), "flat")
-    update = ShardUpdate("embed:photos/1:g0", "embed", 1, 140, first_attempt=True, rows=(100, 240))
+    update = started(UpdateKind.EMBED, 1, 140, rows=(100, 240))
+    assert update.key == "embed:photos/1:g0" and update.first_attempt
     result = run(update, source, embedder, target, blocks_of(source, 100, 240))
 
     written, = result.written
@@ -73,13 +81,12 @@ def test_a_split_keeps_every_item_in_exactly_one_shard(digits, tmp_path):
     model, source, mean, std = digits
     embedder = PixelEmbedder(model, IMAGE_SIZE, mean, std)
     target = ShardTarget(str(tmp_path / "gallery"), "flat")
-    whole = run(ShardUpdate("embed:photos/0:g0", "embed", 0, 100, True, rows=(0, 100)), source, embedder, target,
+    whole = run(started(UpdateKind.EMBED, 0, 100, rows=(0, 100)), source, embedder, target,
                 blocks_of(source, 0, 100)).written[0]
     moved_rows = np.arange(0, 100, 3)
     moved_blocks = [block for block in blocks_of(source, 0, 100) for block in
                     [block.filter(np.isin(block.column("row").to_numpy(), moved_rows))] if len(block)]
-    split = ShardUpdate("split:photos/0:g1", "split", 0, moved_rows.size, True, target=7,
-                        source=(whole.embeddings_uri, whole.sha256))
+    split = started(UpdateKind.SPLIT, 0, moved_rows.size, "g1", target=7, source=(whole.embeddings_uri, whole.sha256))
     kept, new = run_shard_update(split, moved_blocks, embed_rows(source, embedder), "g1", "lorentz", 1.0, target,
                                  batch_size=32).written
     assert (kept.shard, kept.generation, new.shard, new.generation) == (0, "g0", 7, "g1")
@@ -93,10 +100,10 @@ def test_items_other_than_the_planned_ones_are_refused(digits, tmp_path):
     model, source, mean, std = digits
     embedder = PixelEmbedder(model, IMAGE_SIZE, mean, std)
     target = ShardTarget(str(tmp_path / "gallery"), "flat")
-    short = ShardUpdate("embed:photos/0:g0", "embed", 0, 100, True, rows=(0, 100))
+    short = started(UpdateKind.EMBED, 0, 100, rows=(0, 100))
     with pytest.raises(RuntimeError, match="not exactly the planned ones .99 rows"):
         run(short, source, embedder, target, blocks_of(source, 1, 100))
-    twice = ShardUpdate("embed:photos/0:g0", "embed", 0, 100, True, rows=(0, 100))
+    twice = started(UpdateKind.EMBED, 0, 100, rows=(0, 100))
     with pytest.raises(RuntimeError, match="not exactly the planned ones"):
         run(twice, source, embedder, target, blocks_of(source, 0, 50) + blocks_of(source, 0, 50))
     assert not (tmp_path / "gallery").exists()  # nothing written
@@ -106,13 +113,13 @@ def test_a_first_attempt_never_overwrites_an_unknown_file_and_a_later_one_rewrit
     model, source, mean, std = digits
     embedder = PixelEmbedder(model, IMAGE_SIZE, mean, std)
     target = ShardTarget(str(tmp_path / "gallery"), "flat")
-    update = ShardUpdate("embed:photos/0:g0", "embed", 0, 40, True, rows=(0, 40))
+    update = started(UpdateKind.EMBED, 0, 40, rows=(0, 40))
     first = run(update, source, embedder, target, blocks_of(source, 0, 40)).written[0]
     with open(first.embeddings_uri, "wb") as handle:  # something the lineage does not know
         handle.write(b"a user's file")
     with pytest.raises(UnknownArtefact, match="exists but the lineage does not know it"):
         run(update, source, embedder, target, blocks_of(source, 0, 40))
     assert read_bytes(first.embeddings_uri) == b"a user's file"
-    again = run(ShardUpdate(update.key, "embed", 0, 40, False, rows=(0, 40)), source, embedder, target,
+    again = run(started(UpdateKind.EMBED, 0, 40, first_attempt=False, rows=(0, 40)), source, embedder, target,
                 blocks_of(source, 0, 40)).written[0]
     assert again == first  # the same content under the same name

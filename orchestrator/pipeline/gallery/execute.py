@@ -1,7 +1,7 @@
 """Executing a generation's gallery plan: ``embed:<gallery>/<shard>:<gen>`` and
 ``split:<gallery>/<shard>:<gen>`` steps, one per plan entry not yet committed.
 
-Every pending entry becomes a ``ShardUpdate``, and all of them one Ray Data pipeline
+Every pending entry (a ``ShardUpdate``) is started, and all of them run as one Ray Data pipeline
 (``distributed.gallery_step``): workers read the entries' items, embed them, stage the embedded
 rows, and write each shard's Parquet file and FAISS index (for a split: the source shard without
 the moved items too) under content-addressed names. The driver receives per entry only what the
@@ -21,15 +21,14 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from orchestrator.distributed.gallery_read import EntryRead, RowRange, StoredItems
 from orchestrator.distributed.gallery_step import GenerationModel, quiet_ray_data, run_shard_updates
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.integrity import record_index
 from orchestrator.lineage.records import ShardAssignment
 from orchestrator.pipeline.gallery.context import GalleryContext
-from orchestrator.pipeline.gallery.plan import GalleryPlan, PlanEntry
+from orchestrator.pipeline.gallery.plan import GalleryPlan
 from orchestrator.progress import Meter
-from orchestrator.shard_update import ShardTarget, ShardUpdate, ShardUpdateResult
+from orchestrator.shard_update import ShardTarget, ShardUpdate, ShardUpdateResult, UpdateKind
 from orchestrator.shard_update.parts import step_staging
 from orchestrator.storage import remove
 from orchestrator.stores import store_of
@@ -57,20 +56,18 @@ class GalleryExecutor:
         if not pending:
             return []
         for entry in pending:
-            if entry.kind == "embed" and plan.before[entry.shard].generation is not None:
+            if entry.kind is UpdateKind.EMBED and plan.before[entry.shard].generation is not None:
                 store.start_backfill(ctx.name, entry.shard, generation, items=entry.num_items)
         target = self._target()
         gallery_store = target.gallery_store()
         if gallery_store.kind != "files":
             gallery_store.check_reachable()
             record_store(store, ctx.name, gallery_store)
-        shards = {s.index: s for s in store.shards(ctx.name)}
-        updates = [self._update(entry, generation, shards) for entry in pending]
+        updates = [self._started(entry, generation, plan) for entry in pending]
         ctx.ensure_ray()
         quiet_ray_data()
         resources = ctx.spec.embedding
-        work = [(update, self._entry_read(k, entry, plan)) for k, (update, entry) in enumerate(zip(updates, pending))]
-        entries = {update.key: entry for update, entry in zip(updates, pending)}
+        started = {update.key: update for update in updates}
         total = sum(e.num_items for e in pending)
         low, high = resources.pool_size
         pool = f"{low}" if low == high else f"{low}-{high}"
@@ -84,9 +81,9 @@ class GalleryExecutor:
                     self.first_staged = self.first_staged or (time.time(), n_items)
                     meter.advance(n_items)
 
-                for result in run_shard_updates(ctx.source, work, self._generation_model(generation), target,
+                for result in run_shard_updates(ctx.source, updates, self._generation_model(generation), target,
                                                 resources, self._run_again, staged):
-                    self._commit(entries[result.key], result, generation)
+                    self._commit(started[result.key], result, generation)
                     results.append(result)
             for update in updates:  # a batch Ray Data ran twice (its actor lost) may stage after its commit
                 remove(step_staging(ctx.root, update.key), recursive=True, missing_ok=True)
@@ -97,17 +94,16 @@ class GalleryExecutor:
             raise
         return results
 
-    def _update(self, entry: PlanEntry, generation: str, shards: dict) -> ShardUpdate:
-        """Start ``entry``'s step (an attempt more) and describe it for a worker."""
+    def _started(self, entry: ShardUpdate, generation: str, plan: GalleryPlan) -> ShardUpdate:
+        """Start ``entry``'s step (an attempt more): the update as its workers receive it, reading
+        its gallery rows or the shard's file as the plan found it (a split's step has not committed,
+        so its shard still holds that file)."""
         key = entry.step_key(self.ctx.name, generation)
         step = self.ctx.store.start_step(key)
         self._runs[key] = 1
-        source = None
-        if entry.kind == "split":
-            stored = shards[entry.shard]
-            source = (stored.embeddings_uri, stored.sha256)
-        return ShardUpdate(key, entry.kind, entry.shard, entry.num_items, step.attempts <= 1, entry.rows,
-                           entry.target, source)
+        before = plan.before[entry.shard]
+        source = None if entry.rows is not None else (before.embeddings_uri, before.sha256)
+        return entry.started(key, step.attempts <= 1, source)
 
     def _run_again(self, update: ShardUpdate, error: BaseException) -> ShardUpdate | None:
         """The worker writing ``update``'s files was lost: write them again as a new attempt of its
@@ -135,14 +131,7 @@ class GalleryExecutor:
                                                                   dict(spec.index_options))
         return ShardTarget(self.ctx.root, spec.index, dict(spec.index_options), store=store)
 
-    @staticmethod
-    def _entry_read(position: int, entry: PlanEntry, plan: GalleryPlan) -> EntryRead:
-        if entry.rows is not None:
-            return RowRange(position, *entry.rows)
-        before = plan.before[entry.shard]
-        return StoredItems(position, before.embeddings_uri, before.sha256, entry.selection, entry.num_items)
-
-    def _commit(self, entry: PlanEntry, result: ShardUpdateResult, generation: str) -> None:
+    def _commit(self, entry: ShardUpdate, result: ShardUpdateResult, generation: str) -> None:
         """The worker's files become the shards' content: index records first, then the shard rows
         and the step in one lineage transaction."""
         ctx, store, key = self.ctx, self.ctx.store, result.key
@@ -151,10 +140,10 @@ class GalleryExecutor:
         self._record(entry, result, generation)
         remove(step_staging(ctx.root, key), recursive=True, missing_ok=True)
 
-    def _record(self, entry: PlanEntry, result: ShardUpdateResult, generation: str) -> None:
+    def _record(self, entry: ShardUpdate, result: ShardUpdateResult, generation: str) -> None:
         """The shard rows of ``result`` and its step, in one lineage transaction."""
         ctx, store, key = self.ctx, self.ctx.store, result.key
-        if entry.kind == "embed":
+        if entry.kind is UpdateKind.EMBED:
             new, = result.written
             ctx.say(f"{key}: shard {entry.shard} holds {new.n_items} items of {generation}")
             store.assign_shard(ctx.name, entry.shard, generation, new.embeddings_uri, new.index_uri, new.sha256,

@@ -18,6 +18,7 @@ from orchestrator.pipeline.gallery.context import GalleryContext
 from orchestrator.pipeline.gallery.plan import GalleryPlan
 from orchestrator.pipeline.gate import GateMeasurement
 from orchestrator.search import CompatibilityCriterion
+from orchestrator.shard_update.update import UpdateKind
 
 
 class GateMeter:
@@ -37,7 +38,7 @@ class GateMeter:
         criterion = CompatibilityCriterion.from_records(self.ctx.store.compatibility_values(split), metric, split)
         stored = [b for b in plan.before if b.generation not in (None, generation) and b.n_items]
         verdict = {old: criterion.verdict(generation, old) for old in sorted({b.generation for b in stored})}
-        replaced = {e.shard for e in plan.entries if e.kind == "embed"}
+        replaced = {e.shard for e in plan.entries if e.kind is UpdateKind.EMBED}
         remaining = sorted({b.generation for b in stored if b.shard not in replaced})
         verdicts = [[old, verdict[old].admitted, verdict[old].reason] for old in remaining]
         measured = GateMeasurement(generation, serving, metric, verdicts)
@@ -115,7 +116,7 @@ class GateMeter:
         for entry in plan.entries:
             if entry.shard != shard:
                 continue
-            if entry.kind == "embed":
+            if entry.kind is UpdateKind.EMBED:
                 return stored.ids
             return np.intersect1d(stored.ids, read_selection(*entry.selection))
         return np.zeros(0, dtype=np.int64)

@@ -6,7 +6,8 @@ work steps that follow execute its entries; a re-run after a crash reads the com
 instead of planning again, because planning again on a half-backfilled gallery would pick
 different (more) items and overrun the budget.
 
-Entries (sized for galleries of any size: a range or a file, never a list of items):
+Entries (``shard_update.ShardUpdate``; sized for galleries of any size: a range or a file, never a
+list of items):
 - ``embed``: (re-)embed every item of ``shard``: its gallery ``rows`` [start, stop) for the first
   population, else the items of its file in ``before`` (``full``, whole shards of a ``partial``
   budget);
@@ -21,31 +22,11 @@ The plan also records the gallery before it (``before``: each shard's generation
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
-from orchestrator.lineage.step_keys import StepKind, shard_update_key
-
-
-@dataclass(frozen=True)
-class PlanEntry:
-    """One unit of work, committed in one lineage transaction (``step_key``)."""
-
-    kind: Literal["embed", "split"]
-    shard: int
-    num_items: int
-    rows: tuple[int, int] | None = None
-    selection: tuple[str, str] | None = None
-    target: int | None = None
-
-    def step_key(self, gallery: str, generation: str) -> str:
-        return shard_update_key(StepKind(self.kind), gallery, self.shard, generation)
-
-    @property
-    def stored_shard(self) -> int:
-        """The shard that ends up holding the new embeddings."""
-        return self.shard if self.target is None else self.target
+from orchestrator.shard_update.update import ShardUpdate
 
 
 @dataclass(frozen=True)
@@ -66,7 +47,7 @@ class GalleryPlan:
     gallery: str
     generation: str
     policy: dict[str, Any]
-    entries: tuple[PlanEntry, ...]
+    entries: tuple[ShardUpdate, ...]
     before: tuple[ShardBefore, ...]
     order: tuple[int, ...] = field(default=())
 
@@ -76,20 +57,15 @@ class GalleryPlan:
 
     def to_json(self) -> dict[str, Any]:
         return {"gallery": self.gallery, "generation": self.generation, "policy": self.policy,
-                "entries": [asdict(e) for e in self.entries],
+                "entries": [e.planned_json() for e in self.entries],
                 "before": [asdict(b) for b in self.before], "order": list(self.order)}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GalleryPlan:
-        entries = tuple(PlanEntry(e["kind"], int(e["shard"]), int(e["num_items"]), _pair(e.get("rows"), int),
-                                  _pair(e.get("selection"), str), e.get("target")) for e in data["entries"])
+        entries = tuple(ShardUpdate.from_planned_json(e) for e in data["entries"])
         before = tuple(ShardBefore(**b) for b in data["before"])
         return cls(data["gallery"], data["generation"], dict(data["policy"]), entries, before,
                    tuple(int(i) for i in data["order"]))
 
     def order_array(self) -> np.ndarray:
         return np.asarray(self.order, dtype=np.int64)
-
-
-def _pair(value, kind) -> tuple | None:
-    return None if value is None else (kind(value[0]), kind(value[1]))

@@ -22,8 +22,9 @@ from orchestrator.lineage.records import ShardRecord
 from orchestrator.lineage.step_keys import plan_key
 from orchestrator.models.adapters import FORWARD_ADAPTER
 from orchestrator.pipeline.gallery.context import GalleryContext
-from orchestrator.pipeline.gallery.plan import GalleryPlan, PlanEntry, ShardBefore
+from orchestrator.pipeline.gallery.plan import GalleryPlan, ShardBefore
 from orchestrator.pipeline.verify import refuse_unknown_file
+from orchestrator.shard_update.update import ShardUpdate, UpdateKind
 from orchestrator.storage import join_uri, read_bytes, write_json_atomic
 
 
@@ -45,7 +46,7 @@ class GalleryPlanner:
         policy = policy or generation.backfill
         if all(s.generation is None for s in shards):  # first population: every shard, whatever the policy
             bounds = np.cumsum([0] + initial_shard_sizes(source.num_items, len(shards)))
-            entries = tuple(PlanEntry("embed", s.index, int(bounds[s.index + 1] - bounds[s.index]),
+            entries = tuple(ShardUpdate(UpdateKind.EMBED, s.index, int(bounds[s.index + 1] - bounds[s.index]),
                                       rows=(int(bounds[s.index]), int(bounds[s.index + 1]))) for s in shards)
             order: tuple[int, ...] = ()
         else:
@@ -75,7 +76,7 @@ class GalleryPlanner:
         return GalleryPlan.from_json(self.ctx.locations.resolve_json(json.loads(data)))
 
     def _backfill_entries(self, generation, policy: BackfillPolicy,
-                          shards: list[ShardRecord]) -> tuple[tuple[PlanEntry, ...], tuple[int, ...]]:
+                          shards: list[ShardRecord]) -> tuple[tuple[ShardUpdate, ...], tuple[int, ...]]:
         """The plan's entries from priorities computed on Ray, shard by shard (``ScoredGallery``),
         by the policy rules of ``backfill.policy`` (the in-memory ``plan_backfill`` applies the
         same rules to shards in memory), without the gallery in the driver."""
@@ -91,7 +92,7 @@ class GalleryPlanner:
         if policy.policy == "none":
             return (), order
         if reembeds_whole_shards(policy):
-            return tuple(PlanEntry("embed", s.index, s.n) for s in whole_shards(policy, summaries)), order
+            return tuple(ShardUpdate(UpdateKind.EMBED, s.index, s.n) for s in whole_shards(policy, summaries)), order
         selection = select_items(policy, scored.ask(), sum(s.n for s in summaries))
         if selection.threshold is None:
             return (), order
@@ -103,9 +104,10 @@ class GalleryPlanner:
             count, sha = chosen[position]
             index = candidates[position].index
             if sha is None:
-                entries.append(PlanEntry("embed", index, count))
+                entries.append(ShardUpdate(UpdateKind.EMBED, index, count))
             else:
-                entries.append(PlanEntry("split", index, count, selection=(uris[position], sha), target=next_index))
+                entries.append(ShardUpdate(UpdateKind.SPLIT, index, count, selection=(uris[position], sha),
+                                           target=next_index))
                 next_index += 1
         return tuple(entries), order
 
