@@ -1,6 +1,6 @@
-"""Backfilling: the policy rules (``policy``) and orders (``orders``, a registry) that decide which
-gallery items / shards a new generation re-embeds, the in-memory planner (``planner``), and tracing
-retrieval quality versus the fraction re-embedded (``curve``).
+"""Backfilling: the policy rules (``policy``), the exact selection of the top items in bounded memory
+(``selection``) and the orders (``orders``, a registry) that decide which gallery items / shards a
+new generation re-embeds, and tracing retrieval quality versus the fraction re-embedded (``curve``).
 
 No Ray here: pure numpy / torch functions that the pipeline calls from wherever it runs.
 """
@@ -12,8 +12,4 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "compatibility_order": ["compatibility_ranks", "least_compatible_priority"],
     "orders": ["ORDERS", "BackfillOrder", "get_order", "register_order"],
     "policy": ["ShardPriority", "budget_count", "curve_order", "select_items", "whole_shards"],
-    "planner": [
-        "BackfillPlan", "ShardBackfill", "ShardInfo",
-        "class_mean_distance_priority", "plan_backfill", "priority_order", "uncertainty_priority",
-    ],
 })

@@ -77,9 +77,9 @@ def mixed_gallery(
 
     Shapes: ``old_embeddings`` and ``new_embeddings`` (N, D) in one comparable space (module
     docstring), row i the same item; ``order`` (N,) a permutation of range(N), the backfill order π
-    (e.g. ``planner.priority_order(scores, ids)``). Each yielded gallery is a fresh (N, D) tensor
+    (e.g. ``np.lexsort((ids, -scores))``: priority descending, ties by id). Each yielded gallery is a fresh (N, D) tensor
     whose rows ``order[:⌊β·N⌋]`` come from ``new_embeddings`` and the others from
-    ``old_embeddings`` (``⌊·⌋`` as ``policy.budget_count``, the planner's rounding).
+    ``old_embeddings`` (``⌊·⌋`` as ``policy.budget_count``, the policy's rounding).
     """
     old = _as_tensor(old_embeddings, "old_embeddings")
     new = _as_tensor(new_embeddings, "new_embeddings").to(device=old.device)

@@ -1,9 +1,9 @@
 """The backfill policy rules, once: which shards or how many items a policy re-embeds, and in what
 order, from per-shard priority summaries and the exact item selection (``backfill.selection``).
 
-The pipeline applies them to shards scored on Ray (``distributed.backfill_scores``), the in-memory
-planner (``planner.plan_backfill``) to shards scored in the process; both therefore choose the
-same items. Priorities: higher = re-embed earlier (``backfill.orders``).
+The pipeline's planner (``pipeline.gallery_planner``) applies them to shards scored on Ray
+(``distributed.backfill_scores``); tests apply them to shards held in the process
+(``selection.in_memory_ask``). Priorities: higher = re-embed earlier (``backfill.orders``).
 
 Rounding decision: the budget is a cap on cost, so a plan never exceeds it: a partial budget β
 re-embeds ``⌊β·N⌋`` of the N items (budget_unit ``items``) or ``⌊β·S⌋`` of the S shards

@@ -1,15 +1,15 @@
 """Exact gallery-wide backfill selection in bounded memory: the top ⌊β·N⌋ items of a priority
 order, chosen shard by shard without bringing every score to one place.
 
-The in-memory planner (``plan_backfill``) ranks all N items by DESCENDING score, ties by
-ASCENDING item id, and takes the first k. Here each shard keeps its own items as 128-bit keys
-(``priority_keys``: the first word orders by descending score, the second by ascending id, so the
-planner's order is the ascending key order) and answers small questions about them; the driver
+The top k of a gallery are its first k items ranked by DESCENDING score, ties by ASCENDING item id
+(one full sort). Here each shard keeps its own items as 128-bit keys (``priority_keys``: the first
+word orders by descending score, the second by ascending id, so that ranking is the ascending key
+order) and answers small questions about them; the driver
 finds the k-th smallest key by radix selection — a histogram of the next 8 key bits among the
 items that share the prefix found so far, from every shard, per round — and stops as soon as
 few enough items share the prefix to fetch them (at most ``fetch_limit``). Every shard then
-keeps the items whose key is at most that threshold. The result equals the in-memory planner's
-choice exactly (same keys, integer arithmetic, no float bins), for any ties.
+keeps the items whose key is at most that threshold. The result equals the full sort's choice
+exactly (same keys, integer arithmetic, no float bins), for any ties.
 
 Driver memory: one 256-bin histogram per shard per round and at most ``fetch_limit`` keys; the
 shards (``ScoredShard``) live wherever the caller keeps them (the Ray layer: in the object store).
@@ -29,7 +29,7 @@ _LEVELS = 128 // _DIGIT_BITS
 
 def priority_keys(scores: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(N,) finite scores and (N,) int64 ids → two (N,) uint64 words whose ascending
-    lexicographic order is the planner's order (score descending, then id ascending)."""
+    lexicographic order is the ranking (score descending, then id ascending)."""
     bits = (np.asarray(scores, dtype=np.float64) + 0.0).view(np.uint64)  # + 0.0: −0.0 → +0.0
     ascending = np.where(bits & _SIGN, ~bits, bits | _SIGN)  # IEEE order as unsigned order
     return ~ascending, np.asarray(ids, dtype=np.int64).view(np.uint64) ^ _SIGN

@@ -61,8 +61,8 @@ def class_mean_distances(
     forward_old_embeddings: torch.Tensor, labels: torch.Tensor, distance: Literal["l2", "cosine"] = "l2"
 ) -> torch.Tensor:
     """Per-item distance (N,) float64 of F(h_i^k) to its class mean μ_{y_i} (lambda_orthogonality.md
-    §2.11): the backfill priority, for ``lambda_orth.backfill_order`` and
-    ``backfill.class_mean_distance_priority``.
+    §2.11): the backfill priority, for ``lambda_orth.backfill_order`` (the pipeline's
+    ``class_mean_distance`` order computes the same distances shard by shard, ``backfill.orders``).
 
     forward_old_embeddings: (N, n) the forward-adapted gallery F(h_k); labels: (N,) class ids.
     The one implementation is ``metrics.class_means`` (also what the shard-by-shard backfill

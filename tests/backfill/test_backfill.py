@@ -1,4 +1,5 @@
-"""Backfill planner (orders, budgets, none/full) and backfilling curves (mixed gallery, curve, artefacts)."""
+"""Backfill policy rules as the pipeline plans with them (budgets, whole shards, ties), the orders of the
+registry, and backfilling curves (mixed gallery, curve, artefacts)."""
 import csv
 import io
 
@@ -6,31 +7,32 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.backfill import (
-    ShardInfo,
-    backfill_curve,
-    budget_count,
-    class_mean_distance_priority,
-    mixed_gallery,
-    plan_backfill,
-    priority_order,
-    random_priority,
-    uncertainty_priority,
-    write_backfill_curve,
-)
+from orchestrator.backfill import backfill_curve, budget_count, mixed_gallery, random_priority, write_backfill_curve
+from orchestrator.backfill.orders import OrderInputs, shard_priorities
+from orchestrator.backfill.policy import curve_order
 from orchestrator.config import BackfillPolicy
+from orchestrator.gallery import ShardEmbeddings
 from orchestrator.geometry import lorentz
 from orchestrator.methods.lambda_orth import backfill_order
 from orchestrator.metrics import backfill_curve_area
+from orchestrator.metrics.class_means import class_sums, distances_to_class_means
+
+from backfill_choices import chosen_items, scored_shards, top_items, whole_shard_order
 
 
-def _shards(sizes, scores=None, start=0):
-    out, pos = [], start
-    for i, n in enumerate(sizes):
-        ids = np.arange(pos, pos + n)
-        out.append(ShardInfo(index=i, item_ids=ids, scores=None if scores is None else np.asarray(scores)[pos - start : pos - start + n]))
-        pos += n
-    return out
+def _parts(sizes, scores):
+    """Shards of consecutive ids 0, 1, … with ``scores`` split by ``sizes``."""
+    bounds = np.cumsum([0, *sizes])
+    scores = np.asarray(scores, dtype=np.float64)
+    return [(np.arange(lo, hi), scores[lo:hi]) for lo, hi in zip(bounds[:-1], bounds[1:])]
+
+
+def _class_mean_distances(features: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The class-mean order's priorities as the scoring computes them: gallery-wide class means
+    from per-class sums, then each item's distance to its own class's mean."""
+    classes, sums, counts = class_sums(features, labels)
+    means = {int(c): s / n for c, s, n in zip(classes, sums, counts)}
+    return distances_to_class_means(features, labels, means)
 
 
 # ---------------------------------------------------------------- budgets and rounding
@@ -43,98 +45,82 @@ def test_budget_count_is_floor_robust_to_float_error(budget, n, expected):
 
 @pytest.mark.parametrize("budget", [0.1, 0.25, 0.29, 0.5, 0.99, 1.0])
 def test_items_budget_gives_floor_budget_times_items(budget):
-    shards = _shards([13, 40, 47], scores=np.linspace(0, 1, 100))
-    plan = plan_backfill(BackfillPolicy(policy="partial", budget=budget, order="uncertainty"), shards)
-    assert plan.num_items == budget_count(budget, 100) == int(np.floor(budget * 100 + 1e-9))
-    assert len(set(plan.item_ids.tolist())) == plan.num_items
+    parts = _parts([13, 40, 47], np.linspace(0, 1, 100))
+    chosen = chosen_items(BackfillPolicy(policy="partial", budget=budget, order="uncertainty"), parts)
+    items = [i for ids in chosen.values() for i in ids]
+    assert len(items) == budget_count(budget, 100) == int(np.floor(budget * 100 + 1e-9)) == len(set(items))
     # the highest scores are chosen, gallery-wide
-    assert sorted(plan.item_ids.tolist()) == list(range(100 - plan.num_items, 100))
+    assert sorted(items) == list(range(100 - len(items), 100))
 
 
 @pytest.mark.parametrize("budget,expected", [(0.2, 1), (0.3, 1), (0.5, 2), (0.6, 3), (0.99, 4), (1.0, 5)])
 def test_shards_budget_gives_floor_budget_times_shards_by_mean_priority(budget, expected):
     # shard means: 2, 0, 4, 1, 3 -> ranking 2, 4, 0, 3, 1
-    scores = np.concatenate([np.full(3, m) for m in (2.0, 0.0, 4.0, 1.0, 3.0)])
-    plan = plan_backfill(BackfillPolicy(policy="partial", budget=budget, budget_unit="shards", order="uncertainty"), _shards([3] * 5, scores))
-    assert plan.shard_indices == (2, 4, 0, 3, 1)[:expected]
-    assert all(s.whole for s in plan.shards)
-    assert plan.num_items == 3 * expected
+    parts = _parts([3] * 5, np.concatenate([np.full(3, m) for m in (2.0, 0.0, 4.0, 1.0, 3.0)]))
+    policy = BackfillPolicy(policy="partial", budget=budget, budget_unit="shards", order="uncertainty")
+    assert whole_shard_order(policy, parts) == (2, 4, 0, 3, 1)[:expected]
 
 
 def test_budget_below_one_unit_is_empty():
-    plan = plan_backfill(BackfillPolicy(policy="partial", budget=0.1, budget_unit="shards", order="random"), _shards([4] * 5))
-    assert plan.shards == () and plan.num_items == 0
+    parts = _parts([4] * 5, random_priority(np.arange(20), 0))
+    assert whole_shard_order(BackfillPolicy(policy="partial", budget=0.1, budget_unit="shards", order="random"),
+                             parts) == ()
+    assert chosen_items(BackfillPolicy(policy="partial", budget=0.04, order="random"), parts) == {}
 
 
-def test_none_and_full():
-    shards = _shards([3, 2, 4], scores=[5, 1, 2, 9, 9, 0, 0, 0, 7])
-    none = plan_backfill(BackfillPolicy(policy="none"), shards)
-    assert none.shards == () and none.total_items == 9 and none.fraction == 0.0
-    # none needs no scores at all
-    assert plan_backfill(BackfillPolicy(policy="none"), _shards([3, 2])).num_items == 0
-    full = plan_backfill(BackfillPolicy(policy="full", order="uncertainty"), shards)
-    assert full.num_items == 9 and full.fraction == 1.0
-    assert full.shard_indices == (1, 0, 2)  # means 9, 8/3, 7/4
-    assert full.shards[0].item_ids.tolist() == [3, 4]  # tie 9/9 -> by item id
-    assert full.shards[1].item_ids.tolist() == [0, 2, 1]
-    assert full.shards[2].item_ids.tolist() == [8, 5, 6, 7]  # ties at 0 by id
+def test_full_takes_every_shard_by_mean_priority_and_the_curve_ranks_the_gallery():
+    parts = _parts([3, 2, 4], [5, 1, 2, 9, 9, 0, 0, 0, 7])
+    full = BackfillPolicy(policy="full", order="uncertainty")
+    assert whole_shard_order(full, parts) == (1, 0, 2)  # means 9, 8/3, 7/4
+    keys = [np.stack([s.high, s.low, s.ids.view(np.uint64)], axis=1) for s in scored_shards(parts)]
+    assert curve_order(full, [], keys).tolist() == [3, 4, 8, 0, 2, 1, 5, 6, 7]  # ties 9/9 and 0/0/0 by id
 
 
 def test_ties_are_broken_by_item_id_deterministically():
-    ids = np.array([7, 3, 5, 1])
-    shards = [ShardInfo(0, ids, np.zeros(4))]
-    plan = plan_backfill(BackfillPolicy(policy="partial", budget=0.5, order="uncertainty"), shards)
-    assert plan.item_ids.tolist() == [1, 3]
-    np.testing.assert_array_equal(priority_order(np.zeros(4), ids), [3, 1, 2, 0])
+    parts = [(np.array([7, 3, 5, 1]), np.zeros(4))]
+    assert chosen_items(BackfillPolicy(policy="partial", budget=0.5, order="uncertainty"), parts) == {0: [1, 3]}
 
 
 def test_items_plan_groups_by_shard_in_priority_order():
-    shards = _shards([3, 3], scores=[0.1, 0.9, 0.2, 0.8, 0.0, 0.7])
-    plan = plan_backfill(BackfillPolicy(policy="partial", budget=0.5, order="class_mean_distance"), shards)
-    assert plan.shard_indices == (0, 1)
-    assert plan.shards[0].item_ids.tolist() == [1] and not plan.shards[0].whole
-    assert plan.shards[1].item_ids.tolist() == [3, 5]
+    parts = _parts([3, 3], [0.1, 0.9, 0.2, 0.8, 0.0, 0.7])
+    chosen = chosen_items(BackfillPolicy(policy="partial", budget=0.5, order="class_mean_distance"), parts)
+    assert list(chosen.items()) == [(0, [1]), (1, [3, 5])] == list(top_items(parts, 3).items())
 
 
-def test_bad_inputs():
-    with pytest.raises(ValueError, match="needs per-item scores"):
-        plan_backfill(BackfillPolicy(policy="partial", budget=0.5, order="uncertainty"), _shards([3]))
-    with pytest.raises(ValueError, match="unique"):
-        plan_backfill(BackfillPolicy(policy="full"), [ShardInfo(0, np.array([1, 2])), ShardInfo(1, np.array([2]))])
-    with pytest.raises(ValueError, match="finite"):
-        plan_backfill(BackfillPolicy(policy="full", order="uncertainty"), [ShardInfo(0, np.array([1]), np.array([np.nan]))])
+# ---------------------------------------------------------------- orders
 
 
-# ---------------------------------------------------------------- order functions
-
-
-def test_uncertainty_priority_puts_low_norm_lorentz_points_first():
+def test_the_uncertainty_order_puts_low_norm_lorentz_points_first():
     curv = 1.5
     direction = torch.tensor([0.6, 0.8, 0.0], dtype=torch.float64)
     norms = torch.tensor([2.0, 0.1, 5.0, 0.5], dtype=torch.float64)
     space = norms[:, None] * direction
     x = torch.cat([lorentz.time_from_space(space, curv, keepdim=True), space], dim=1)
-    u = uncertainty_priority(x, curv)
-    assert u.shape == (4,) and np.all((u >= 0) & (u <= 1))
-    np.testing.assert_allclose(u, lorentz.uncertainty(x, curv).numpy())
-    ids = np.arange(4)
-    assert priority_order(u, ids).tolist() == [1, 3, 0, 2]  # ascending norm = descending uncertainty
-    plan = plan_backfill(BackfillPolicy(policy="partial", budget=0.5, order="uncertainty"), [ShardInfo(0, ids, u)])
-    assert plan.item_ids.tolist() == [1, 3]
+    uncertainty = lorentz.uncertainty(x, curv).numpy()  # the column a Lorentz generation stores
+    assert np.all((uncertainty >= 0) & (uncertainty <= 1))
+    shard = ShardEmbeddings(np.arange(4), np.zeros(4, np.int64), x.numpy().astype(np.float32),
+                            uncertainty.astype(np.float32), "g0", "lorentz", curv)
+    u = shard_priorities(shard, "uncertainty", OrderInputs("order uncertainty"), 0)
+    assert np.lexsort((np.arange(4), -u)).tolist() == [1, 3, 0, 2]  # ascending norm = descending uncertainty
+    policy = BackfillPolicy(policy="partial", budget=0.5, order="uncertainty")
+    assert chosen_items(policy, [(shard.ids, u)]) == {0: [1, 3]}
 
 
-@pytest.mark.parametrize("distance", ["l2", "cosine"])
-def test_class_mean_distance_priority_puts_outliers_first_and_matches_lambda_orth(distance):
+def test_the_class_mean_order_puts_outliers_first_and_ranks_as_lambda_orth():
     gen = torch.Generator().manual_seed(0)
     centers = torch.tensor([[5.0, 0.0, 0.0], [0.0, 5.0, 0.0]], dtype=torch.float64)
     labels = torch.tensor([0] * 6 + [1] * 6)
     f = centers[labels] + 0.05 * torch.randn(12, 3, generator=gen, dtype=torch.float64)
     f[2] = torch.tensor([-3.0, 4.0, 2.0], dtype=torch.float64)  # outlier of class 0
     f[9] = torch.tensor([4.0, -2.0, 3.0], dtype=torch.float64)  # outlier of class 1
-    d = class_mean_distance_priority(f, labels, distance)
-    assert set(priority_order(d, np.arange(12))[:2].tolist()) == {2, 9}
-    # one implementation: the same ranking as lambda_orth.backfill_order
-    assert priority_order(d, np.arange(12)).tolist() == backfill_order(f, labels, distance).tolist()
+    d = _class_mean_distances(f.numpy(), labels.numpy())
+    ranking = np.lexsort((np.arange(12), -d))
+    assert set(ranking[:2].tolist()) == {2, 9}
+    # the same ranking as lambda_orth.backfill_order (the method's own order)
+    assert ranking.tolist() == backfill_order(f, labels, "l2").tolist()
+    # written out: ‖f_i − mean of its class‖₂
+    means = np.stack([f.numpy()[labels.numpy() == c].mean(axis=0) for c in (0, 1)])
+    np.testing.assert_allclose(d, np.linalg.norm(f.numpy() - means[labels.numpy()], axis=1), rtol=1e-12)
 
 
 def test_random_priority_is_deterministic_per_seed_and_layout_free():
@@ -147,11 +133,14 @@ def test_random_priority_is_deterministic_per_seed_and_layout_free():
     perm = np.random.default_rng(0).permutation(50)
     np.testing.assert_array_equal(random_priority(ids[perm], 1), a[perm])
     policy = BackfillPolicy(policy="partial", budget=0.3, order="random")
-    one = plan_backfill(policy, [ShardInfo(0, ids)], seed=3)
-    many = plan_backfill(policy, _shards([10, 25, 15]), seed=3)
-    assert sorted(one.item_ids.tolist()) == sorted(many.item_ids.tolist())
-    assert one.num_items == 15
-    assert plan_backfill(policy, [ShardInfo(0, ids)], seed=4).item_ids.tolist() != one.item_ids.tolist()
+
+    def chosen(parts_ids, seed):
+        return sorted(i for ids in chosen_items(policy, [(p, random_priority(p, seed)) for p in parts_ids]).values()
+                      for i in ids)
+
+    one = chosen([ids], 3)
+    assert one == chosen(np.split(ids, [10, 35]), 3) and len(one) == 15
+    assert chosen([ids], 4) != one
 
 
 # ---------------------------------------------------------------- mixed gallery and curves
@@ -188,8 +177,8 @@ def _synthetic(seed=0, classes=8, per_class=12, dim=16):
 def test_backfill_curve_rises_from_old_to_new_and_class_mean_order_beats_reversed(tmp_path):
     old, new, labels, ids = _synthetic()
     fractions = [i / 10 for i in range(11)]
-    d = class_mean_distance_priority(old, labels)  # F = identity: the old gallery is already comparable
-    good = priority_order(d, ids.numpy())
+    d = _class_mean_distances(old.double().numpy(), labels.numpy())  # F = identity: the old gallery is comparable
+    good = np.lexsort((ids.numpy(), -d))
     bad = good[::-1].copy()
 
     def run(order):

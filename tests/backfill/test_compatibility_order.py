@@ -8,9 +8,10 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.backfill import (ShardInfo, compatibility_ranks, least_compatible_priority, plan_backfill,
-                                   random_priority)
+from orchestrator.backfill import compatibility_ranks, least_compatible_priority, random_priority
 from orchestrator.config import BackfillPolicy
+
+from backfill_choices import chosen_items, whole_shard_order
 
 
 def test_ranks_put_the_lowest_cross_value_and_an_unsearchable_generation_first():
@@ -32,34 +33,34 @@ def test_a_higher_rank_comes_first_and_the_random_order_decides_within_a_rank():
             least_compatible_priority(ids, bad, seed=3)
 
 
-def _two_generations() -> list[ShardInfo]:
-    """Shards 0-1 of g0 (cross 0.70, 300 items), shards 2-5 of g1 (cross 0.95, 600 items)."""
+def _two_generations() -> list[tuple[np.ndarray, np.ndarray]]:
+    """Shards 0-1 of g0 (cross 0.70, 300 items), shards 2-5 of g1 (cross 0.95, 600 items): (ids, priorities)."""
     ranks = compatibility_ranks({"g0": 0.70, "g1": 0.95})
     shards = []
     for index in range(6):
         generation = "g0" if index < 2 else "g1"
         ids = np.arange(index * 150, (index + 1) * 150, dtype=np.int64)
-        shards.append(ShardInfo(index, ids, least_compatible_priority(ids, ranks[generation], seed=11)))
+        shards.append((ids, least_compatible_priority(ids, ranks[generation], seed=11)))
     return shards
 
 
 def test_an_items_budget_takes_a_uniform_sample_of_the_least_compatible_generation_first():
     shards = _two_generations()
     policy = BackfillPolicy(policy="partial", budget=0.2, budget_unit="items", order="least_compatible")
-    plan = plan_backfill(policy, shards, seed=11)  # ⌊0.2 · 900⌋ = 180 of g0's 300 items
-    chosen = plan.item_ids
+    chosen = np.concatenate(list(chosen_items(policy, shards).values()))  # ⌊0.2 · 900⌋ = 180 of g0's 300 items
     assert chosen.size == 180 and set(chosen) <= set(range(300))
     g0 = np.arange(300, dtype=np.int64)
     expected = g0[np.argsort(-random_priority(g0, 11), kind="stable")][:180]  # the random order's first 180
     assert sorted(chosen.tolist()) == sorted(expected.tolist())
     # a larger budget takes all of g0, then g1's items by the random order
-    plan = plan_backfill(BackfillPolicy(policy="partial", budget=0.5, budget_unit="items", order="least_compatible"),
-                         shards, seed=11)
-    assert set(range(300)) <= set(plan.item_ids.tolist()) and plan.num_items == 450
+    larger = chosen_items(BackfillPolicy(policy="partial", budget=0.5, budget_unit="items", order="least_compatible"),
+                          shards)
+    items = [i for ids in larger.values() for i in ids]
+    assert set(range(300)) <= set(items) and len(items) == 450
 
 
 def test_a_shards_budget_takes_the_least_compatible_generations_shards_first():
-    plan = plan_backfill(BackfillPolicy(policy="partial", budget=0.5, budget_unit="shards", order="least_compatible"),
-                         _two_generations(), seed=11)
-    assert plan.shard_indices[:2] in ((0, 1), (1, 0)) and len(plan.shard_indices) == 3
-    assert plan.shard_indices[2] in (2, 3, 4, 5)
+    order = whole_shard_order(BackfillPolicy(policy="partial", budget=0.5, budget_unit="shards",
+                                             order="least_compatible"), _two_generations())
+    assert order[:2] in ((0, 1), (1, 0)) and len(order) == 3
+    assert order[2] in (2, 3, 4, 5)

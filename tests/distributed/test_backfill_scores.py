@@ -1,20 +1,22 @@
 """The backfill planner's Ray tasks: priorities scored shard by shard from the stored files, the
-exact selection run against them, and the chosen ids written per shard equal the in-memory
-``plan_backfill`` on the same files (uncertainty, random and class-mean orders)."""
+exact selection run against them, and the chosen ids written per shard equal one full sort of the
+priorities written out from the same files (uncertainty, random, class-mean and least-compatible
+orders)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
 
-from orchestrator.backfill import (ShardInfo, budget_count, class_mean_distance_priority, compatibility_ranks,
-                                   least_compatible_priority, plan_backfill, random_priority)
+from orchestrator.backfill import budget_count, compatibility_ranks, least_compatible_priority, random_priority
 from orchestrator.backfill.selection import select_top
 from orchestrator.config import BackfillPolicy
 from orchestrator.distributed.backfill_scores import PriorityRule, ScoredGallery, ShardToScore
 from orchestrator.gallery import ShardEmbeddings, read_shard, write_shard
 from orchestrator.gallery.shard_files import read_selection
 from orchestrator.geometry import lorentz
+
+from backfill_choices import top_items, whole_shard_order
 
 pytestmark = pytest.mark.e2e
 
@@ -36,18 +38,20 @@ def stored_shards(tmp_path):
     return targets
 
 
-def in_memory_infos(targets, order: str, seed: int):
+def written_out_priorities(targets, order: str, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per shard (ids, priorities) computed here from the whole gallery (class means over every shard)."""
     shards = [read_shard(t.uri) for t in targets]
     if order == "uncertainty":
         scores = [s.uncertainty.astype(np.float64) for s in shards]
     elif order == "random":
         scores = [random_priority(s.ids, seed) for s in shards]
     else:
-        everything = class_mean_distance_priority(torch.from_numpy(np.concatenate([s.embeddings for s in shards])
-                                                                    .astype(np.float64)),
-                                                  np.concatenate([s.labels for s in shards]))
+        features = np.concatenate([s.embeddings for s in shards]).astype(np.float64)
+        labels = np.concatenate([s.labels for s in shards])
+        means = {c: features[labels == c].mean(axis=0) for c in np.unique(labels)}
+        everything = np.linalg.norm(features - np.stack([means[c] for c in labels]), axis=1)
         scores = np.split(everything, np.cumsum([len(s) for s in shards])[:-1])
-    return [ShardInfo(t.index, s.ids, sc) for t, s, sc in zip(targets, shards, scores)]
+    return [(s.ids, sc) for s, sc in zip(shards, scores)]
 
 
 def chosen_on_ray(scored: ScoredGallery, targets, k: int, tmp_path, fetch_limit: int) -> dict[int, list[int]]:
@@ -64,16 +68,15 @@ def chosen_on_ray(scored: ScoredGallery, targets, k: int, tmp_path, fetch_limit:
 
 
 @pytest.mark.parametrize("order", ["uncertainty", "random", "class_mean_distance"])
-def test_scored_on_ray_the_selection_equals_the_in_memory_plan(local_ray, stored_shards, tmp_path, order):
+def test_scored_on_ray_the_selection_equals_one_full_sort(local_ray, stored_shards, tmp_path, order):
     seed, budget = 7, 0.37
     scored = ScoredGallery(PriorityRule(order, seed, f"order {order}"), stored_shards)
-    policy = BackfillPolicy(policy="partial", budget=budget, budget_unit="items", order=order)
-    expected = plan_backfill(policy, in_memory_infos(stored_shards, order, seed), seed=seed)
+    parts = written_out_priorities(stored_shards, order, seed)
     chosen = chosen_on_ray(scored, stored_shards, budget_count(budget, 3000), tmp_path, fetch_limit=100)
-    assert chosen == {s.index: np.sort(s.item_ids).tolist() for s in expected.shards}
+    assert chosen == top_items(parts, budget_count(budget, 3000))
     means = {x["index"]: x["mean"] for x in scored.summaries}
-    for info in in_memory_infos(stored_shards, order, seed):  # the shards' mean priorities (budget_unit shards)
-        assert means[info.index] == pytest.approx(info.scores.mean(), rel=1e-12)
+    for target, (_ids, scores) in zip(stored_shards, parts):  # the shards' mean priorities (budget_unit shards)
+        assert means[target.index] == pytest.approx(scores.mean(), rel=1e-12)
 
 
 def test_an_uncertainty_order_over_flat_embeddings_is_refused_with_the_shard(local_ray, tmp_path):
@@ -101,25 +104,24 @@ def two_generation_shards(tmp_path):
 
 
 @pytest.mark.parametrize("budget_unit", ["items", "shards"])
-def test_least_compatible_scored_on_ray_equals_the_in_memory_plan(local_ray, two_generation_shards, tmp_path,
-                                                                  budget_unit):
-    """g0 searched worse (cross 0.6 against 0.9): its items / shards first, as plan_backfill orders them."""
+def test_least_compatible_scored_on_ray_equals_one_full_sort(local_ray, two_generation_shards, tmp_path,
+                                                             budget_unit):
+    """g0 searched worse (cross 0.6 against 0.9): its items / shards first."""
     seed, budget, ranks = 5, 0.4, compatibility_ranks({"g0": 0.6, "g1": 0.9})
     scored = ScoredGallery(PriorityRule("least_compatible", seed, "order least_compatible", generation_ranks=ranks),
                            two_generation_shards)
     shards = [read_shard(t.uri) for t in two_generation_shards]
-    infos = [ShardInfo(t.index, s.ids, least_compatible_priority(s.ids, ranks[s.generation], seed))
-             for t, s in zip(two_generation_shards, shards)]
+    parts = [(s.ids, least_compatible_priority(s.ids, ranks[s.generation], seed)) for s in shards]
     policy = BackfillPolicy(policy="partial", budget=budget, budget_unit=budget_unit, order="least_compatible")
-    expected = plan_backfill(policy, infos, seed=seed)
     means = {x["index"]: x["mean"] for x in scored.summaries}
-    assert means == {info.index: pytest.approx(info.scores.mean(), rel=1e-12) for info in infos}
-    if budget_unit == "shards":  # the step ranks whole shards by these means, as _rank_shards does
+    assert means == {t.index: pytest.approx(p.mean(), rel=1e-12) for t, (_ids, p) in zip(two_generation_shards, parts)}
+    if budget_unit == "shards":  # the step ranks whole shards by these means (backfill.policy.whole_shards)
         ranked = sorted(scored.summaries, key=lambda x: (-x["mean"], x["index"]))[:2]
-        assert [x["index"] for x in ranked] == list(expected.shard_indices) and set(expected.shard_indices) == {0, 1}
+        assert [x["index"] for x in ranked] == list(whole_shard_order(policy, parts)) and {0, 1} == set(
+            whole_shard_order(policy, parts))
         return
     chosen = chosen_on_ray(scored, two_generation_shards, budget_count(budget, 1200), tmp_path, fetch_limit=50)
-    assert chosen == {s.index: np.sort(s.item_ids).tolist() for s in expected.shards}
+    assert chosen == top_items(parts, budget_count(budget, 1200))
     assert set(chosen) >= {0, 1} and sum(map(len, chosen.values())) == 480  # all 400 of g0, then 80 of g1
 
 

@@ -78,8 +78,7 @@ class GalleryPlanner:
     def _backfill_entries(self, generation, policy: BackfillPolicy,
                           shards: list[ShardRecord]) -> tuple[tuple[ShardUpdate, ...], tuple[int, ...]]:
         """The plan's entries from priorities computed on Ray, shard by shard (``ScoredGallery``),
-        by the policy rules of ``backfill.policy`` (the in-memory ``plan_backfill`` applies the
-        same rules to shards in memory), without the gallery in the driver."""
+        by the policy rules of ``backfill.policy``, without the gallery in the driver."""
         curves = self.ctx.config.evaluation.backfill_curves
         if policy.policy == "none" and not curves:
             return (), ()
