@@ -89,11 +89,11 @@ def synthetic_gallery(store, storage: str, gallery: str, n: int, shards: int, ki
                       rng: np.random.Generator, generation: str) -> np.ndarray:
     """Replace ``gallery``'s shards by ``n`` synthetic items of the deployed generation's space
     (module docstring), rows of ``generation``; returns the (n, D) float32 embeddings (row = item id)."""
-    from orchestrator.gallery import read_shard
+    from orchestrator.gallery import read_recorded_shard
     from orchestrator.lineage.records import ShardAssignment
 
     current = [s for s in store.shards(gallery) if s.n_items]
-    real = [read_shard(s.embeddings_uri, expected_sha256=s.sha256) for s in current]
+    real = [read_recorded_shard(s) for s in current]
     template = real[0]
     if template.space != "lorentz":
         raise ValueError(f"serve_load generates hyperboloid points; the deployed generation embeds in {template.space}")
@@ -327,10 +327,10 @@ def _starts(n: int, shards: int) -> np.ndarray:
 
 def _rewrite_without(store, storage: str, gallery: str, shard, item: int, kind: str) -> None:
     """What a backfill commits for one shard: its file and index rewritten (here without ``item``)."""
-    from orchestrator.gallery import read_shard
+    from orchestrator.gallery import read_recorded_shard
     from orchestrator.lineage.records import ShardAssignment
 
-    stored = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)
+    stored = read_recorded_shard(shard)
     kept = stored.without(np.array([item]))
     written = _write(store, storage, gallery, shard.index, kept, kept.ids, kept.embeddings, kind)
     store.assign_shards(gallery, [ShardAssignment(shard.index, shard.generation, *written)])

@@ -167,6 +167,14 @@ def read_shard(uri: str, expected_sha256: str | None = None,
     return shard_from_parquet(data, uri)
 
 
+def read_recorded_shard(record: Any, storage_options: Mapping[str, Any] | None = None) -> ShardEmbeddings:
+    """The file of a shard the lineage records, its bytes checked against the sha256 it recorded
+    (``ChecksumMismatch`` naming the file otherwise): the one reader of a served or planned shard's
+    file. ``record``: anything with ``embeddings_uri`` and ``sha256`` (a lineage ``ShardRecord``, a
+    plan's ``ShardBefore``)."""
+    return read_shard(record.embeddings_uri, record.sha256, storage_options)
+
+
 def read_shard_rows(uri: str, expected_sha256: str | None = None,
                     storage_options: Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """(ids (n,), source rows (n,) or None) of a shard file, its sha256 checked when given."""

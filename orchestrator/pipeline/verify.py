@@ -150,10 +150,10 @@ def _check_index_file(store, uri: str, n_items: int | None) -> None:
 
 
 def _check_shard(store, shard) -> None:
-    from orchestrator.gallery import read_shard
+    from orchestrator.gallery import read_recorded_shard
     from orchestrator.stores import is_store_uri, store_at
 
-    stored = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)
+    stored = read_recorded_shard(shard)
     record = recorded_index(store, shard.index_uri)
     if is_store_uri(shard.index_uri):  # the rows of a store: their count and digest
         store_at(shard.index_uri, record).check_shard(shard.index_uri, record, shard.n_items)
@@ -257,7 +257,7 @@ def adopt_unhashed(store) -> list[str]:
     files as they are now (an operator's explicit choice, ``verify --adopt``): each trained
     generation's card (its weights must still match the lineage), each current shard's index (its
     Parquet file must match the lineage, and the index hold as many items). Returns what it recorded."""
-    from orchestrator.gallery import read_shard
+    from orchestrator.gallery import read_recorded_shard
     from orchestrator.index.factory import index_from_bytes
 
     adopted = []
@@ -273,7 +273,7 @@ def adopt_unhashed(store) -> list[str]:
     for gallery in store.galleries():
         for shard in store.shards(gallery.name):
             if shard.n_items and shard.index_uri and recorded_index(store, shard.index_uri) is None:
-                ids = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256).ids
+                ids = read_recorded_shard(shard).ids
                 data = read_bytes(shard.index_uri)
                 if index_from_bytes(data).ntotal != len(ids):
                     raise IntegrityError(f"{shard.index_uri}: holds other items than {shard.embeddings_uri}")

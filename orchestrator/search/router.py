@@ -41,7 +41,7 @@ import torch
 
 from orchestrator.comparison import ComparisonPath, IncomparableGenerations, comparison_path
 from orchestrator.errors import UsageError
-from orchestrator.gallery.shard_files import read_shard
+from orchestrator.gallery.shard_files import read_recorded_shard
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.index import build_index
 from orchestrator.lineage.records import ShardRecord
@@ -242,7 +242,7 @@ class SearchResult:
 
 def _read_shard_file(shard: ShardRecord) -> tuple[np.ndarray, np.ndarray]:
     """(ids, embeddings) of the shard's Parquet file, its sha256 checked against the lineage row."""
-    stored = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)
+    stored = read_recorded_shard(shard)
     return stored.ids, stored.embeddings
 
 

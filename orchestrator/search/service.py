@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from orchestrator.gallery import read_shard
+from orchestrator.gallery import read_recorded_shard
 from orchestrator.integrity import load_checked_generation
 from orchestrator.stores import load_checked_shard, read_checked_embeddings
 from orchestrator.lineage import LineageStore
@@ -129,7 +129,7 @@ class SearchService:
         record = next(r.shard for r in self.router.routes if r.shard.index == shard_index)
         key = (record.embeddings_uri, record.sha256)
         if key not in self.shard_files:  # each shard file read (and checked) once
-            self.shard_files[key] = read_shard(record.embeddings_uri, expected_sha256=record.sha256)
+            self.shard_files[key] = read_recorded_shard(record)
         return hit_attributes(self.shard_files[key], ids)
 
 

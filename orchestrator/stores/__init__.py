@@ -73,9 +73,9 @@ def read_checked_embeddings(lineage, shard, storage_options: Mapping[str, Any] |
 
         record = recorded_index(lineage, shard.index_uri)
         return read_store(store_at(shard.index_uri, record), shard.index_uri, record)
-    from orchestrator.gallery.shard_files import read_shard
+    from orchestrator.gallery.shard_files import read_recorded_shard
 
-    stored = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256, storage_options=storage_options)
+    stored = read_recorded_shard(shard, storage_options)
     return stored.ids, stored.embeddings
 
 

@@ -3,7 +3,8 @@ content-named files."""
 import numpy as np
 import pytest
 
-from orchestrator.gallery import ShardEmbeddings, home_shards, read_shard, shard_file_uris, shard_members, write_shard
+from orchestrator.gallery import (ShardEmbeddings, home_shards, read_recorded_shard, read_shard, shard_file_uris,
+                                  shard_members, write_shard)
 from orchestrator.gallery.shard_files import item_set_version
 from orchestrator.storage import ChecksumMismatch, write_bytes_atomic
 
@@ -42,6 +43,23 @@ def test_shard_round_trip_with_checksum(tmp_path):
     write_bytes_atomic(uri, bytes(data))
     with pytest.raises(ChecksumMismatch, match="s.parquet"):
         read_shard(uri, expected_sha256=digest)
+
+
+def test_a_recorded_shard_is_read_only_as_the_lineage_recorded_it(tmp_path):
+    from datetime import datetime
+
+    from orchestrator.lineage.records import ShardRecord
+    from orchestrator.pipeline.gallery_plan import ShardBefore
+
+    uri = str(tmp_path / "s.parquet")
+    digest = write_shard(uri, shard())
+    row = ShardRecord("gal", 0, 7, "g0", uri, str(tmp_path / "s.faiss"), digest, datetime(2026, 1, 1))
+    before = ShardBefore(0, "g0", uri, digest, 7)
+    assert read_recorded_shard(row).ids.tolist() == read_recorded_shard(before).ids.tolist() == list(range(100, 107))
+    write_shard(uri, shard(seed=1))  # another file under the recorded name
+    for record in (row, before):
+        with pytest.raises(ChecksumMismatch, match=f"checksum mismatch for {uri}: expected sha256 {digest}"):
+            read_recorded_shard(record)
 
 
 def test_without_and_names_by_content():

@@ -12,11 +12,10 @@ from orchestrator.config import PipelineConfig
 from orchestrator.data import ImageTensorDataset, LabeledImages, load_source
 from orchestrator.data.gallery_sources import GallerySource, MemorySource
 from orchestrator.data.registry import RAY_DATA, STREAMED_SOURCES, open_gallery_source
-from orchestrator.gallery import ShardEmbeddings, read_shard
+from orchestrator.gallery import ShardEmbeddings
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.integrity import load_checked_generation
 from orchestrator.lineage import LineageStore
-from orchestrator.lineage.records import ShardRecord
 from orchestrator.pipeline.gallery.snapshot import open_snapshot
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.storage import join_uri
@@ -84,10 +83,6 @@ class GalleryContext:
             self._models[name], _card = load_checked_generation(self.store, self.store.get_generation(name))
             self._models[name].eval()
         return self._models[name]
-
-    def read(self, shard: ShardRecord) -> ShardEmbeddings:
-        """A stored shard's file, checked against the sha256 the lineage holds."""
-        return read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)
 
     def models_for(self, parents: dict[str, str | None]) -> dict[str, Any]:
         """Every loaded model plus their ancestors (an adapter path may pass through them)."""

@@ -12,7 +12,7 @@ import torch
 
 from orchestrator.backfill import DEFAULT_FRACTIONS, budget_count, write_backfill_curve
 from orchestrator.data import LabeledImages
-from orchestrator.gallery import ShardEmbeddings, comparable_shards, evaluate_mixed_gallery, read_shard
+from orchestrator.gallery import ShardEmbeddings, comparable_shards, evaluate_mixed_gallery, read_recorded_shard
 from orchestrator.stores import load_checked_shard, read_checked_embeddings
 from orchestrator.lineage.records import ShardRecord
 from orchestrator.lineage.step_keys import gallery_eval_key
@@ -49,7 +49,7 @@ class GalleryEvaluator:
         if not whole:
             self.ctx.say(f"gallery-eval {self.ctx.name} as {generation}: a labelled sample of {len(sample)} of {total} items")
         shards = [s for s in self.ctx.store.shards(self.ctx.name) if s.n_items]
-        stored = [part for part in (self.ctx.read(s).restricted_to(sample.ids) for s in shards) if len(part)]
+        stored = [part for part in (read_recorded_shard(s).restricted_to(sample.ids) for s in shards) if len(part)]
         for name in {s.generation for s in stored} | {generation}:
             self.ctx.model(name)
         full_shard = self.ctx.embed_locally(generation, sample)
@@ -122,7 +122,7 @@ class GalleryEvaluator:
                parents) -> dict[str, Any]:
         """mAP of the served gallery when the first ⌊β·N⌋ items of the plan's priority order hold
         the new generation and the rest what they held before the plan (λ-orth §2.11)."""
-        before = [read_shard(b.embeddings_uri, expected_sha256=b.sha256) for b in plan.before if b.n_items]
+        before = [read_recorded_shard(b) for b in plan.before if b.n_items]
         order = plan.order_array()
         points = []
         for beta in DEFAULT_FRACTIONS:

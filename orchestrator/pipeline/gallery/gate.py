@@ -10,7 +10,7 @@ import dataclasses
 import numpy as np
 
 from orchestrator.data import LabeledImages
-from orchestrator.gallery import ShardEmbeddings, comparable_shards, evaluate_mixed_gallery, read_shard
+from orchestrator.gallery import ShardEmbeddings, comparable_shards, evaluate_mixed_gallery, read_recorded_shard
 from orchestrator.gallery.shard_files import read_selection
 from orchestrator.lineage.step_keys import gallery_eval_key
 from orchestrator.metrics import map_of_average_precisions, paired_difference_standard_error
@@ -48,7 +48,7 @@ class GateMeter:
             return dataclasses.replace(measured, unmeasured=why)
         sample = self.ctx.labelled_sample(self.ctx.config.evaluation.gallery_sample)
         admitted = {generation} | {old for old, v in verdict.items() if v.admitted}
-        before = [(b.shard, read_shard(b.embeddings_uri, expected_sha256=b.sha256).restricted_to(sample.ids))
+        before = [(b.shard, read_recorded_shard(b).restricted_to(sample.ids))
                   for b in plan.before if b.n_items]
         planned, full, nothing = self._predicted_quality(plan, before, sample, admitted, parents)
         now = self._served_now([part for _shard, part in before if len(part)], serving, sample, parents)
