@@ -1,7 +1,7 @@
 """The backfill policy rules, once: which shards or how many items a policy re-embeds, and in what
 order, from per-shard priority summaries and the exact item selection (``backfill.selection``).
 
-The pipeline's planner (``pipeline.gallery_planner``) applies them to shards scored on Ray
+The pipeline's planner (``pipeline.gallery.planner``) applies them to shards scored on Ray
 (``distributed.backfill_scores``); tests apply them to shards held in the process
 (``selection.in_memory_ask``). Priorities: higher = re-embed earlier (``backfill.orders``).
 

@@ -49,7 +49,7 @@ def test_a_recorded_shard_is_read_only_as_the_lineage_recorded_it(tmp_path):
     from datetime import datetime
 
     from orchestrator.lineage.records import ShardRecord
-    from orchestrator.pipeline.gallery_plan import ShardBefore
+    from orchestrator.pipeline.gallery.plan import ShardBefore
 
     uri = str(tmp_path / "s.parquet")
     digest = write_shard(uri, shard())
