@@ -61,6 +61,14 @@ class GalleryStore(Protocol):
         """``IntegrityError`` unless the rows at ``uri`` are the recorded ones (count and digest);
         ``FileNotFoundError`` when there are none."""
 
+    def read_rows(self, uri: str, columns: list[str]) -> tuple[Any, dict[str, Any]]:
+        """(ids (N,) int64 ascending, column → its (N, ·) values in that order) of the rows at
+        ``uri`` (``stores.vectors.row_columns``: a forward path reads ``raw``, ``verify`` every
+        recorded column)."""
+
+    def add_columns(self, table: str, locations: list, space: str) -> None:
+        """``stores.migrate``: add and fill the columns rows of the earlier layout lack."""
+
     def locations(self) -> list[str]:
         """Every shard location the store holds, committed or staged."""
 
