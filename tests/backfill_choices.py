@@ -1,4 +1,4 @@
-"""The backfill policy rules as the pipeline's planner applies them (``gallery_planner``:
+"""The backfill policy rules as the pipeline's planner applies them (``pipeline.gallery.planner``:
 ``backfill.policy`` over the exact selection of ``backfill.selection``), run on shards held in this
 process; and the written-out reference they must agree with (one full sort)."""
 from __future__ import annotations

@@ -14,8 +14,9 @@ from orchestrator.lazy_exports import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "binary_index": ["BinaryIndex", "build_binary_index"],
     "bitplane": ["BitPlaneQuantizer"],
-    "factory": ["AnyIndex", "build_index", "index_from_bytes", "load_index"],
+    "factory": ["build_index", "index_from_bytes", "load_index"],
     "kinds": ["ALL_KINDS", "BINARY_KINDS", "OPTIONS", "PQ_KINDS"],
     "pq_index": ["PQIndex", "build_pq_index"],
+    "protocol": ["ShardSearch", "StoredIndex"],
     "shard_index": ["FORMAT_VERSION", "KINDS", "MAGIC", "IndexKind", "ShardIndex", "default_nlist"],
 })

@@ -12,27 +12,28 @@ kinds                       class                 module
 ``binary_opq``
 =========================== ===================== ===============================================
 
-All three have ``search(queries, k) -> (distances (Q, k) float64, ids (Q, k) int64)``, ``ntotal``,
-``to_bytes`` / ``from_bytes`` / ``save`` / ``load`` and a ``header()``. The options each kind accepts
+All three are a ``protocol.StoredIndex``: ``search(queries, k) -> (distances (Q, k) float64, ids (Q, k)
+int64)``, ``ntotal``, ``kind``, ``dim``, ``to_bytes`` / ``save`` and a ``header()`` (and each class its
+``from_bytes`` / ``load``). The options each kind accepts
 are in ``OPTIONS``; any other option is a ValueError naming it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Union
+from typing import Any, Mapping
 
 from orchestrator.geometry.spaces import Space
 from orchestrator.index import container, shard_index
 from orchestrator.index.binary_index import BinaryIndex, build_binary_index
 from orchestrator.index.kinds import ALL_KINDS, BINARY_KINDS, OPTIONS, PQ_KINDS, SHARD_KINDS
 from orchestrator.index.pq_index import PQIndex, build_pq_index
+from orchestrator.index.protocol import StoredIndex
 from orchestrator.index.shard_index import ShardIndex
 from orchestrator.storage.filesystem import read_bytes, redact_uri
 
-AnyIndex = Union[ShardIndex, BinaryIndex, PQIndex]
 
 def build_index(embeddings: Any, space: Space | str, kind: str = "flat", ids: Any = None, *, curv: float = 1.0,
-                **options: Any) -> AnyIndex:
+                **options: Any) -> StoredIndex:
     """Build the index of ``kind`` over ``embeddings (N, D)`` of ``space``; ``ids (N,)`` item ids
     (default ``0..N-1``), ``curv`` the hyperbolic curvature; ``options`` as ``OPTIONS[kind]`` (see
     ``shard_index.build_index``, ``build_binary_index``, ``build_pq_index`` for their meaning)."""
@@ -49,7 +50,7 @@ def build_index(embeddings: Any, space: Space | str, kind: str = "flat", ids: An
     return build_pq_index(embeddings, space, kind, ids, curv=curv, **options)
 
 
-def index_from_bytes(data: bytes) -> AnyIndex:
+def index_from_bytes(data: bytes) -> StoredIndex:
     """The index serialised in ``data`` (any kind): dispatch on the magic bytes, then on ``kind``."""
     data = bytes(data)
     if data.startswith(shard_index.MAGIC):
@@ -64,7 +65,7 @@ def index_from_bytes(data: bytes) -> AnyIndex:
     raise ValueError(f"kind must be one of {list(BINARY_KINDS + PQ_KINDS)} in a compressed index, got {header.get('kind')!r}")
 
 
-def load_index(uri: str, storage_options: Mapping[str, Any] | None = None) -> AnyIndex:
+def load_index(uri: str, storage_options: Mapping[str, Any] | None = None) -> StoredIndex:
     """Read an index of any kind written by its ``save``; FileNotFoundError if absent, ValueError if corrupt."""
     data = read_bytes(uri, storage_options)
     try:

@@ -17,6 +17,7 @@ from typing import Any
 from orchestrator.gallery.shard_files import ShardEmbeddings, shard_file_uris, shard_to_parquet
 from orchestrator.storage import sha256_hex, write_bytes_atomic
 from orchestrator.storage.overwrite import refuse_file_on_first_attempt
+from orchestrator.stores.protocol import GalleryStore
 
 
 @dataclass(frozen=True)
@@ -34,9 +35,9 @@ class ShardTarget:
     index_kind: str = "flat"
     index_options: Mapping[str, Any] = field(default_factory=dict)
     storage_options: Mapping[str, Any] | None = None
-    store: Any = None
+    store: GalleryStore | None = None
 
-    def gallery_store(self):
+    def gallery_store(self) -> GalleryStore:
         """The store the shards' searched vectors are written to."""
         if self.store is not None:
             return self.store

@@ -7,11 +7,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.index.protocol import ShardSearch
 from orchestrator.stores.locations import StoreLocation, is_store_uri
+from orchestrator.stores.protocol import GalleryStore, RowStore
 
 
 def store_of(spec, gallery_root: str, gallery: str, index_kind: str = "flat",
-             index_options: Mapping[str, Any] | None = None):
+             index_options: Mapping[str, Any] | None = None) -> GalleryStore:
     """The store a gallery's ``store:`` section (``config.gallery.StoreSpec``) configures;
     ``index_kind``/``index_options``: ``gallery.index`` and its options (a pgvector store carries
     the codes of a binary kind, ``stores.bits``; the shard files build that index)."""
@@ -34,7 +36,7 @@ def store_of(spec, gallery_root: str, gallery: str, index_kind: str = "flat",
     return ShardFileStore(gallery_root, index_kind, dict(index_options or {}))
 
 
-def store_at(uri: str, record: Mapping[str, Any] | None = None):
+def store_at(uri: str, record: Mapping[str, Any] | None = None) -> RowStore:
     """The store holding the location ``uri`` (its search settings from the lineage's ``record``)."""
     location = StoreLocation.parse(uri)
     record = record or {}
@@ -50,7 +52,7 @@ def store_at(uri: str, record: Mapping[str, Any] | None = None):
                       int(record.get("overfetch", 4)))
 
 
-def load_checked_shard(lineage, shard, storage_options: Mapping[str, Any] | None = None):
+def load_checked_shard(lineage, shard, storage_options: Mapping[str, Any] | None = None) -> ShardSearch:
     """What the router searches of lineage shard row ``shard``: the rows of its store (their count
     checked against the lineage's record), or its index file (its bytes checked against the
     lineage's hashes, ``integrity.load_checked_index``)."""

@@ -7,6 +7,7 @@ import hashlib
 from typing import Any
 
 from orchestrator.lineage.step_keys import StepKind, kind_of, parse_step_key, store_key
+from orchestrator.stores.protocol import RowStore
 
 
 def store_outputs(gallery_store) -> dict[str, Any]:
@@ -27,7 +28,7 @@ def record_store(lineage, gallery: str, gallery_store) -> None:
     lineage.commit_step(store_key(gallery, name), outputs)
 
 
-def recorded_stores(lineage, steps=None, gallery: str | None = None) -> list:
+def recorded_stores(lineage, steps=None, gallery: str | None = None) -> list[RowStore]:
     """The store objects of every ``store:`` step of the lineage (``steps``: its steps, resolved;
     ``gallery``: of that gallery only)."""
     from orchestrator.stores.pgvector import PgVectorStore

@@ -9,8 +9,11 @@ server names are ever searched. Whatever a store holds besides (rows of an updat
 committed) is *staged*: no query reaches it, ``verify`` lists it, ``gc`` removes it.
 
 Implementations: ``stores.files.ShardFileStore`` (a FAISS index file per shard, the default),
-``stores.pgvector.PgVectorStore`` and ``stores.lance.LanceStore``. A store object is small and
-picklable (a spec, no live connection): it travels to Ray workers and opens its connection there.
+``stores.pgvector.PgVectorStore`` and ``stores.lance.LanceStore``; the last two hold rows
+(``RowStore``: a location's row count and columns, and the columns ``stores.migrate`` adds). A store
+object is small and picklable (a spec, no live connection): it travels to Ray workers and opens its
+connection there. What ``open_shard`` returns is an ``index.protocol.ShardSearch``, as an index
+file's index is.
 """
 from __future__ import annotations
 
@@ -19,19 +22,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-
-@runtime_checkable
-class ShardSearch(Protocol):
-    """A searchable shard, as the router needs it (the interface of ``index.ShardIndex``)."""
-
-    kind: str
-    dim: int
-
-    @property
-    def ntotal(self) -> int: ...
-
-    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(Q, D) queries → (distances (Q, k) float64 ascending, ids (Q, k) int64); +inf / −1 = none."""
+from orchestrator.index.protocol import ShardSearch
 
 
 @runtime_checkable
@@ -53,13 +44,13 @@ class GalleryStore(Protocol):
         ``key`` rows already at that location are refused (``UnknownArtefact``); a later attempt
         replaces them. Exactly once: the rows appear all at once or not at all."""
 
-    def open_shard(self, uri: str, record: Mapping[str, Any]) -> ShardSearch:
+    def open_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None) -> ShardSearch:
         """The rows at ``uri`` as a searchable shard; ``IntegrityError`` when their count is not the
-        recorded one."""
+        recorded one (or the lineage shard row's ``n_items``)."""
 
-    def check_shard(self, uri: str, record: Mapping[str, Any]) -> None:
-        """``IntegrityError`` unless the rows at ``uri`` are the recorded ones (count and digest);
-        ``FileNotFoundError`` when there are none."""
+    def check_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None) -> None:
+        """``IntegrityError`` unless the rows at ``uri`` are the recorded ones (count and digest, and
+        ``n_items`` when given); ``FileNotFoundError`` when there are none."""
 
     def read_rows(self, uri: str, columns: list[str]) -> tuple[Any, dict[str, Any]]:
         """(ids (N,) int64 ascending, column → its (N, ·) values in that order) of the rows at
@@ -74,3 +65,20 @@ class GalleryStore(Protocol):
 
     def remove(self, uris: Iterable[str]) -> None:
         """Remove the rows at ``uris`` (``gc``: locations nothing retained names)."""
+
+
+@runtime_checkable
+class RowStore(GalleryStore, Protocol):
+    """A store that holds rows (pgvector, Lance): what a location's rows are, and the columns a
+    migration adds (``stores.migrate``)."""
+
+    def count(self, uri: str) -> int:
+        """The rows at location ``uri`` (0: none)."""
+
+    def read_rows(self, uri: str, columns: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """(ids (N,) int64 ascending, column → its (N, ·) values in that order) of the rows at ``uri``."""
+
+    def add_columns(self, name: str, locations: list[tuple[str, np.ndarray, dict[str, np.ndarray]]],
+                    space: str, /) -> None:
+        """Add the columns ``locations`` ((location URI, its ids ascending, column → (N, ·) values))
+        carry to the table / dataset ``name`` (its vectors in ``space``)."""
