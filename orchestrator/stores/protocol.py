@@ -52,14 +52,6 @@ class GalleryStore(Protocol):
         """``IntegrityError`` unless the rows at ``uri`` are the recorded ones (count and digest, and
         ``n_items`` when given); ``FileNotFoundError`` when there are none."""
 
-    def read_rows(self, uri: str, columns: list[str]) -> tuple[Any, dict[str, Any]]:
-        """(ids (N,) int64 ascending, column → its (N, ·) values in that order) of the rows at
-        ``uri`` (``stores.vectors.row_columns``: a forward path reads ``raw``, ``verify`` every
-        recorded column)."""
-
-    def add_columns(self, table: str, locations: list, space: str) -> None:
-        """``stores.migrate``: add and fill the columns rows of the earlier layout lack."""
-
     def locations(self) -> list[str]:
         """Every shard location the store holds, committed or staged."""
 
@@ -76,9 +68,12 @@ class RowStore(GalleryStore, Protocol):
         """The rows at location ``uri`` (0: none)."""
 
     def read_rows(self, uri: str, columns: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """(ids (N,) int64 ascending, column → its (N, ·) values in that order) of the rows at ``uri``."""
+        """(ids (N,) int64 ascending, column → its (N, ·) values in that order) of the rows at
+        ``uri`` (``stores.vectors.row_columns``: a forward path reads ``raw``, ``verify`` every
+        recorded column)."""
 
     def add_columns(self, name: str, locations: list[tuple[str, np.ndarray, dict[str, np.ndarray]]],
                     space: str, /) -> None:
-        """Add the columns ``locations`` ((location URI, its ids ascending, column → (N, ·) values))
-        carry to the table / dataset ``name`` (its vectors in ``space``)."""
+        """``stores.migrate``: add and fill the columns rows of the earlier layout lack: those
+        ``locations`` carry ((location URI, its ids ascending, column → (N, ·) values)), in the
+        table / dataset ``name`` (its vectors in ``space``)."""
