@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.step_keys import StepKind, shard_update_key
 
 pytestmark = pytest.mark.e2e
 
@@ -90,7 +91,7 @@ def test_training_workers_and_embedding_actors_span_nodes(tmp_path):
         assert len(nodes["EmbedAndStage"]) == 2, (nodes, run.stdout[-3000:])
         store = LineageStore(f"sqlite:///{tmp_path / 'run' / 'lineage.db'}")
         assert [s.generation for s in store.shards("digits-test")] == ["g0-old"] * 4
-        writers = {store.committed_outputs(f"embed:digits-test/{k}:g0-old")["node"].split(":")[1] for k in range(4)}
+        writers = {store.committed_outputs(shard_update_key(StepKind.EMBED, "digits-test", k, "g0-old"))["node"].split(":")[1] for k in range(4)}
         assert len(writers) >= 2, writers  # the shards were written on several nodes, not by the driver alone
         store.close()
     finally:

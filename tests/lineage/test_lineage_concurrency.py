@@ -17,6 +17,7 @@ from sqlalchemy.exc import OperationalError
 
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.schema import Generation, Step
+from orchestrator.lineage.step_keys import train_key
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -139,6 +140,7 @@ def test_sigkill_inside_a_long_transaction_leaves_a_consistent_database(tmp_path
 CHILD_DRIVER = """
     import json, os, sys, time
     from orchestrator.lineage import LineageStore
+    from orchestrator.lineage.step_keys import train_key
 
     store = LineageStore(sys.argv[1])
     out = sys.argv[2]
@@ -156,7 +158,7 @@ CHILD_DRIVER = """
         os.replace(tmp, path)
 
     for k in range(6):
-        key, name = f"train:g{k}", f"g{k}"
+        key, name = train_key(f"g{k}"), f"g{k}"
         if store.start_step(key).status == "committed":
             continue
         store.set_generation_status(name, "training")
@@ -181,9 +183,9 @@ def test_a_killed_driver_run_again_finishes_without_redoing_committed_steps(tmp_
         sigkill(child)
 
     store = LineageStore(db)
-    assert [store.step_status(f"train:g{k}") for k in range(6)] == ["committed"] * 3 + ["started", None, None]
+    assert [store.step_status(train_key(f"g{k}")) for k in range(6)] == ["committed"] * 3 + ["started", None, None]
     assert store.get_generation("g3").status == "training" and not (out / "g3.ckpt").exists()
-    committed_at = {k: store.get_step(f"train:g{k}").finished_at for k in range(3)}
+    committed_at = {k: store.get_step(train_key(f"g{k}")).finished_at for k in range(3)}
 
     rerun = spawn(tmp_path, CHILD_DRIVER, f"sqlite:///{db}", str(out), "fast")
     stdout, stderr = rerun.communicate(timeout=30)
@@ -193,8 +195,8 @@ def test_a_killed_driver_run_again_finishes_without_redoing_committed_steps(tmp_
 
     steps = store.steps()
     assert [(s.key, s.status, s.attempts) for s in steps] == [
-        (f"train:g{k}", "committed", 2 if k == 3 else 1) for k in range(6)]
-    assert {k: store.get_step(f"train:g{k}").finished_at for k in range(3)} == committed_at
+        (train_key(f"g{k}"), "committed", 2 if k == 3 else 1) for k in range(6)]
+    assert {k: store.get_step(train_key(f"g{k}")).finished_at for k in range(3)} == committed_at
     assert [g.status for g in store.list_generations()] == ["trained"] * 6
     assert store.row_counts()["generations"] == 6
     assert sorted(p.name for p in out.iterdir()) == [f"g{k}.ckpt" for k in range(6)]  # no temp files left

@@ -22,6 +22,7 @@ import torch
 from ray import cloudpickle
 
 from orchestrator.distributed import gallery_step
+from orchestrator.lineage.step_keys import StepKind, shard_update_key
 from orchestrator.pipeline.verify import verify_storage
 from local_ray import start_local_ray
 from streamed_gallery import first_generation, served_rows
@@ -151,7 +152,7 @@ def test_workers_killed_mid_update_cost_no_item_and_no_copy(ray_here, tmp_path, 
     finally:
         killer.stop.set()
     assert killer.killed is not None and os.path.exists(finish_marker)  # both kills happened
-    assert sorted(r.key for r in results) == sorted(f"embed:photos/{k}:g0-old" for k in range(6))
+    assert sorted(r.key for r in results) == sorted(shard_update_key(StepKind.EMBED, "photos", k, "g0-old") for k in range(6))
     assert np.array_equal(np.sort(served_rows(store)), np.arange(539))  # every item, once
     attempts = {s.key: s.attempts for s in store.steps("embed:photos/")}
     assert attempts.pop("embed:photos/3:g0-old") == 2  # its files were written again, as a second attempt

@@ -31,7 +31,7 @@ from orchestrator.data import load_digits
 from orchestrator.gallery import read_shard
 from orchestrator.index import ShardIndex
 from orchestrator.lineage import LineageStore
-from orchestrator.lineage.step_keys import StepKind, evaluate_key
+from orchestrator.lineage.step_keys import StepKind, evaluate_key, plan_key, shard_update_key
 from orchestrator.storage import read_json
 
 pytestmark = pytest.mark.e2e
@@ -168,7 +168,7 @@ def test_killed_driver_resumes_without_redoing_or_duplicating(tmp_path, copy_g0_
     plan = read_json(LineageStore(f"sqlite:///{db}").committed_outputs("plan:digits-test:g1")["plan_uri"])
     assert [e["target"] for e in plan["entries"]] == [4, 5, 6, 7], "g1's plan should split all four shards"
     failed = [e for e in plan["entries"] if e["target"] == 7][0]
-    assert step_status(db, f"split:digits-test/{failed['shard']}:g1") == "failed"
+    assert step_status(db, shard_update_key(StepKind.SPLIT, "digits-test", failed["shard"], "g1")) == "failed"
     assert_gallery_consistent(db)
 
     # 3. killed while g2 re-embeds whole shards
@@ -190,7 +190,7 @@ def test_killed_driver_resumes_without_redoing_or_duplicating(tmp_path, copy_g0_
     store = LineageStore(f"sqlite:///{db}")
     counts = store.row_counts()
     assert counts["generations"] == len(GENERATIONS)
-    plans = {g: read_json(store.committed_outputs(f"plan:digits-test:{g}")["plan_uri"]) for g in ("g0-old", "g1", "g2")}
+    plans = {g: read_json(store.committed_outputs(plan_key("digits-test", g))["plan_uri"]) for g in ("g0-old", "g1", "g2")}
     # train + evaluate per generation; per served generation: plan, one step per entry, deploy, gallery-eval;
     # a gate for each generation deployed while another served (g1, g2), none for g0-old on the re-runs
     pipeline_steps = [s for s in store.steps() if not s.key.startswith(StepKind.INTEGRITY.prefix)]  # + one per index file
@@ -201,7 +201,7 @@ def test_killed_driver_resumes_without_redoing_or_duplicating(tmp_path, copy_g0_
     attempts = {step.key: step.attempts for step in store.steps()}
     assert attempts["train:g0-old"] == 1 and attempts["evaluate:g0-old"] == 1  # not redone
     assert attempts["train:g1"] == 2  # interrupted once, finished on the re-run
-    assert attempts[f"split:digits-test/{failed['shard']}:g1"] == 2
+    assert attempts[shard_update_key(StepKind.SPLIT, "digits-test", failed["shard"], "g1")] == 2
     # one value per (query, gallery ≤ query, metric): 1 + 2 + 3 pairs × 3 metrics
     assert counts["compatibility"] == (1 + 2 + 3) * 3
     # every generation embedded the evaluation split once, into the file its evaluate step records

@@ -26,6 +26,7 @@ from orchestrator.data import ImageTensorDataset, channel_statistics, load_digit
 from orchestrator.gallery import read_shard
 from orchestrator.index import load_index
 from orchestrator.lineage import LineageStore
+from orchestrator.lineage.step_keys import gallery_eval_key, gate_key
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.metrics import retrieval_metrics
 from orchestrator.storage import load_generation, read_json
@@ -106,8 +107,8 @@ def test_the_gate_predicts_no_backfill_as_the_backfilling_curve_measures_it_and_
     _root, config, stdout = served
     store = LineageStore(config.lineage)
     for generation in ("g1", "g2"):
-        gate = store.committed_outputs(f"gate:digits-test:{generation}")
-        curve = store.committed_outputs(f"gallery-eval:digits-test:{generation}")["curve"]["points"]
+        gate = store.committed_outputs(gate_key("digits-test", generation))
+        curve = store.committed_outputs(gallery_eval_key("digits-test", generation))["curve"]["points"]
         assert curve[0][0] == 0.0 and gate["no_backfill"] == pytest.approx(curve[0][1], abs=1e-6)
         assert gate["predicted"] < gate["no_backfill"]
         assert (f"gate of {generation}: the planned backfill serves mAP {gate['predicted']:.4f}, below the "

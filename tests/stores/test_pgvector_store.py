@@ -18,6 +18,7 @@ from orchestrator.gallery.shard_files import ShardEmbeddings
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.index import build_index
 from orchestrator.integrity import IntegrityError
+from orchestrator.lineage.step_keys import StepKind, shard_update_key
 from orchestrator.outside import OutsideSystemError
 from orchestrator.storage.overwrite import UnknownArtefact
 from orchestrator.stores import StoreLocation, store_at
@@ -143,7 +144,7 @@ def test_approximate_indexes_on_hyperbolic_galleries_search_the_mips_coordinates
 
     store = PgVectorStore(libpq(postgres_url), "orchestrator_test", index, options, overfetch=4)
     rows = [shard(space, n=2500, seed=seed, embeddings=spread_points(space, 2500, 33, seed)) for seed in (0, 1)]
-    written = [store.write_shard(position, part, f"embed:test/{position}:g1", first_attempt=True)
+    written = [store.write_shard(position, part, shard_update_key(StepKind.EMBED, "test", position, "g1"), first_attempt=True)
                for position, part in enumerate(rows)]
     table = StoreLocation.parse(written[0][0]).table
     with psycopg.connect(libpq(postgres_url)) as connection:

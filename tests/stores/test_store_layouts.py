@@ -15,10 +15,10 @@ import torch
 
 from orchestrator.gallery import write_shard
 from orchestrator.index import ShardIndex, build_index
-from orchestrator.integrity import IntegrityError, integrity_key
+from orchestrator.integrity import IntegrityError
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import ShardRecord
-from orchestrator.lineage.step_keys import deploy_key
+from orchestrator.lineage.step_keys import StepKind, deploy_key, integrity_key, shard_update_key
 from orchestrator.methods import create_method
 from orchestrator.methods.fct import build_forward_map
 from orchestrator.search import SearchRouter
@@ -52,7 +52,8 @@ def url(kind, request):
 def stored_in_both(tmp_path, gallery_store, rows, lineage, position=0):
     """``rows`` written as shard ``position`` into the store and as its Parquet file, the store's
     record in ``lineage``: (the shard row naming the store's rows, the same shard on files only)."""
-    uri, record = gallery_store.write_shard(position, rows, f"embed:test/{position}:{rows.generation}", True)
+    uri, record = gallery_store.write_shard(position, rows, shard_update_key(StepKind.EMBED, "test", position,
+                                                                             rows.generation), True)
     lineage.commit_step(integrity_key(uri), record)
     parquet = str(tmp_path / f"shard-{position}.parquet")
     digest = write_shard(parquet, rows)
