@@ -56,11 +56,6 @@ class ShardUpdate:
     def step_key(self, gallery: str, generation: str) -> str:
         return shard_update_key(StepKind(self.kind.value), gallery, self.shard, generation)
 
-    @property
-    def stored_shard(self) -> int:
-        """The shard that ends up holding the new embeddings."""
-        return self.shard if self.target is None else self.target
-
     def started(self, key: str, first_attempt: bool, source: tuple[str, str] | None) -> ShardUpdate:
         """This update as a run of its step ``key`` carries it to the workers."""
         return dataclasses.replace(self, key=key, first_attempt=first_attempt, source=source)

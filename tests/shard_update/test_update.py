@@ -24,7 +24,7 @@ def test_a_plan_file_reads_back_into_updates_and_writes_the_same_json():
     assert plan.entries[0].rows == (0, 120) and plan.entries[2].selection == tuple(STORED_ENTRIES[2]["selection"])
     assert plan.before[1] == ShardBefore(1, "g0", "/s/1.parquet", "1", 10)
     assert plan.num_items == 120 + 80 + 17
-    assert [e.stored_shard for e in plan.entries] == [0, 1, 3]
+    assert [e.target for e in plan.entries] == [None, None, 3]
     assert json.dumps(plan.to_json()) == json.dumps(stored)
 
 
