@@ -124,7 +124,7 @@ def save_encoder(uri: str) -> str:
 
     from orchestrator.methods import create_method
     from orchestrator.models.encoder import EncoderConfig
-    from orchestrator.storage import save_generation
+    from orchestrator.models.checkpoint import save_generation
 
     method = create_method("hbct", {"clip": 1.0})
     torch.manual_seed(0)
@@ -247,7 +247,7 @@ def run_plain(job: Job) -> dict[str, Any]:
 
     from orchestrator.data.tensors import to_model_input
     from orchestrator.geometry.geometry import Geometry
-    from orchestrator.storage import load_generation
+    from orchestrator.methods.loading import load_generation
 
     torch.set_num_threads(1)
     with PeakRss() as rss, torch.no_grad():

@@ -79,6 +79,7 @@ from orchestrator.models.bundle import CompatibleModel
 from orchestrator.distributed.runtime import WORKER_ENV_VARS
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
+from orchestrator.methods import references
 
 TARGET_RATIO = 0.9
 PATHS = ("plain", "local", "ray", "ray_local")
@@ -132,10 +133,10 @@ def make_setup(method: str = "independent", epochs: int = 5, limit: int | None =
 
 
 def _train_parent(setup: Setup, epochs: int) -> None:
-    from orchestrator.storage import save_generation
+    from orchestrator.models.checkpoint import save_generation
     from orchestrator.training.loop import train_generation
 
-    parent_method = setup.new_method().parent_method()
+    parent_method = references.parent_method(setup.new_method())
     old = setup.images.subset(setup.images.labels < setup.num_classes // 2)
     torch.manual_seed(1)
     model = parent_method.build_model(setup.encoder, setup.num_classes, torch.as_tensor(np.unique(old.labels)))

@@ -53,9 +53,10 @@ from orchestrator.geometry.spaces import Space
 from orchestrator.index import KINDS, build_index
 from orchestrator.methods import create_method
 from orchestrator.models.encoder import EncoderConfig
-from orchestrator.storage import save_generation
+from orchestrator.models.checkpoint import save_generation
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import train_generation
+from orchestrator.methods import references
 
 GENERATED_WIDTH = 128
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)
@@ -114,7 +115,7 @@ def train_update(workdir: Path, method: str = "hbct", epochs: int = 20, parent_e
 
 def _train_parent(compat, images, encoder, config, mean, std):
     """The old generation: the method's parent method on classes 0-4 of the same items."""
-    parent_method = compat.parent_method()
+    parent_method = references.parent_method(compat)
     old = images.subset(images.labels < 5)
     torch.manual_seed(1)
     parent = parent_method.build_model(encoder, 10, torch.arange(5))

@@ -23,7 +23,7 @@ import numpy as np
 
 from orchestrator.errors import StoredFileError
 from orchestrator.lineage.step_keys import integrity_key, train_key
-from orchestrator.storage.checkpoint_layout import CARD_FILE, WEIGHTS_FILE
+from orchestrator.models.checkpoint_layout import CARD_FILE, WEIGHTS_FILE
 from orchestrator.storage.filesystem import join_uri, read_bytes, redact_uri
 
 #: Key of the train step's output holding the card's sha256.
@@ -132,7 +132,7 @@ def load_checked_generation(store, record, storage_options: Mapping[str, Any] | 
     checked against the lineage first. Returns ``(model, card)``."""
     if record.checkpoint_uri is None:
         raise IntegrityError(f"generation {record.name!r} has no checkpoint in the lineage (status {record.status})")
-    from orchestrator.storage.checkpoints import load_generation  # torch: only where a model is loaded
+    from orchestrator.methods.loading import load_generation  # torch: only where a model is loaded
 
     check_card(store, record, storage_options)
     return load_generation(record.checkpoint_uri, expected_sha256=record.sha256, storage_options=storage_options,

@@ -55,7 +55,7 @@ def _features(rule: PriorityRule, shard) -> np.ndarray:
     import torch
 
     from orchestrator.models.adapters import FORWARD_ADAPTER
-    from orchestrator.storage.checkpoints import load_generation
+    from orchestrator.methods.loading import load_generation
 
     model, _card = load_generation(rule.forward_model[0], expected_sha256=rule.forward_model[1])
     with torch.no_grad():

@@ -77,14 +77,14 @@ class GenerationModel:
     def from_checkpoint(cls, name: str, checkpoint_uri: str, sha256: str, image_size: int, image_format: ImageFormat,
                         mean, std, storage_options: dict | None = None) -> GenerationModel:
         """The generation saved at ``checkpoint_uri``, its space and curvature read from its card."""
-        from orchestrator.storage import load_card
+        from orchestrator.models.checkpoint import load_card
 
         card = load_card(checkpoint_uri, storage_options)
         return cls(name, checkpoint_uri, sha256, card.space, float(card.curv), image_size, image_format,
                    tuple(mean), tuple(std), storage_options)
 
     def embedder(self, device: str) -> PixelEmbedder:
-        from orchestrator.storage import load_generation
+        from orchestrator.methods.loading import load_generation
 
         model, _card = load_generation(self.checkpoint_uri, expected_sha256=self.sha256, map_location=device,
                                        storage_options=self.storage_options)

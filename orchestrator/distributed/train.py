@@ -26,7 +26,7 @@ import torch
 
 from orchestrator.config.runtime import RaySettings
 from orchestrator.progress import Meter
-from orchestrator.storage import load_training_state, save_training_state
+from orchestrator.training.state import load_training_state, save_training_state
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.generation import GenerationJob, GenerationTraining
 from orchestrator.training.health import STOP, TrainingUnhealthy

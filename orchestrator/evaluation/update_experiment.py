@@ -45,6 +45,7 @@ from orchestrator.training.config import HealthSpec, TrainConfig
 from orchestrator.training.health import HealthMonitor, health_sample
 from orchestrator.training.loop import train_generation
 from orchestrator.training.seeds import derive_seed
+from orchestrator.methods import references
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +179,7 @@ def run_update_experiment(
     """Train φ_o, φ_* and φ_n for every method (see module docstring) and evaluate them together.
 
     methods: a method name, ``(name, params)``, ``(name, params, old_params)``: fields of the old
-             model's method set over its ``parent_method()`` (e.g. ``{"mlr_learn_scale": True}`` for
+             model's method set over its ``references.parent_method`` (e.g. ``{"mlr_learn_scale": True}`` for
              an HBCT old generation alone); φ_* and the new model follow ``params``; or
              ``(name, params, old_params, init_from_parent)``: True starts the new model from its
              old model's weights (needs the same architecture: ``new_arch`` None).
@@ -214,7 +215,7 @@ def run_update_experiment(
             raise ValueError(f"{name}: init_from_parent needs the old model's architecture (new_arch is {new_arch!r})")
         method = create_method(name, params)
         old = shared("old", _old_method(method, old_params), classes=experiment.old_classes())
-        reference = shared("ref", method.reference_method(), arch=new_arch)
+        reference = shared("ref", references.reference_method(method), arch=new_arch)
         label = name if name not in generations else f"{name}#{len(generations)}"
         new_jobs.append((label, method, old, bool(init_from_parent)))
         parents[label] = old
@@ -245,8 +246,8 @@ def _collect(pending: dict[str, Future], models: dict[str, CompatibleModel], sec
 
 
 def _old_method(method: CompatibilityMethod, old_params: dict[str, Any]) -> CompatibilityMethod:
-    """The method of ``method``'s old model: its ``parent_method()``, with ``old_params`` over its fields."""
-    parent = method.parent_method()
+    """The method of ``method``'s old model: its ``references.parent_method``, with ``old_params`` over its fields."""
+    parent = references.parent_method(method)
     if not old_params:
         return parent
     return create_method(parent.name, {**parent.params.model_dump(mode="json"), **old_params})

@@ -7,5 +7,7 @@ from orchestrator.lazy_exports import lazy_exports
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "base": ["CompatibilityMethod", "TrainContext", "embed_dataset"],
     "descriptions": ["MethodDescription", "MethodParams"],
+    "loading": ["load_generation"],
+    "references": ["parent_method", "reference_method"],
     "registry": ["available_methods", "create_method", "method_class", "method_description", "register_method"],
 })

@@ -193,32 +193,21 @@ class CompatibilityMethod(MethodDescription, ABC):
     def on_train_end(self, ctx: TrainContext) -> None:
         """Called once after the last epoch (e.g. fit λ-orthogonality adapters on the model)."""
 
-    # --- the unaligned models of the same geometry ----------------------------------------------
-    def reference_method(self) -> "CompatibilityMethod":
-        """The unaligned model φ_* of this geometry that P_com / P_up normalise by (hbct.md §11).
+    # --- the unaligned models of the same geometry (``orchestrator.methods.references``) -------
+    def own_reference(self) -> CompatibilityMethod | None:
+        """φ_* when this method is its own reference: a method with a parent-free base objective,
+        trained with no parent, its ``parent_only_params`` at their defaults (they do not act
+        without a parent); None for a parent-aligned method, whose reference is another method's
+        model (``references.reference_method``)."""
+        if self.requires_parent:
+            return None
+        fields = type(self.params).model_fields
+        return type(self)(self.params.model_copy(update={f: fields[f].default for f in self.parent_only_params}))
 
-        A method with a parent-free base objective is its own reference (trained with no parent),
-        its ``parent_only_params`` at their defaults (they do not act without a parent); a
-        parent-aligned method's reference is ``independent`` in the same space (in the Lorentz
-        space with the same ``curv`` and ``clip``).
-        """
-        if not self.requires_parent:
-            fields = type(self.params).model_fields
-            return type(self)(self.params.model_copy(update={f: fields[f].default for f in self.parent_only_params}))
-        from orchestrator.methods.registry import create_method
-
-        geometry: dict[str, Any] = {"space": self.space.value}
-        if self.space is Space.LORENTZ:
-            # the same hyperbolic geometry: curvature K (else no common distance) and clip ζ
-            geometry.update({k: getattr(self.params, k) for k in ("curv", "clip") if hasattr(self.params, k)})
-        return create_method("independent", geometry)
-
-    def parent_method(self) -> "CompatibilityMethod":
-        """A method that trains a first (old) generation this method can align to (φ_o).
-
-        Default: the reference method. HBCT overrides it to lower the clip (ζ_o = ζ_n − 0.2).
-        """
-        return self.reference_method()
+    def own_parent(self) -> CompatibilityMethod | None:
+        """The method of a first (old) generation this method aligns to, when it is not the
+        reference (``references.parent_method``); None (the default): the reference trains it."""
+        return None
 
     def describe(self) -> dict[str, Any]:
         """Name, space and parameter values, JSON-serialisable (for cards and the lineage)."""

@@ -231,7 +231,7 @@ class HBCTParams(MethodParams):
     mlr_max_scale: the ceiling of that learned scale t (MERU / CLIP: 100). Default 1.5, the ceiling of
                    an aligned generation (and of φ_*, its recipe without alignment); a parent-free
                    first generation should set ``HBCT.PARENT_FREE_MAX_SCALE`` (3.0), as it sets clip
-                   1.0, and ``parent_method()`` does.
+                   1.0, and ``HBCT.own_parent()`` does.
     lam_warmup:    fraction f of the training's epochs over which λ ramps linearly from 0: at
                    0-based epoch e of E, λ_e = λ · min(1, e / (f·E)); 0 (the paper) keeps λ
                    constant. Fills in a choice the paper leaves open (it gives no schedule of λ).
@@ -439,7 +439,7 @@ class MethodDescription(ABC):
     trains_encoder: ClassVar[bool] = True
     #: Parameters that act only when a parent is given (alignment weights): a parent-free method's
     #: old model and reference φ_* set them to their defaults, so variants of one method that differ
-    #: only there share their old model and φ_* (``CompatibilityMethod.reference_method``).
+    #: only there share their old model and φ_* (``CompatibilityMethod.own_reference``).
     parent_only_params: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, params: MethodParams | Mapping[str, Any] | None = None):

@@ -136,7 +136,7 @@ class HBCT(HBCTDescription, CompatibilityMethod):
       the alignment terms take over); ``lam_warmup`` (a λ ramp) did not help on either dataset.
       The defaults are the recipe measured best (benchmarks/README.md, issue 14, round 4): the
       scale is learned on every generation, capped at 3 on the parent-free old generation
-      (``PARENT_FREE_MAX_SCALE``, set by ``parent_method``) and at 1.5 on the aligned ones (and on
+      (``PARENT_FREE_MAX_SCALE``, set by ``own_parent``) and at 1.5 on the aligned ones (and on
       φ_*, their recipe without alignment); ``mlr_learn_scale: false`` is the paper's. Both
       HBCT alignment terms are instance-level (each new embedding is pulled to its own old one), so
       once a large scale saturates the CE nothing keeps a class compact and the aligned model loses
@@ -167,12 +167,12 @@ class HBCT(HBCTDescription, CompatibilityMethod):
         fields = {name: getattr(self.params, name) for name in self.BASE_FIELDS}
         return HBCT({**fields, **overrides})
 
-    def reference_method(self) -> HBCT:
+    def own_reference(self) -> HBCT:
         """φ_*: the same Lorentz model and head trained with the base loss alone (same clip, same
         ceiling of the learned scale)."""
         return self._base_only()
 
-    def parent_method(self) -> HBCT:
+    def own_parent(self) -> HBCT:
         """The old generation of an HBCT update: the same Lorentz model trained with the base loss
         alone, clip ζ_o = ζ_n − 0.2 (hbct.md §3: ζ_o = 1.0, ζ_n = 1.2), floored at 0.2, and the
         parent-free ceiling of the learned scale (``PARENT_FREE_MAX_SCALE``, never below this

@@ -1,4 +1,5 @@
-"""Models layer: encoders (timm backbone + projection + space lift), heads, adapters, weight loading."""
+"""Models layer: encoders (timm backbone + projection + space lift), heads, adapters, weight loading,
+the generation checkpoint format."""
 from orchestrator.lazy_exports import lazy_exports
 
 __getattr__, __dir__, __all__ = lazy_exports(__name__, {
@@ -7,6 +8,11 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
         "OrthogonalAdapter", "adapter_spec", "build_adapter", "gram_deviation",
         "lambda_orthogonality_penalty", "register_adapter", "truncate_to_common",
     ],
+    "checkpoint": [
+        "CARD_FORMAT_VERSION", "CheckpointCard", "MethodSpec", "checkpoint_exists", "describe_adapters", "load_card",
+        "read_weights", "rebuild_adapters", "restore_weights", "save_generation",
+    ],
+    "checkpoint_layout": ["CARD_FILE", "WEIGHTS_FILE"],
     "curvature": ["LearnableCurvature"],
     "encoder": ["Encoder", "adapt_stem_to_small_input"],
     "encoder_config": ["EncoderConfig"],

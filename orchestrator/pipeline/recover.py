@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 
 from orchestrator.integrity import index_record, sha256_bytes, trained_outputs
 from orchestrator.lineage.step_keys import deploy_key, integrity_key, plan_key, train_key
-from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, join_uri, read_bytes
+from orchestrator.models.checkpoint_layout import CARD_FILE, WEIGHTS_FILE
+from orchestrator.storage import join_uri, read_bytes
 
 _SHARD_FILE = re.compile(r"(?P<generation>.+)\.(?P<version>[0-9a-f]{12})\.parquet")
 _SHARD_FOLDER = re.compile(r"shard-(\d{5})")

@@ -54,7 +54,9 @@ from orchestrator.pipeline.report import (
     write_report,
 )
 from orchestrator.pipeline.tracking import open_tracker
-from orchestrator.storage import CARD_FILE, WEIGHTS_FILE, join_uri, load_card, remove_stale_temporaries
+from orchestrator.models.checkpoint_layout import CARD_FILE, WEIGHTS_FILE
+from orchestrator.storage import join_uri, remove_stale_temporaries
+from orchestrator.models.checkpoint import load_card
 from orchestrator.training.health import TrainingUnhealthy
 from orchestrator.training.seeds import derive_seed
 

@@ -15,7 +15,7 @@ class PixelEmbedder:
     uncertainty (B,) float32: ``Geometry.uncertainty``, HBCT 1 − ‖h_s‖/h_t for Lorentz points,
     NaN for flat spaces).
 
-    model: a loaded ``CompatibleModel`` (``storage.load_generation``), put on ``device`` in eval
+    model: a loaded ``CompatibleModel`` (``methods.loading.load_generation``), put on ``device`` in eval
     mode; the preprocessing is ``data.tensors.to_model_input``, the one a local run uses.
     """
 

@@ -37,7 +37,9 @@ from orchestrator.progress import Meter
 from orchestrator.evaluation import evaluate_generations
 from orchestrator.pipeline.runner import PipelineRunner
 from orchestrator.training.config import COLLAPSED
-from orchestrator.storage import checkpoint_exists, exists, join_uri, load_generation, read_json, write_json_atomic
+from orchestrator.models.checkpoint import checkpoint_exists
+from orchestrator.storage import exists, join_uri, read_json, write_json_atomic
+from orchestrator.methods.loading import load_generation
 from orchestrator.tuning import results as outputs
 from orchestrator.tuning import space as spaces
 from orchestrator.tuning.config import TuneFile

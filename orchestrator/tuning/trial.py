@@ -39,7 +39,8 @@ from orchestrator.data import ImageTensorDataset, load_source
 from orchestrator.evaluation import compare_generations, embed_split, sample_split
 from orchestrator.metrics import METRICS, NORMALISED_SCORES
 from orchestrator.models.bundle import CompatibleModel
-from orchestrator.storage import join_uri, load_generation
+from orchestrator.storage import join_uri
+from orchestrator.methods.loading import load_generation
 from orchestrator.training.generation import GenerationJob, GenerationTraining
 from orchestrator.training.health import COLLAPSED
 from orchestrator.tuning import objective as objectives

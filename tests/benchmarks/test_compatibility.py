@@ -14,6 +14,7 @@ from orchestrator.config import load_pipeline
 from orchestrator.data import load_shapes
 from orchestrator.methods import create_method
 from orchestrator.metrics import update_summary
+from orchestrator.methods import references
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -161,12 +162,12 @@ def test_the_pipelines_hbct_recipe_is_the_benchmarks_row(pipeline):
     config = load_pipeline(REPO / "pipelines" / f"{pipeline}.yaml", {"storage": "unused"})
     trained = {g: create_method(config.generation(g).method.name, config.generation(g).method.params).params.model_dump()
                for g in ("g0-old", "g1", "g2", "phi-star")}
-    assert trained["g0-old"] == update.parent_method().params.model_dump()
+    assert trained["g0-old"] == references.parent_method(update).params.model_dump()
     assert (trained["g0-old"]["mlr_learn_scale"], trained["g0-old"]["mlr_max_scale"]) == (True, 3.0)
     assert trained["g1"] == update.params.model_dump()
     assert (trained["g1"]["mlr_learn_scale"], trained["g1"]["mlr_max_scale"]) == (True, 1.5)
     assert trained["g2"] == {**update.params.model_dump(), "clip": 1.4}  # ζ grows by 0.2 per generation
-    assert trained["phi-star"] == update.reference_method().params.model_dump()
+    assert trained["phi-star"] == references.reference_method(update).params.model_dump()
 
 
 def test_every_method_is_held_to_the_criterion_and_aligned_ones_to_p_up():

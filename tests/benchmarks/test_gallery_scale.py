@@ -16,7 +16,7 @@ from benchmarks import gallery_scale as bench
 from orchestrator.data.tensors import to_model_input
 from orchestrator.gallery import read_shard
 from orchestrator.geometry.geometry import Geometry
-from orchestrator.storage import load_generation
+from orchestrator.methods.loading import load_generation
 
 ITEMS, PER_FILE, PER_SHARD = 2000, 700, 500  # three files (700, 700, 600 rows), four shards
 

@@ -13,8 +13,8 @@ from orchestrator.distributed.gallery_step import GenerationModel, embed_gallery
 from orchestrator.geometry import lorentz
 from orchestrator.methods import create_method, embed_dataset
 from orchestrator.models.encoder import EncoderConfig
+from orchestrator.models.checkpoint import save_generation
 from orchestrator.shard_update import ShardUpdate, UpdateKind
-from orchestrator.storage import save_generation
 
 pytestmark = pytest.mark.e2e
 

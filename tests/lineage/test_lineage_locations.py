@@ -146,7 +146,8 @@ def test_a_prefix_copied_to_another_bucket_serves_from_the_copy(s3_bucket, monke
     from orchestrator.models.encoder import EncoderConfig
     from orchestrator.search.service import open_router
     from orchestrator.shard_update import ShardTarget, write_shard_files
-    from orchestrator.storage import join_uri, save_generation
+    from orchestrator.storage import join_uri
+    from orchestrator.models.checkpoint import save_generation
 
     bucket, endpoint = s3_bucket
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)

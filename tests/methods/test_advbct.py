@@ -24,7 +24,8 @@ from orchestrator.methods.advbct import (
 from orchestrator.methods.base import TrainContext, embed_dataset
 from orchestrator.methods.independent import Independent
 from orchestrator.models.encoder import EncoderConfig
-from orchestrator.storage import load_generation, save_generation
+from orchestrator.methods.loading import load_generation
+from orchestrator.models.checkpoint import save_generation
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import freeze, make_train_loader, train_generation, train_one_epoch
 from orchestrator.training.optim import build_optimizer

@@ -19,6 +19,7 @@ from orchestrator.models.lifts import build_lift
 from orchestrator.models.outputs import ModelOutput
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import freeze, train_generation
+from orchestrator.methods import references
 from vector_models import VectorEncoder, vector_model
 
 
@@ -337,19 +338,19 @@ def test_parent_and_reference_keep_the_base_fields_and_drop_the_alignment_ones()
     method = HBCT({"lam": 1.0, "lam_warmup": 0.5, "tau": 0.7, "entail": False, "clip": 1.4,
                    "mlr_init_scale": 10.0, "mlr_learn_scale": True, "mlr_max_scale": 4.0, "curv": 0.5})
     base = {"curv": 0.5, "mlr_init_scale": 10.0, "mlr_learn_scale": True, "mlr_max_scale": 4.0}
-    assert method.reference_method().params == HBCT({**base, "clip": 1.4}).params
-    assert method.parent_method().params == HBCT({**base, "clip": 1.2}).params
+    assert references.reference_method(method).params == HBCT({**base, "clip": 1.4}).params
+    assert references.parent_method(method).params == HBCT({**base, "clip": 1.2}).params
 
 
 @pytest.mark.parametrize(("own", "parents"), [(1.5, 3.0), (2.0, 3.0), (3.0, 3.0), (4.0, 4.0)])
 def test_the_parent_learns_its_scale_under_the_parent_free_ceiling_never_below_its_child(own, parents):
     """The default update (ceiling 1.5) trains its old generation with ceiling 3 (issue 14's recipe:
     ζ_o = 1.0, t ≤ 3 for the old model; ζ_n = 1.2, t ≤ 1.5 for φ_* and the new model)."""
-    assert HBCT({"mlr_max_scale": own}).parent_method().params.mlr_max_scale == parents
-    assert HBCT({"mlr_max_scale": own}).reference_method().params.mlr_max_scale == own
+    assert references.parent_method(HBCT({"mlr_max_scale": own})).params.mlr_max_scale == parents
+    assert references.reference_method(HBCT({"mlr_max_scale": own})).params.mlr_max_scale == own
     default = HBCT()
     assert (default.params.mlr_learn_scale, default.params.mlr_max_scale, default.params.clip) == (True, 1.5, 1.2)
-    assert (default.parent_method().params.mlr_max_scale, default.parent_method().params.clip) == (3.0, 1.0)
+    assert (references.parent_method(default).params.mlr_max_scale, references.parent_method(default).params.clip) == (3.0, 1.0)
 
 
 # --- parent checks --------------------------------------------------------------------------

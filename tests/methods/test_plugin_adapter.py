@@ -25,7 +25,8 @@ from orchestrator.models.adapters import BACKWARD_ADAPTER, adapter_class, regist
 from orchestrator.models.adapters import registry as adapter_registry
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.search import SearchRouter
-from orchestrator.storage import load_generation, save_generation
+from orchestrator.methods.loading import load_generation
+from orchestrator.models.checkpoint import save_generation
 
 ENCODER = EncoderConfig(arch="test_resnet", embed_dim=8)
 

@@ -22,6 +22,7 @@ from orchestrator.methods.registry import available_methods, create_method, meth
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import train_generation
+from orchestrator.methods import references
 from image_data import LabelShiftedImages
 
 FIRST_TIER = {
@@ -153,7 +154,7 @@ def test_method_protocol_end_to_end(name):
     wants_parent = method.requires_parent or name in ALIGNS_OPTIONALLY
     parent = None
     if wants_parent:
-        parent_method = method.parent_method()
+        parent_method = references.parent_method(method)
         parent = _build(parent_method, seed=1)
         parent_history = train_generation(parent_method, parent, data, data, config.model_copy(update={"epochs": 1}))
         assert len(parent_history) == 1 and math.isfinite(parent_history[0]["loss"])
@@ -247,7 +248,7 @@ def test_requires_parent_embed_dim_is_what_training_against_a_parent_of_another_
 
     def train(parent_embed_dim: int) -> list[dict[str, float]]:
         method = create_method(name)
-        parent = _build(method.parent_method(), seed=1, embed_dim=parent_embed_dim)
+        parent = _build(references.parent_method(method), seed=1, embed_dim=parent_embed_dim)
         model = _build(method, seed=2, embed_dim=child_dim)
         return train_generation(method, model, data, data, config, old_model=parent)
 
@@ -272,7 +273,7 @@ def test_requires_embed_dim_at_least_parents_is_whether_a_narrower_child_can_sea
     (independent is never searched across generations, whatever the sizes.)"""
     data = _images(n=8)
     method = create_method(name)
-    parent = _build(method.parent_method(), seed=1, embed_dim=24)
+    parent = _build(references.parent_method(method), seed=1, embed_dim=24)
     child = _build(method, seed=2, embed_dim=16)
     train_generation(method, child, data, data, TrainConfig(epochs=1, batch_size=8, lr=0.05, augment=False),
                      old_model=parent)
@@ -292,7 +293,7 @@ def test_requires_embed_dim_at_least_parents_is_whether_a_narrower_child_can_sea
 @pytest.mark.parametrize("space", ["cosine", "euclidean"])
 def test_bct_reference_and_parent_are_independent_in_the_same_space(space):
     method = BCT({"space": space, "lam": 0.5})
-    for other in (method.reference_method(), method.parent_method()):
+    for other in (references.reference_method(method), references.parent_method(method)):
         assert type(other) is Independent
         assert other.space is method.space is Space(space)
         assert other.params == Independent.Params(space=space)
@@ -301,16 +302,16 @@ def test_bct_reference_and_parent_are_independent_in_the_same_space(space):
 @pytest.mark.parametrize("name", sorted(n for n, c in available_methods().items() if c.requires_parent))
 def test_every_parent_aligned_method_references_independent(name):
     method = create_method(name)
-    reference = method.reference_method()
+    reference = references.reference_method(method)
     assert type(reference) is Independent and reference.space is method.space
-    assert type(method.parent_method()) is Independent
+    assert type(references.parent_method(method)) is Independent
 
 
 def test_l2_lorentz_reference_keeps_the_geometry():
     """The reference (and parent) of a Lorentz ℓ2 model must share its curvature, or the old and new
     generations have no common distance; the reference is the same model without the ℓ2 term."""
     method = create_method("l2", {"space": "lorentz", "curv": 2.0, "clip": 1.4, "lam": 0.5})
-    for other in (method.reference_method(), method.parent_method()):
+    for other in (references.reference_method(method), references.parent_method(method)):
         assert type(other) is Independent
         assert other.space is Space.LORENTZ
         assert other.params == Independent.Params(space="lorentz", curv=2.0, clip=1.4)
@@ -320,42 +321,42 @@ def test_l2_lorentz_reference_keeps_the_geometry():
 
 def test_hbct_parent_lowers_the_clip_and_reference_is_itself_without_alignment_settings():
     method = HBCT({"lam": 0.5, "tau": 0.7, "mlr_init_scale": 3.0})
-    parent = method.parent_method()
+    parent = references.parent_method(method)
     assert type(parent) is HBCT
     assert parent.params.clip == pytest.approx(method.params.clip - 0.2) == pytest.approx(1.0)
     # the alignment fields at their defaults; the learned scale under the parent-free ceiling
     assert parent.params == HBCT({"clip": parent.params.clip, "mlr_init_scale": 3.0,
                                   "mlr_max_scale": HBCT.PARENT_FREE_MAX_SCALE}).params
-    assert HBCT({"clip": 1.6}).parent_method().params.clip == pytest.approx(1.4)
-    assert HBCT({"clip": 0.3}).parent_method().params.clip == pytest.approx(0.2)  # floored at 0.2
+    assert references.parent_method(HBCT({"clip": 1.6})).params.clip == pytest.approx(1.4)
+    assert references.parent_method(HBCT({"clip": 0.3})).params.clip == pytest.approx(0.2)  # floored at 0.2
 
-    reference = method.reference_method()
+    reference = references.reference_method(method)
     assert type(reference) is HBCT and reference is not method
     assert reference.params == HBCT({"mlr_init_scale": 3.0}).params
-    assert HBCT().reference_method().params == HBCT().params
+    assert references.reference_method(HBCT()).params == HBCT().params
 
 
 def test_dsimplex_reference_and_parent_are_itself_without_the_hoc_weights():
     """Trained with no parent, λ and τ do not act: the old model and φ_* take their defaults, so
     d-Simplex variants that differ only there share them (issue 28)."""
     method = DSimplex({"lam": 0.3, "tau": 5.0, "num_prototypes": 9})
-    for other in (method.reference_method(), method.parent_method()):
+    for other in (references.reference_method(method), references.parent_method(method)):
         assert type(other) is DSimplex and other is not method
         assert other.params == DSimplex({"num_prototypes": 9}).params
     # and they build the identical fixed classifier (stationarity)
     a = _build(method, seed=0).head.weight
-    b = _build(method.parent_method(), seed=1).head.weight
+    b = _build(references.parent_method(method), seed=1).head.weight
     assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("name", sorted(n for n, c in available_methods().items() if not c.requires_parent))
 def test_parent_free_methods_reference_themselves(name):
     method = create_method(name)
-    reference = method.reference_method()
+    reference = references.reference_method(method)
     assert type(reference) is type(method) and reference.params == method.params
 
 
 def test_binary_hyperbolic_reference_and_parent_leave_the_alignment_term_off():
     method = create_method("binary_hyperbolic", {"lam": 0.3, "curv": 0.2, "num_prototypes": 12})
-    for other in (method.reference_method(), method.parent_method()):
+    for other in (references.reference_method(method), references.parent_method(method)):
         assert other.params == create_method("binary_hyperbolic", {"curv": 0.2, "num_prototypes": 12}).params

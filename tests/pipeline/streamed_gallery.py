@@ -29,7 +29,7 @@ from orchestrator.lineage.step_keys import plan_key, train_key
 from orchestrator.methods import create_method
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.pipeline.gallery.updater import GalleryUpdater
-from orchestrator.storage import save_generation
+from orchestrator.models.checkpoint import save_generation
 from orchestrator.distributed.runtime import start_local_ray
 from orchestrator.integrity import trained_outputs
 

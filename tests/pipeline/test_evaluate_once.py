@@ -31,7 +31,8 @@ from orchestrator.pipeline.evaluate_step import (
 from orchestrator.pipeline.runner import PipelineRunner
 from orchestrator.pipeline.step_specs import ChangedStepSpec, evaluate_spec
 from orchestrator.integrity import trained_outputs
-from orchestrator.storage import ChecksumMismatch, save_generation
+from orchestrator.storage import ChecksumMismatch
+from orchestrator.models.checkpoint import save_generation
 from image_data import LabelShiftedImages
 
 ENCODER = EncoderConfig(arch="test_resnet", embed_dim=8)

@@ -21,7 +21,8 @@ from orchestrator.methods import create_method
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.pipeline.gallery.updater import GalleryUpdater
-from orchestrator.storage import load_generation, save_generation
+from orchestrator.methods.loading import load_generation
+from orchestrator.models.checkpoint import save_generation
 from streamed_gallery import pipeline_config, write_parquet_gallery
 from local_ray import start_local_ray
 

@@ -33,7 +33,7 @@ from orchestrator.pipeline.verify import (
     verify_storage,
 )
 from orchestrator.search import SearchRouter
-from orchestrator.storage import save_generation
+from orchestrator.models.checkpoint import save_generation
 
 GALLERY = "tiny"
 

@@ -24,7 +24,7 @@ from orchestrator.lineage.step_keys import gate_key
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.metrics import retrieval_metrics
 from orchestrator.models.adapters import BACKWARD_ADAPTER, ChartMap
-from orchestrator.storage import load_generation
+from orchestrator.methods.loading import load_generation
 from cli_runs import cli, cli_in_process
 
 pytestmark = pytest.mark.e2e

@@ -29,7 +29,8 @@ from orchestrator.lineage import LineageStore
 from orchestrator.lineage.step_keys import gallery_eval_key, gate_key
 from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.metrics import retrieval_metrics
-from orchestrator.storage import load_generation, read_json
+from orchestrator.methods.loading import load_generation
+from orchestrator.storage import read_json
 from cli_runs import cli, cli_in_process
 
 pytestmark = pytest.mark.e2e

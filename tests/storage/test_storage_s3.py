@@ -5,22 +5,18 @@ import torch
 from storage_cases import CASES, ENCODER, assert_same_outputs, assert_same_state, build_case
 from orchestrator.storage import (
     ChecksumMismatch,
-    checkpoint_exists,
     exists,
     list_dir,
-    load_card,
-    load_generation,
-    load_training_state,
     open_filesystem,
     read_bytes,
     read_json,
     remove,
-    save_generation,
-    save_training_state,
     write_bytes_atomic,
     write_json_atomic,
 )
-
+from orchestrator.models.checkpoint import checkpoint_exists, load_card, save_generation
+from orchestrator.methods.loading import load_generation
+from orchestrator.training.state import load_training_state, save_training_state
 
 
 @pytest.mark.parametrize("case_id", ["hbct-lorentz", "lambda-orth-orthogonal"])

@@ -11,7 +11,8 @@ from orchestrator.methods import create_method
 from orchestrator.methods.posthoc import HISTORY
 from orchestrator.models.adapters import BACKWARD_ADAPTER, ChartMap
 from orchestrator.models.encoder import EncoderConfig
-from orchestrator.storage import load_generation, save_generation
+from orchestrator.methods.loading import load_generation
+from orchestrator.models.checkpoint import save_generation
 from orchestrator.training.config import HealthSpec
 from orchestrator.training.generation import GenerationJob, GenerationTraining
 from orchestrator.training.health import trains_encoder

@@ -22,7 +22,7 @@ from orchestrator.config import load_pipeline
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.step_keys import StepKind
 from orchestrator.pipeline.runner import PipelineRunner
-from orchestrator.storage import load_card
+from orchestrator.models.checkpoint import load_card
 
 pytestmark = pytest.mark.e2e
 

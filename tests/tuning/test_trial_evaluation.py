@@ -13,7 +13,7 @@ from orchestrator.methods import create_method
 from orchestrator.metrics import METRICS
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import EncoderConfig
-from orchestrator.storage import save_generation
+from orchestrator.models.checkpoint import save_generation
 from orchestrator.tuning.trial import TrialEvaluator, TrialSetup
 
 ENCODER = EncoderConfig(arch="test_resnet", embed_dim=8)

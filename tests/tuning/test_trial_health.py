@@ -14,7 +14,7 @@ import torch
 from orchestrator.data import channel_statistics, load_digits
 from orchestrator.methods import create_method
 from orchestrator.models.encoder import EncoderConfig
-from orchestrator.storage import checkpoint_exists, save_generation
+from orchestrator.models.checkpoint import checkpoint_exists, save_generation
 from orchestrator.training.config import HealthSpec
 from orchestrator.training.generation import GenerationJob
 from orchestrator.tuning import sweep

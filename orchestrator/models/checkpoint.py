@@ -1,4 +1,4 @@
-"""Generation checkpoints (safetensors + JSON card with sha256) and resumable training state.
+"""The generation checkpoint format (safetensors + JSON card with sha256).
 
 A generation checkpoint is a folder ``<uri>/``::
 
@@ -9,48 +9,31 @@ A generation checkpoint is a folder ``<uri>/``::
 Write order: an existing ``card.json`` is removed first, then the weights are written atomically,
 then the card (atomically). A crash therefore leaves either no card (= no checkpoint: a re-run
 writes it again) or a complete checkpoint; a card is never left describing other weights, and
-``load_generation`` checks the sha256 of the bytes it reads against the card anyway.
+``read_weights`` checks the sha256 of the bytes it reads against the card anyway.
 
-Loading rebuilds the model from the card alone: ``create_method(name, params).build_model(
-EncoderConfig(**encoder, pretrained=None), num_classes, seen_classes)``, without the training-only
-auxiliary modules it builds, then the adapters the card lists (``build_adapter`` of the adapter
-registry, so a plug-in's adapter kind is rebuilt as a built-in one), then ``load_state_dict(strict=True)``
-of ``safetensors.torch.load`` of the verified bytes.
+Loading (``orchestrator.methods.loading.load_generation``) rebuilds the model from the card alone:
+the method the card names builds the model (``build_model(EncoderConfig(**encoder, pretrained=None),
+num_classes, seen_classes)``, without the training-only auxiliary modules it builds), then
+``restore_weights`` here adds the adapters the card lists (``build_adapter`` of the adapter
+registry, so a plug-in's adapter kind is rebuilt as a built-in one) and loads the verified bytes
+(``read_weights``: ``safetensors.torch.load``) with ``load_state_dict(strict=True)``.
 Nothing is unpickled anywhere in this module.
-
-Training state (``save_training_state`` / ``load_training_state``) is a folder ``<uri>/``::
-
-    training_state.safetensors  every tensor of the state, flattened under keys "t0", "t1", ...
-    training_state.json         format version, epoch, sha256 of the tensors file, and the
-                                non-tensor structure of the optimizer state and ``extra``
-
-The structure is JSON with tagged values, so any nest of dicts / lists / tuples / scalars /
-tensors (an optimizer ``state_dict()``, a scheduler's, RNG states) comes back exactly:
-``{"__tensor__": "t3"}`` a tensor, ``{"__tuple__": [...]}`` a tuple (Adam's ``betas``),
-``{"__dict__": [[key, value], ...]}`` a dict with a non-string key (the optimizer's integer
-parameter ids) or a key starting with ``"__"``, ``{"__float__": "nan"}`` a non-finite float; other
-dicts, lists, str, int, float, bool and None are plain JSON. Two references to one tensor are
-stored as two tensors (aliasing is not preserved).
 """
 from __future__ import annotations
 
 import json
-import math
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Mapping
+from typing import Any, Mapping, Protocol
 
 import safetensors.torch
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from torch import nn
 
-from orchestrator.methods.base import CompatibilityMethod
-from orchestrator.methods.registry import create_method
 from orchestrator.models.adapters import adapter_spec, build_adapter
 from orchestrator.models.bundle import CompatibleModel
+from orchestrator.models.checkpoint_layout import CARD_FILE, WEIGHTS_FILE
 from orchestrator.models.encoder import EncoderConfig
-from orchestrator.storage.checkpoint_layout import CARD_FILE, WEIGHTS_FILE
 from orchestrator.storage.hashing import ChecksumMismatch, sha256_hex
 from orchestrator.storage.filesystem import (
     exists,
@@ -64,9 +47,14 @@ from orchestrator.storage.filesystem import (
 )
 
 CARD_FORMAT_VERSION = 2  # 2: adapters described by adapter kind (1: by the method that built them)
-TRAINING_STATE_FORMAT_VERSION = 1
-TRAINING_TENSORS_FILE = "training_state.safetensors"
-TRAINING_STATE_FILE = "training_state.json"
+
+
+class DescribedMethod(Protocol):
+    """What a checkpoint needs of the method that trained the model (``CompatibilityMethod``)."""
+
+    def describe(self) -> dict[str, Any]:
+        """``{"name": registry name, "space": space value, "params": parameter values}``."""
+        ...
 
 
 # --- the card ----------------------------------------------------------------------------------
@@ -176,7 +164,7 @@ def card_adapter_specs(card: CheckpointCard) -> dict[str, dict[str, Any]]:
 
 
 # --- state dicts ----------------------------------------------------------------------------------
-def _cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
+def cpu_copy(tensor: torch.Tensor) -> torch.Tensor:
     """A contiguous CPU copy owning its storage (safetensors refuses shared or strided storage)."""
     return tensor.detach().to("cpu", copy=True).contiguous()
 
@@ -201,7 +189,7 @@ def _adopt_saved_dtypes(model: nn.Module, state: Mapping[str, torch.Tensor]) -> 
 
 def save_generation(
     model: CompatibleModel,
-    method: CompatibilityMethod,
+    method: DescribedMethod,
     encoder_config: EncoderConfig | None,
     uri: str,
     name: str,
@@ -233,7 +221,7 @@ def save_generation(
         )
     adapters = describe_adapters(model)
     # the deployed generation: training-only modules (AdvBCT's discriminator, ...) stay behind
-    state = {key: _cpu_copy(value) for key, value in model.deployable_state_dict().items()}
+    state = {key: cpu_copy(value) for key, value in model.deployable_state_dict().items()}
     data = safetensors.torch.save(state, metadata={"format": "pt"})
     card = CheckpointCard(
         name=name,
@@ -279,13 +267,10 @@ def load_card(uri: str, storage_options: Mapping[str, Any] | None = None) -> Che
     return CheckpointCard.model_validate(raw)
 
 
-def load_generation(
-    uri: str,
-    expected_sha256: str | None = None,
-    map_location: str | torch.device = "cpu",
-    storage_options: Mapping[str, Any] | None = None,
-) -> tuple[CompatibleModel, CheckpointCard]:
-    """Rebuild the generation saved at ``uri``: ``(model in eval mode on map_location, card)``.
+def read_weights(
+    uri: str, expected_sha256: str | None = None, storage_options: Mapping[str, Any] | None = None,
+) -> tuple[dict[str, torch.Tensor], CheckpointCard]:
+    """The state dict saved at ``uri`` and its card.
 
     The sha256 of the weight bytes is checked against the card (and ``expected_sha256``, e.g. the
     lineage's record) BEFORE deserialising: ``ChecksumMismatch`` names the uri and both hashes.
@@ -302,132 +287,20 @@ def load_generation(
         raise ChecksumMismatch(weights_uri, card.sha256, actual)
     if expected_sha256 is not None and actual != expected_sha256.lower():
         raise ChecksumMismatch(weights_uri, expected_sha256, actual)
-    state = safetensors.torch.load(data)
+    return safetensors.torch.load(data), card
 
-    method = create_method(card.method.name, card.method.params)
-    # Decision: the backbone's ``pretrained`` init is not loaded again (the checkpoint holds every
-    # weight; a hub download or a path of the training machine must not be needed to load).
-    encoder_config = card.encoder_config().model_copy(update={"pretrained": None})
-    model = method.build_model(encoder_config, card.num_classes, torch.tensor(card.seen_classes, dtype=torch.long))
-    model.auxiliary.clear()  # a deployed generation has no training-only modules (none were saved)
+
+def restore_weights(model: CompatibleModel, state: Mapping[str, torch.Tensor], card: CheckpointCard, uri: str) -> None:
+    """Fill ``model``, freshly built by the card's method, in place with ``state`` (``read_weights``):
+    the training-only modules dropped (none were saved), the card's adapters rebuilt, the saved
+    dtypes adopted, then ``load_state_dict(strict=True)``. A model of another space than the card's
+    is a ValueError naming ``uri``."""
+    model.auxiliary.clear()
     rebuild_adapters(model, card_adapter_specs(card))
     if model.space.value != card.space:
         raise ValueError(f"{redact_uri(uri)}: card says space {card.space!r}, the rebuilt model embeds in {model.space.value!r}")
     _adopt_saved_dtypes(model, state)
     model.load_state_dict(state, strict=True)
-    return model.to(map_location).eval(), card
-
-
-# --- training state ----------------------------------------------------------------------------------
-TENSOR_TAG, TUPLE_TAG, DICT_TAG, FLOAT_TAG = "__tensor__", "__tuple__", "__dict__", "__float__"
-
-
-@dataclass
-class TrainingState:
-    """What ``load_training_state`` returns: the optimizer ``state_dict()`` (as saved), the epoch and ``extra``."""
-
-    optimizer_state: dict[str, Any]
-    epoch: int
-    extra: dict[str, Any] = field(default_factory=dict)
-    created_at: str | None = None
-
-
-def _encode(obj: Any, tensors: dict[str, torch.Tensor], where: str) -> Any:
-    if isinstance(obj, torch.Tensor):
-        key = f"t{len(tensors)}"
-        tensors[key] = _cpu_copy(obj)
-        return {TENSOR_TAG: key}
-    if obj is None or isinstance(obj, (bool, str, int)):
-        return obj
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else {FLOAT_TAG: repr(obj)}
-    if isinstance(obj, tuple):
-        return {TUPLE_TAG: [_encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]}
-    if isinstance(obj, list):
-        return [_encode(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]
-    if isinstance(obj, Mapping):
-        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
-            return {k: _encode(v, tensors, f"{where}.{k}") for k, v in obj.items()}
-        return {DICT_TAG: [[_encode(k, tensors, f"{where}<key>"), _encode(v, tensors, f"{where}[{k!r}]")] for k, v in obj.items()]}
-    raise TypeError(f"training state: cannot store {type(obj).__name__} at {where} (tensors, containers and JSON scalars only)")
-
-
-def _decode(obj: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
-    if isinstance(obj, list):
-        return [_decode(v, tensors) for v in obj]
-    if isinstance(obj, dict):
-        if len(obj) == 1:
-            (tag, value), = obj.items()
-            if tag == TENSOR_TAG:
-                return tensors[value]
-            if tag == TUPLE_TAG:
-                return tuple(_decode(v, tensors) for v in value)
-            if tag == DICT_TAG:
-                return {_decode(k, tensors): _decode(v, tensors) for k, v in value}
-            if tag == FLOAT_TAG:
-                return float(value)
-        return {k: _decode(v, tensors) for k, v in obj.items()}
-    return obj
-
-
-def save_training_state(
-    uri: str,
-    optimizer_state: Mapping[str, Any],
-    epoch: int,
-    extra: Mapping[str, Any] | None = None,
-    storage_options: Mapping[str, Any] | None = None,
-) -> str:
-    """Write an optimizer ``state_dict()``, the epoch and ``extra`` (which may hold tensors, e.g. RNG
-    states) to the folder ``uri`` without pickle (format in the module docstring). Tensors first,
-    the JSON (with their sha256) last. Returns the sha256 of the tensors file."""
-    tensors: dict[str, torch.Tensor] = {}
-    structure = {
-        "optimizer": _encode(dict(optimizer_state), tensors, "optimizer_state"),
-        "extra": _encode(dict(extra or {}), tensors, "extra"),
-    }
-    data = safetensors.torch.save(tensors, metadata={"format": "pt"})
-    document = {
-        "format_version": TRAINING_STATE_FORMAT_VERSION,
-        "epoch": int(epoch),
-        "tensors_file": TRAINING_TENSORS_FILE,
-        "sha256": sha256_hex(data),
-        "num_tensors": len(tensors),
-        "created_at": datetime.now(timezone.utc).isoformat(),
-        "state": structure,
-    }
-    remove(join_uri(uri, TRAINING_STATE_FILE), missing_ok=True, storage_options=storage_options)
-    write_bytes_atomic(join_uri(uri, TRAINING_TENSORS_FILE), data, storage_options)
-    # key order kept: the state comes back as the same dicts, in the same order
-    write_json_atomic(join_uri(uri, TRAINING_STATE_FILE), document, storage_options, sort_keys=False)
-    return document["sha256"]
-
-
-def load_training_state(
-    uri: str, map_location: str | torch.device = "cpu", storage_options: Mapping[str, Any] | None = None
-) -> TrainingState:
-    """Read what ``save_training_state`` wrote at ``uri`` (tensors on ``map_location``).
-    FileNotFoundError naming ``uri`` if absent; ChecksumMismatch if the tensors file was altered."""
-    try:
-        document = read_json(join_uri(uri, TRAINING_STATE_FILE), storage_options)
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(f"no training state ({TRAINING_STATE_FILE}) at {redact_uri(uri)}") from exc
-    version = document.get("format_version") if isinstance(document, dict) else None
-    if not isinstance(version, int) or version > TRAINING_STATE_FORMAT_VERSION:
-        raise ValueError(f"{redact_uri(uri)}: unsupported training state format_version {version!r}")
-    tensors_uri = join_uri(uri, document["tensors_file"])
-    try:
-        data = read_bytes(tensors_uri, storage_options)
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(f"training state {redact_uri(uri)} has no tensors file {document['tensors_file']}") from exc
-    actual = sha256_hex(data)
-    if actual != document["sha256"]:
-        raise ChecksumMismatch(tensors_uri, document["sha256"], actual)
-    tensors = {k: v.to(map_location) for k, v in safetensors.torch.load(data).items()}
-    state = _decode(document["state"], tensors)
-    return TrainingState(
-        optimizer_state=state["optimizer"], epoch=int(document["epoch"]), extra=state["extra"],
-        created_at=document.get("created_at"),
-    )
 
 
 __all__ = [
@@ -435,17 +308,15 @@ __all__ = [
     "CARD_FORMAT_VERSION",
     "WEIGHTS_FILE",
     "CheckpointCard",
-    "ChecksumMismatch",
+    "DescribedMethod",
     "MethodSpec",
-    "TrainingState",
     "card_adapter_specs",
     "checkpoint_exists",
+    "cpu_copy",
     "describe_adapters",
     "load_card",
-    "load_generation",
-    "load_training_state",
+    "read_weights",
     "rebuild_adapters",
+    "restore_weights",
     "save_generation",
-    "save_training_state",
-    "sha256_hex",
 ]
