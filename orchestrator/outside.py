@@ -13,6 +13,7 @@ URLs: ``redact_uri``) and what to check (the CLI's exit code 6, docs/cli.md).
 from __future__ import annotations
 
 import socket
+import sys
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -184,9 +185,9 @@ def explain(error: BaseException) -> OutsideSystemError | None:
     if isinstance(error, OutsideSystemError):
         return error
     noted = _noted.get()
-    from sqlalchemy.exc import DatabaseError, InterfaceError, OperationalError
-
-    database_unusable = isinstance(error, (OperationalError, InterfaceError)) or type(error) is DatabaseError
+    database = sys.modules.get("sqlalchemy.exc")  # an SQLAlchemy error exists only once it was imported
+    database_unusable = database is not None and (
+        isinstance(error, (database.OperationalError, database.InterfaceError)) or type(error) is database.DatabaseError)
     if database_unusable and noted.lineage is not None:  # not a constraint's or a statement's error
         location = lineage_location(noted.lineage)
         cause = _one_line(getattr(error, "orig", None) or error)

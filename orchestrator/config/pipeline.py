@@ -19,7 +19,6 @@ from orchestrator.config.generation import GenerationSpec, architecture_problems
 from orchestrator.config.problems import StrictModel, problem, raise_problems, suggest
 from orchestrator.config.runtime import RaySettings, TrackingSettings, local_path, url_scheme
 from orchestrator.config.sources import check_options, check_split, missing_options
-from orchestrator.data.ray_data_read import ReadOptionError, read_spec
 from orchestrator.data.registry import RAY_DATA, STREAMED_SOURCES, loader_kwargs
 from orchestrator.geometry.spaces import Space
 from orchestrator.names import Name
@@ -205,6 +204,8 @@ class PipelineConfig(StrictModel):
             if missing:
                 problems.append(problem(("gallery", "options"), f"source {source!r} needs the option(s) {', '.join(missing)}"))
         if source == RAY_DATA and not problems:
+            from orchestrator.data.ray_data_read import ReadOptionError, read_spec  # pyarrow: only for this source
+
             try:
                 read_spec(options)
             except ReadOptionError as error:

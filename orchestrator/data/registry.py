@@ -13,16 +13,18 @@ arguments of one split from a file's options.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.data.gallery_sources import GallerySource, ImageFilesSource, ParquetDatasetSource
 from orchestrator.data.images import LabeledImages
-from orchestrator.data.ray_data_read import RayDataRead
 from orchestrator.data.procedural import load_shapes
 from orchestrator.data.sources import load_cifar, load_digits, load_image_folder, load_parquet, load_tiny_imagenet
+
+if TYPE_CHECKING:
+    from orchestrator.data.gallery_sources import GallerySource
 
 LOADERS: dict[str, Callable[..., LabeledImages]] = {
     "digits": load_digits,
@@ -43,8 +45,14 @@ EXISTING_DATA_OPTIONS: dict[str, str] = {
 #: A gallery read by Ray Data (``orchestrator.data.ray_data_read``): its options are a
 #: ``RayDataRead``; the pipeline opens it over its snapshot (``orchestrator.pipeline.gallery.snapshot``).
 RAY_DATA = "ray_data"
-STREAMED_SOURCES: dict[str, Callable[..., Any]] = {"parquet_dataset": ParquetDatasetSource, "image_files": ImageFilesSource,
-                                                   RAY_DATA: RayDataRead}
+#: The streamed sources by name: (module, class), imported when a file names one (pyarrow and fsspec
+#: load with them; checking a file of an in-memory source needs neither).
+_STREAMED: dict[str, tuple[str, str]] = {
+    "parquet_dataset": ("orchestrator.data.gallery_sources", "ParquetDatasetSource"),
+    "image_files": ("orchestrator.data.gallery_sources", "ImageFilesSource"),
+    RAY_DATA: ("orchestrator.data.ray_data_read", "RayDataRead"),
+}
+STREAMED_SOURCES = tuple(_STREAMED)
 # split names of the loaders that take a `split` argument (see orchestrator.data.sources)
 SPLITS: dict[str, tuple[str, ...]] = {
     "digits": ("train", "test", "all"),
@@ -69,12 +77,17 @@ def open_gallery_source(kind: str, options: dict[str, Any]) -> GallerySource:
     if kind == RAY_DATA:
         raise ValueError("source: a ray_data gallery is opened over its snapshot, under the pipeline's storage "
                          "(orchestrator.pipeline.gallery.snapshot.open_snapshot)")
-    return STREAMED_SOURCES[kind](**options)
+    return _streamed(kind)(**options)
+
+
+def _streamed(kind: str) -> Callable[..., Any]:
+    module, name = _STREAMED[kind]
+    return getattr(importlib.import_module(module), name)
 
 
 def loader_parameters(source: str) -> dict[str, inspect.Parameter] | None:
     """The keyword parameters of a source's loader (in-memory or streamed); None for an unknown source."""
-    loader = LOADERS.get(source) or STREAMED_SOURCES.get(source)
+    loader = LOADERS.get(source) or (_streamed(source) if source in _STREAMED else None)
     return None if loader is None else dict(inspect.signature(loader).parameters)
 
 

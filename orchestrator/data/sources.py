@@ -27,16 +27,18 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import fsspec
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-from PIL import Image
 
 from orchestrator.data.images import LabeledImages
 from orchestrator.data.scenarios import stratified_sample
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# fsspec, pyarrow and PIL are imported where a loader uses them: checking a pipeline file reads the
+# loaders' signatures (orchestrator.data.registry) and pays for none of them.
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 
@@ -242,6 +244,8 @@ def _cifar_spec(variant: str) -> dict[str, Any]:
 
 def _find_cifar_folder(root: str, spec: dict[str, Any]) -> tuple[Any, str] | None:
     """(filesystem, folder path) of the folder holding the binary files: root itself or root/<folder>."""
+    import fsspec
+
     fs, path = fsspec.core.url_to_fs(root)
     path = path.rstrip("/")
     for folder in (f"{path}/{spec['folder']}", path):
@@ -354,6 +358,8 @@ def _read_images(files: Sequence[Path], image_size: int | None) -> np.ndarray:
 
 def _decode(data: bytes, image_size: int | None, where: str) -> np.ndarray:
     """Encoded image bytes -> uint8 (H, W, 3), resized to image_size x image_size when given."""
+    from PIL import Image
+
     try:
         with Image.open(io.BytesIO(data)) as image:
             rgb = image.convert("RGB")
@@ -402,6 +408,9 @@ def load_parquet(
     `class_names` argument, else the HuggingFace ClassLabel names in the schema metadata, else the
     sorted strings, else "0".."max". ids: `id_column` (unique integers) or the row index.
     """
+    import fsspec
+    import pyarrow.parquet as pq
+
     _check_image_size(image_size)
     columns = [image_column, label_column] + ([id_column] if id_column else [])
     with fsspec.open(str(path_or_url), "rb") as handle:
@@ -428,6 +437,8 @@ def load_parquet(
 def _parquet_images(
     column: pa.Array, name: str, image_shape: Sequence[int] | None, image_size: int | None
 ) -> np.ndarray:
+    import pyarrow as pa
+
     if column.null_count:
         raise ValueError(f"{name}: {column.null_count} row(s) have no image")
     kind = column.type
@@ -447,6 +458,8 @@ def _parquet_images(
 
 def _array_images(column: pa.Array, name: str, image_shape: Sequence[int] | None) -> np.ndarray:
     """List column -> uint8 (N, H, W, 3); every nesting level must have one length."""
+    import pyarrow as pa
+
     rows, dims, values = len(column), [], column
     while _is_list(values.type):
         lengths = np.unique(values.value_lengths().to_numpy(zero_copy_only=False)) if len(values) else np.array([0])
@@ -479,10 +492,14 @@ def _array_images(column: pa.Array, name: str, image_shape: Sequence[int] | None
 
 
 def _is_list(kind: pa.DataType) -> bool:
+    import pyarrow as pa
+
     return pa.types.is_list(kind) or pa.types.is_large_list(kind) or pa.types.is_fixed_size_list(kind)
 
 
 def _parquet_labels(column: pa.Array, name: str) -> tuple[np.ndarray, list[str] | None]:
+    import pyarrow as pa
+
     if pa.types.is_dictionary(column.type):
         column = column.dictionary_decode()
     if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
@@ -498,6 +515,8 @@ def _parquet_labels(column: pa.Array, name: str) -> tuple[np.ndarray, list[str] 
 
 
 def _integer_column(column: pa.Array, name: str, unique: bool = True) -> np.ndarray:
+    import pyarrow as pa
+
     if not pa.types.is_integer(column.type) or column.null_count:
         raise ValueError(
             f"{name}: expected an integer column without nulls, got {column.type} with {column.null_count} null(s)"

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.cli_options import add_pipeline_options, int_at_least, pipeline_overrides
 from orchestrator.metrics.names import METRICS
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def add_search_command(commands: argparse._SubParsersAction) -> None:
@@ -80,6 +81,8 @@ def _queries(args, config, service) -> tuple[Any, np.ndarray | None, np.ndarray 
     if args.split is not None:
         images = load_source(config.data.source, **config.data.loader_kwargs(args.split))
         if args.limit is not None:
+            import numpy as np
+
             images = images.subset(np.arange(min(args.limit, len(images))))
         same_items = config.gallery.source is None and args.split == config.gallery.split
         return service.encode(images.images), images.labels, images.ids if same_items else None, None

@@ -33,11 +33,14 @@ import logging
 import os
 import re
 import uuid
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
-import fsspec
-from fsspec.core import split_protocol
+if TYPE_CHECKING:
+    import fsspec
+
+# fsspec is imported where a file system is needed: a command that refuses a file before it
+# touches storage does not import it
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,8 @@ def redact_uri(uri: str) -> str:
 
 # --- URIs -------------------------------------------------------------------------------------
 def _protocol(uri: str) -> str | None:
+    from fsspec.core import split_protocol
+
     protocol, _ = split_protocol(str(uri))
     return protocol
 
@@ -109,6 +114,8 @@ def is_local(uri: str) -> bool:
 def _local_path(uri: str) -> str:
     """The absolute OS path of a local URI: ``file:///a/b`` → ``/a/b``; ``~`` is expanded; a
     relative path (or ``file://rel/x``, as fsspec reads it) is taken from the working directory."""
+    from fsspec.core import split_protocol
+
     _, path = split_protocol(str(uri))
     return os.path.abspath(os.path.expanduser(path))
 
@@ -166,6 +173,8 @@ def open_filesystem(uri: str, storage_options: Mapping[str, Any] | None = None) 
     (``endpoint_url`` or env ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``; any other s3fs
     option, e.g. ``key``/``secret``, passes through) and the path ``bucket/prefix``.
     """
+    import fsspec
+
     uri = str(uri)
     protocol = _protocol(uri)
     if protocol in LOCAL_PROTOCOLS:

@@ -1,7 +1,8 @@
 """Commands that only read or validate answer without importing torch, timm, torchvision or Ray
 (issue 26): a config error, a missing store or file, ``schema`` and ``methods`` run in a fresh
-interpreter, whose ``sys.modules`` is then read. Their CPU time and memory are measured in
-docs/troubleshooting.md ("The first answers"), not asserted here."""
+interpreter, whose ``sys.modules`` is then read. A config error imports nothing a valid file's
+check does not need either: no database, Arrow, file-system or image library (issue 40). Their CPU
+time and memory are measured in docs/troubleshooting.md ("The first answers"), not asserted here."""
 from __future__ import annotations
 
 import os
@@ -16,16 +17,18 @@ from orchestrator.config import PipelineConfigError, load_pipeline
 from orchestrator.config.architectures import CACHE_ENV, cache_file, unknown_architectures
 
 HEAVY = ("torch", "timm", "torchvision", "ray")
+#: What checking a pipeline file never needs: the lineage's database, Arrow, file systems, images.
+NOT_FOR_CHECKING = (*HEAVY, "sqlalchemy", "alembic", "pyarrow", "fsspec", "s3fs", "PIL", "faiss")
 PIPELINE = str(Path(__file__).resolve().parents[2] / "pipelines" / "lifelong.yaml")
 TUNE = str(Path(__file__).resolve().parents[2] / "pipelines" / "tune.yaml")
 
 
-def _heavy_after(argv: list[str], env: dict[str, str]) -> tuple[int, str, list[str]]:
-    """(exit code, stderr, the heavy packages imported) of ``orchestrator argv`` in a fresh interpreter."""
+def _heavy_after(argv: list[str], env: dict[str, str], heavy: tuple[str, ...] = HEAVY) -> tuple[int, str, list[str]]:
+    """(exit code, stderr, the ``heavy`` packages imported) of ``orchestrator argv`` in a fresh interpreter."""
     code = ("import contextlib, io, sys\nfrom orchestrator.cli import main\nerr = io.StringIO()\n"
             "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):\n"
             f"    status = main({argv!r})\n"
-            f"print(status, sorted(m for m in {HEAVY!r} if m in sys.modules))\nprint(err.getvalue())")
+            f"print(status, sorted(m for m in {heavy!r} if m in sys.modules))\nprint(err.getvalue())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout
     first, _, stderr = out.partition("\n")
     status, _, modules = first.partition(" ")
@@ -61,6 +64,21 @@ def test_validating_and_refusing_import_no_torch_timm_or_ray(argv, exit_code, me
     assert (status, heavy) == (exit_code, []), stderr
     assert message in stderr
     assert not (tmp_path / "missing").exists()  # a refusal creates nothing
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "{bad}"], "data: Field required"),
+    (["run", PIPELINE, "--set", "generations.1.method.params.lam=-1"], "generations[1].method.params.lam"),
+    (["run", PIPELINE, "--set", "data.options.colour=1"], "data.options.colour: unknown option of source 'digits'"),
+    (["run", PIPELINE, "--set", "gallery.index=flat2"], "gallery.index: must be one of"),
+    (["tune", TUNE, "--set", "generations.0.training.epochs=0"], "generations[0].training.epochs"),
+])
+def test_a_config_error_imports_no_database_arrow_file_system_or_image_library(argv, message, cached_env, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ngenerations: []\n")
+    status, stderr, heavy = _heavy_after([a.format(bad=bad) for a in argv], cached_env, NOT_FOR_CHECKING)
+    assert (status, heavy) == (2, []), stderr
+    assert message in stderr
 
 
 def test_a_wrong_arch_is_refused_before_anything_starts_with_the_nearest_name(cached_env, tmp_path):
