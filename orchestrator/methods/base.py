@@ -24,7 +24,6 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from orchestrator.geometry.spaces import Space
 from orchestrator.methods.descriptions import MethodDescription
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import Encoder, EncoderConfig
