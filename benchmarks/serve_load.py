@@ -237,8 +237,9 @@ def run_size(pipeline: str, n: int, kind: str, args, scratch: Path) -> list[dict
     from orchestrator.lineage import LineageStore
     from orchestrator.pipeline.operations import redeploy
     from orchestrator.pipeline.runner import storage_root
-    from orchestrator.serving.app import Pools, start_server
-    from orchestrator.serving.endpoint import GalleryEndpoint, ServeSettings
+    from orchestrator.serving.app import start_server
+    from orchestrator.serving.endpoint import GalleryEndpoint
+    from orchestrator.serving.settings import Pools, ServeSettings
     from orchestrator.serving.snapshots import read_state
 
     source = storage_root(load_pipeline(pipeline).storage)

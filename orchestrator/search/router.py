@@ -32,6 +32,7 @@ to serve part of the gallery).
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -225,18 +226,26 @@ class SearchResult:
                           dtype=object)
         return lookup[self.shards + 1]
 
-    def rows(self, attributes: Callable[[int, np.ndarray], Mapping[int, dict[str, Any]]] | None = None
+    def rows(self, attributes: Callable[[int, np.ndarray], Sequence[Mapping[str, Any]]] | None = None
              ) -> list[list[dict[str, Any]]]:
         """Per query, its hits as dicts (id, distance, shard, generation), missing slots dropped;
-        with ``attributes`` ((shard index, hit ids) → {item id: {"uri": …, metadata…}}) each hit also
-        carries its item's source URI and metadata."""
-        lookup = {int(s): attributes(int(s), np.unique(self.ids[self.shards == s]))
-                  for s in np.unique(self.shards[self.shards >= 0])} if attributes else {}
-        out = []
-        for ids, distances, shards in zip(self.ids, self.distances, self.shards):
-            out.append([{"id": int(i), "distance": float(d), "shard": int(s), "generation": self.generation_of_shard[int(s)],
-                         **lookup.get(int(s), {}).get(int(i), {})}
-                        for i, d, s in zip(ids, distances, shards) if i >= 0])
+        with ``attributes`` ((shard index, its hits' ids (n,)) → per hit {"uri": …, metadata…}, in
+        that order: ``search.attributes.ItemColumns.rows``) each hit also carries its item's source
+        URI and metadata. Built from the (Q, k) arrays as Python lists, one lookup per shard."""
+        ids, shards = self.ids.ravel(), self.shards.ravel()
+        extra: list[Mapping[str, Any]] = [{}] * len(ids)
+        if attributes is not None:
+            for shard in np.unique(shards[shards >= 0]).tolist():
+                positions = np.flatnonzero(shards == shard)
+                for position, found in zip(positions.tolist(), attributes(shard, ids[positions])):
+                    extra[position] = found
+        generation = self.generation_of_shard
+        width = self.ids.shape[1] if self.ids.ndim == 2 else 0
+        out: list[list[dict[str, Any]]] = []
+        hits = zip(ids.tolist(), self.distances.ravel().tolist(), shards.tolist(), extra)
+        for _query in range(len(self.ids)):
+            out.append([{"id": i, "distance": d, "shard": s, "generation": generation[s], **more}
+                        for i, d, s, more in itertools.islice(hits, width) if i >= 0])
         return out
 
 

@@ -26,6 +26,7 @@ from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import GenerationRecord, ShardRecord
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.search.admission import CompatibilityCriterion
+from orchestrator.search.attributes import ItemColumns
 from orchestrator.search.router import OnIncompatible, RoutePlan, SearchResult, SearchRouter, plan_routes
 
 
@@ -95,9 +96,10 @@ class SearchService:
     router: SearchRouter
     image_size: int
     normalisation: tuple[Sequence[float], Sequence[float]]
-    shard_files: dict[tuple[str, str], Any] = field(default_factory=dict, repr=False)
-    """Shard files already read (sha256 checked), by (URI, sha256); a server shares one dict
-    between the services of its snapshots, so a file is read once while it is served."""
+    item_columns: dict[tuple[str, str], ItemColumns] = field(default_factory=dict, repr=False)
+    """The attribute columns of the shard files already read (sha256 checked), by (URI, sha256);
+    a server shares one dict between the services of its snapshots, so a file is read once while
+    it is served."""
 
     @functools.cached_property
     def width(self) -> int:
@@ -123,24 +125,17 @@ class SearchService:
         """``search_answer`` of this service (what a server's snapshot answers a request with)."""
         return search_answer(self, embeddings, k)
 
-    def item_attributes(self, shard_index: int, ids: np.ndarray) -> dict[int, dict[str, Any]]:
-        """{item id: {"uri": …, metadata…}} of the items ``ids`` of a searched shard, read from its
-        file (sha256 checked against the lineage); empty when the shard recorded no attributes."""
-        record = next(r.shard for r in self.router.routes if r.shard.index == shard_index)
+    def item_attributes(self, shard_index: int, ids: np.ndarray) -> list[dict[str, Any]]:
+        """Per item of ``ids`` (n,) of a searched shard, {"uri": …, metadata…} (``ItemColumns.rows``),
+        from its file (read and sha256-checked against the lineage once)."""
+        return self.columns_of(next(r.shard for r in self.router.routes if r.shard.index == shard_index)).rows(ids)
+
+    def columns_of(self, record: ShardRecord) -> ItemColumns:
+        """The ``ItemColumns`` of a shard row's file, read on first use."""
         key = (record.embeddings_uri, record.sha256)
-        if key not in self.shard_files:  # each shard file read (and checked) once
-            self.shard_files[key] = read_recorded_shard(record)
-        return hit_attributes(self.shard_files[key], ids)
-
-
-def hit_attributes(stored: Any, ids: np.ndarray) -> dict[int, dict[str, Any]]:
-    """{item id: {"uri": …, metadata…}} of the items ``ids`` of one shard's file (a
-    ``ShardEmbeddings``); empty when the shard recorded no attributes."""
-    if stored.attributes is None:
-        return {}
-    rows = np.flatnonzero(np.isin(stored.ids, ids))
-    table = stored.attributes.take(rows).to_pydict()
-    return {int(stored.ids[row]): {name: values[k] for name, values in table.items()} for k, row in enumerate(rows)}
+        if key not in self.item_columns:
+            self.item_columns[key] = ItemColumns.of_shard(read_recorded_shard(record))
+        return self.item_columns[key]
 
 
 def search_answer(service: SearchService, embeddings: torch.Tensor | np.ndarray, k: int) -> dict[str, Any]:
@@ -151,10 +146,11 @@ def search_answer(service: SearchService, embeddings: torch.Tensor | np.ndarray,
 
 
 def answer_document(result: SearchResult, searchable_items: int,
-                    attributes: Callable[[int, np.ndarray], Mapping[int, dict[str, Any]]]) -> dict[str, Any]:
+                    attributes: Callable[[int, np.ndarray], Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
     """A search's answer: the serving generation, each generation's comparison path, the items
     searched, the shards not searched, and per query its hits (id, distance, shard, generation, the
-    item's source URI and metadata from ``attributes``: (shard index, hit ids) → {id: {...}})."""
+    item's source URI and metadata from ``attributes``: (shard index, hit ids (n,)) → per hit
+    {...}, ``SearchResult.rows``)."""
     return {"serving": result.serving, "paths": result.paths, "searched_items": searchable_items,
             "not_searched": [s.describe() for s in result.skipped], "results": result.rows(attributes)}
 

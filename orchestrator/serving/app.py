@@ -11,6 +11,14 @@ the ingress parses and bounds requests, pins each to one snapshot, fans its sear
 (``serving.pooled``). With ``search_replicas`` 0 every ingress replica holds the whole snapshot
 and searches in its own process (``serving.local``): the single-process mode.
 
+Batching: concurrent ``POST /search`` requests of one ingress replica are answered together
+(``serve.batch``): while one batch is searched, the requests that arrive queue, and the next batch
+takes them all (at most ``ServeSettings.max_batch``, waiting ``batch_wait_s`` for more), parses
+each, pins all to one snapshot and searches their queries as one matrix
+(``GalleryEndpoint.search_many``): one routed search, one call to each shard share, per batch, not
+per request. The answers are encoded by orjson (ASCII unless a value needs more; then the
+standard library's ASCII-escaping encoder).
+
 ``start_server`` starts Serve's proxy on ``host:port`` (127.0.0.1 unless told otherwise) on the Ray
 this process is connected to and deploys the application ``APP_NAME`` at ``/``; it returns when
 every replica has loaded its first snapshot. ``stop_server`` undoes it within a bounded time.
@@ -34,19 +42,34 @@ import shlex
 import socket
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import numpy as np
+import orjson
 import ray
 from ray import serve
 from ray.exceptions import RayTaskError
 from ray.serve import Application
-from ray.serve.handle import DeploymentHandle
+from ray.serve.handle import DeploymentHandle, DeploymentResponse
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 
 from orchestrator.serving.bodies import declared_length, read_body
-from orchestrator.serving.endpoint import GalleryEndpoint, ServeSettings
-from orchestrator.serving.requests import BadRequest
+from orchestrator.serving.endpoint import SEARCH, GalleryEndpoint
+from orchestrator.serving.requests import BadRequest, one_line
+from orchestrator.serving.settings import Pools, ServeSettings, parse_serve_arguments, pools_of, serve_settings
+
+if TYPE_CHECKING:
+    from orchestrator.comparison import ComparisonPath
+    from orchestrator.lineage.records import ShardRecord
+    from orchestrator.search.attributes import ItemColumns
+    from orchestrator.search.router import ShardHits
+    from orchestrator.serving.encoders import EncoderPlan
+    from orchestrator.serving.model_cache import ModelKey
+    from orchestrator.serving.snapshots import LineageState
+
+T = TypeVar("T")
 
 APP_NAME = "orchestrator"
 #: Requests one ingress replica takes at once, most of them possibly waiting for their bodies
@@ -68,10 +91,10 @@ class QueryEncoder:
 
         self.encoders = QueryEncoders(settings)
 
-    def plan(self, state, generation: str):
+    def plan(self, state: LineageState, generation: str) -> EncoderPlan:
         return self.encoders.plan(state, generation)
 
-    def encode(self, model_key, images):
+    def encode(self, model_key: ModelKey, images: np.ndarray) -> np.ndarray:
         return self.encoders.encode(model_key, images)
 
 
@@ -87,22 +110,22 @@ class ShardSearcher:
         store = LineageStore(config.lineage, storage=config.storage, readonly=True, follows_writers=True)
         self.share = ShardShare(store, share, shares)
 
-    def prepare(self, key: str, admitted):
+    def prepare(self, key: str, admitted: Sequence[tuple[ShardRecord, ComparisonPath]]) -> list[tuple[int, str]]:
         return self.share.prepare(key, admitted)
 
-    def search(self, key: str, queries, k: int):
+    def search(self, key: str, queries: np.ndarray, k: int) -> tuple[ShardHits, dict[int, ItemColumns]] | None:
         return self.share.search(key, queries, k)
 
 
-class Reply:
+class Reply(Generic[T]):
     """A deployment handle's response whose ``result()`` raises what the called replica raised (a
     ``ValueError`` naming an unknown generation, say), not Ray's wrapper of it, whose message is
     the remote traceback in terminal colours."""
 
-    def __init__(self, response):
+    def __init__(self, response: DeploymentResponse):
         self.response = response
 
-    def result(self):
+    def result(self) -> T:
         try:
             return self.response.result()
         except RayTaskError as failed:
@@ -112,22 +135,24 @@ class Reply:
 
 
 class HandleCalls:
-    """The calls of ``serving.pooled`` over the pools' deployment handles (each a ``Reply``, whose
-    ``result()`` the ingress waits on in a worker thread)."""
+    """The calls of ``serving.pooled`` (``PoolCalls``) over the pools' deployment handles (each a
+    ``Reply``, whose ``result()`` the ingress waits on in a worker thread)."""
 
     def __init__(self, encoder: DeploymentHandle, shares: list[DeploymentHandle]):
         self.encoder, self.share_handles, self.shares = encoder, shares, len(shares)
 
-    def plan(self, state, generation: str) -> Reply:
+    def plan(self, state: LineageState, generation: str) -> Reply[EncoderPlan]:
         return Reply(self.encoder.plan.remote(state, generation))
 
-    def encode(self, model_key, images) -> Reply:
+    def encode(self, model_key: ModelKey, images: np.ndarray) -> Reply[np.ndarray]:
         return Reply(self.encoder.encode.remote(model_key, images))
 
-    def prepare(self, share: int, key: str, admitted) -> Reply:
+    def prepare(self, share: int, key: str, admitted: Sequence[tuple[ShardRecord, ComparisonPath]]
+                ) -> Reply[list[tuple[int, str]]]:
         return Reply(self.share_handles[share].prepare.remote(key, admitted))
 
-    def search(self, share: int, key: str, queries, k: int) -> Reply:
+    def search(self, share: int, key: str, queries: np.ndarray, k: int
+               ) -> Reply[tuple[ShardHits, dict[int, ItemColumns]] | None]:
         return Reply(self.share_handles[share].search.remote(key, queries, k))
 
 
@@ -150,6 +175,8 @@ class GalleryServer:
             self.endpoint = starting.submit(GalleryEndpoint, settings, f"{settings.lease_prefix}-{replica}",
                                             build).result()
         self.limits = settings.limits
+        self.search_batch.set_max_batch_size(settings.max_batch)
+        self.search_batch.set_batch_wait_timeout_s(settings.batch_wait_s)
 
     async def __call__(self, request: Request) -> Response:
         method, path = request.method, request.url.path
@@ -163,10 +190,28 @@ class GalleryServer:
             return json_response(*self.endpoint.refusal(refused))
         except ClientDisconnect:  # nobody is left to answer
             return Response(status_code=499)
+        if (method, path) == SEARCH:
+            status, encoded = await self.search_batch(body)
+            return Response(encoded, status, media_type="application/json")
         status, payload = await asyncio.to_thread(self.endpoint.respond, method, path, body)
         if isinstance(payload, str):
             return PlainTextResponse(payload, status, media_type="text/plain; version=0.0.4")
         return json_response(status, payload)
+
+    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.0)  # set from the settings in __init__
+    async def search_batch(self, bodies: list[bytes]) -> list[tuple[int, bytes]]:
+        """(status, encoded JSON) of each of the queued ``POST /search`` bodies, answered together
+        in a worker thread (module docstring)."""
+        return await asyncio.to_thread(self._answer_batch, bodies)
+
+    def _answer_batch(self, bodies: list[bytes]) -> list[tuple[int, bytes]]:
+        answers = []
+        for status, payload in self.endpoint.search_many(bodies):
+            try:
+                answers.append((status, encode_json(payload)))
+            except (TypeError, ValueError) as error:  # a metadata value JSON cannot hold: this answer alone fails
+                answers.append((500, encode_json({"error": one_line(f"answer not encodable as JSON: {error}")})))
+        return answers
 
     def __del__(self) -> None:  # Serve calls it when the replica shuts down
         endpoint = getattr(self, "endpoint", None)
@@ -174,11 +219,22 @@ class GalleryServer:
             endpoint.close()
 
 
-def json_response(status: int, payload) -> Response:
-    """``payload`` as one line of JSON, in ASCII: a reason quoting a lone surrogate the client sent
-    still encodes."""
-    return Response(json.dumps(payload, ensure_ascii=True, separators=(",", ":")), status,
-                    media_type="application/json")
+def json_response(status: int, payload: Any) -> Response:
+    """``payload`` as one line of JSON (``encode_json``)."""
+    return Response(encode_json(payload), status, media_type="application/json")
+
+
+def encode_json(payload: Any) -> bytes:
+    """``payload`` as one line of JSON in ASCII: by orjson (fast) when its UTF-8 is ASCII, else by
+    the standard library with every other character escaped (a value with non-ASCII characters,
+    or a reason quoting a lone surrogate the client sent, which orjson refuses)."""
+    try:
+        encoded = orjson.dumps(payload)
+    except TypeError:  # a lone surrogate
+        encoded = b""
+    if encoded and encoded.isascii():
+        return encoded
+    return json.dumps(payload, ensure_ascii=True, separators=(",", ":")).encode("ascii")
 
 
 def app_builder(args: dict[str, str]) -> Application:
@@ -186,23 +242,8 @@ def app_builder(args: dict[str, str]) -> Application:
     RayService's ``serveConfigV2``): ``import_path: orchestrator.serving.app:app_builder`` with
     ``args: {command: "FILE --storage … --token-env NAME"}``, the options of ``orchestrator serve``
     (``--host``/``--port`` are the config's ``http_options`` there; ``--ray-address`` is unused)."""
-    from orchestrator.serving.cli import parse_serve_arguments, pools_of, serve_settings
-
     parsed = parse_serve_arguments(shlex.split(args["command"]))
     return application(serve_settings(parsed), pools_of(parsed))
-
-
-@dataclass(frozen=True)
-class Pools:
-    """How many replicas of each deployment: ``replicas`` ingress replicas; ``search_replicas``
-    shard-search replicas (0: the single-process mode, module docstring) and ``encoder_replicas``
-    encoder replicas; ``cpus``: the CPUs Ray reserves for each replica that embeds or searches (the
-    ingress of the pools only parses and merges, and reserves none)."""
-
-    replicas: int = 1
-    encoder_replicas: int = 1
-    search_replicas: int = 1
-    cpus: float = 1.0
 
 
 def application(settings: ServeSettings, pools: Pools = Pools()) -> Application:

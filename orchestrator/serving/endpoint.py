@@ -22,56 +22,41 @@ an unexpected failure answering one request is a 500 with one line, and the repl
 request line and headers decide (``admit``: route, method, token), reads the body only for an
 admitted request (``serving.bodies``), then ``respond``s; ``refusal`` answers a ``BadRequest`` of
 its own (counted in the metrics like every answer).
+
+``search_many(bodies)`` answers several ``POST /search`` bodies at once (the ingress batches
+concurrent requests, ``serving.app``): each body is parsed and refused on its own, all are pinned
+to one snapshot, and the queries of those that name the same generation and ``k`` are searched
+as one (Q₁ + Q₂ + …, D) matrix by one ``answer`` call, whose per-query results are handed back
+in order. A search's hits do not depend on the other queries searched with it (each query's top-k
+is its own row), so every request gets the answer it gets alone.
 """
 from __future__ import annotations
 
 import collections
-import hashlib
 import hmac
 import logging
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from orchestrator.serving.requests import BadRequest, Limits, check_width, decode_queries, one_line, parse_search
+import numpy as np
+
+from orchestrator.serving.protocols import BuildService, SnapshotService
+from orchestrator.serving.requests import BadRequest, SearchRequest, check_width, decode_queries, one_line, parse_search
+from orchestrator.serving.settings import ServeSettings, token_sha256
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ServeSettings:
-    """What every replica needs: the validated pipeline config (absolute storage), the bearer
-    token's sha256 (None: no token), the URI prefixes image queries may name, the request limits,
-    the lineage poll interval and the router's admission settings; whether replicas write leases,
-    and the prefix of their names (``<lease_prefix>-<replica>``: one server's own, removed by
-    ``orchestrator serve`` when it stops)."""
-
-    config: Any  # orchestrator.config.PipelineConfig
-    token_sha256: str | None = None
-    read_prefixes: tuple[str, ...] = ()
-    limits: Limits = Limits()
-    poll_s: float = 1.0
-    metric: str = "map"
-    on_incompatible: str = "refuse"
-    lease: bool = True
-    lease_prefix: str = "serve"
-
-
-def token_sha256(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
 class GalleryEndpoint:
     """One replica's API over a ``SnapshotHolder`` that follows the pipeline's lineage.
 
-    build_service: (``LineageState``, generation) → what answers a snapshot's requests (``.serving``,
-    ``.width``, ``.encode(images)``, ``.answer(embeddings, k)``): by default a ``SearchService``
-    built in this process (``serving.local``); the replica pools' ingress passes
-    ``serving.pooled.PooledServices.build``, whose services call the encoder and shard-search replicas.
+    build_service: (``LineageState``, generation) → the ``serving.protocols.SnapshotService`` that
+    answers a snapshot's requests: by default a ``SearchService`` built in this process
+    (``serving.local``); the replica pools' ingress passes ``serving.pooled.PooledServices.build``,
+    whose services call the encoder and shard-search replicas.
     """
 
-    def __init__(self, settings: ServeSettings, holder_name: str,
-                 build_service: Callable[[Any, str], Any] | None = None):
+    def __init__(self, settings: ServeSettings, holder_name: str, build_service: BuildService | None = None):
         from orchestrator.lineage import LineageStore
         from orchestrator.search.queries import decode_image
         from orchestrator.search.service import query_preprocessing
@@ -95,9 +80,8 @@ class GalleryEndpoint:
             on_held(self.holder.held_uris())
         self.holder.start()
         self.responses: collections.Counter[int] = collections.Counter()
-        self._routes: dict[tuple[str, str], Callable[[bytes], Any]] = {
-            ("GET", "/healthz"): lambda _body: self._healthz(), ("GET", "/status"): lambda _body: self._status(),
-            ("GET", "/metrics"): lambda _body: self._metrics(), ("POST", "/search"): self._search}
+        self._routes: dict[tuple[str, str], Callable[[], Any]] = {
+            ("GET", "/healthz"): self._healthz, ("GET", "/status"): self._status, ("GET", "/metrics"): self._metrics}
 
     def close(self) -> None:
         from orchestrator.storage.leases import drop_lease
@@ -118,8 +102,8 @@ class GalleryEndpoint:
     def admit(self, method: str, path: str, headers: Mapping[str, str]) -> None:
         """BadRequest unless the request line and headers alone let the request in: 404 no such
         route, 405 another method, 401 a missing or wrong token (every route but /healthz)."""
-        if (method, path) not in self._routes:
-            allowed = sorted(m for m, p in self._routes if p == path)
+        if (method, path) not in self._routes and (method, path) != SEARCH:
+            allowed = sorted(m for m, p in [*self._routes, SEARCH] if p == path)
             raise BadRequest(405 if allowed else 404, f"{method} {path}: " + (
                 f"use {' or '.join(allowed)}" if allowed else "no such route (POST /search, GET /status, /healthz, /metrics)"))
         if path != "/healthz":
@@ -127,15 +111,48 @@ class GalleryEndpoint:
 
     def respond(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
         """(HTTP status, payload) of an admitted request."""
+        if (method, path) == SEARCH:
+            return self.search_many([body])[0]
         try:
-            status, payload = 200, self._routes[method, path](body)
-        except BadRequest as refused:
-            return self.refusal(refused)
+            status, payload = 200, self._routes[method, path]()
         except Exception as error:  # one request failed; the replica keeps serving
-            log.exception("request %s %s failed", method, path)
-            status, payload = 500, {"error": one_line(f"{type(error).__name__}: {error}")}
+            status, payload = _failure(f"{method} {path}", error)
         self.responses[status] += 1
         return status, payload
+
+    def search_many(self, bodies: Sequence[bytes]) -> list[tuple[int, Any]]:
+        """(HTTP status, payload) of each ``POST /search`` body, in order, all from one snapshot
+        (module docstring), each counted."""
+        answers: list[tuple[int, Any]] = [(0, None)] * len(bodies)
+        with self.holder.use() as snapshot:  # the one snapshot these requests are answered from
+            services: dict[str, SnapshotService] = {}  # by searching generation
+            groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]] = {}  # by (generation, k)
+            for number, body in enumerate(bodies):
+                try:
+                    request = parse_search(body, self.settings.limits)
+                    service = self._service(snapshot, request.generation)
+                    services[service.serving] = service
+                    groups.setdefault((service.serving, request.k), []).append(
+                        (number, self._queries(request, service)))
+                except BadRequest as refused:
+                    answers[number] = refused.status, {"error": refused.reason}
+                except Exception as error:  # this request failed; the others are answered
+                    answers[number] = _failure("POST /search", error)
+            head = {"snapshot": snapshot.id, "deployment": snapshot.state.deployment_id, "gallery": self.gallery}
+            for (generation, k), members in groups.items():
+                try:
+                    document = services[generation].answer(np.concatenate([queries for _number, queries in members]), k)
+                except Exception as error:
+                    failed = _failure("POST /search", error)
+                    for number, _queries in members:
+                        answers[number] = failed
+                    continue
+                results, start = document.pop("results"), 0
+                for number, queries in members:
+                    answers[number] = 200, {**head, "k": k, **document, "results": results[start:start + len(queries)]}
+                    start += len(queries)
+        self.responses.update(status for status, _payload in answers)
+        return answers
 
     def refusal(self, refused: BadRequest) -> tuple[int, dict[str, str]]:
         """(its 4xx status, ``{"error": reason}``) of a refused request, counted."""
@@ -174,21 +191,31 @@ class GalleryEndpoint:
                   for code, count in sorted(self.responses.items())]
         return "\n".join(lines) + "\n"
 
-    def _search(self, body: bytes) -> dict[str, Any]:
+    def _service(self, snapshot: Any, generation: str | None) -> SnapshotService:
+        """The snapshot's service of ``generation`` (None: the deployed one); BadRequest 400 for an
+        unknown generation, or one that cannot search these shards."""
+        try:
+            return snapshot.service(generation)
+        except ValueError as refused:
+            raise BadRequest(400, str(refused)) from None
+
+    def _queries(self, request: SearchRequest, service: SnapshotService) -> np.ndarray:
+        """The (Q, D) float32 serving-generation queries of a request: its embeddings (their width
+        checked), or its images decoded and encoded."""
         from orchestrator.storage import read_bytes
 
-        request = parse_search(body, self.settings.limits)
-        with self.holder.use() as snapshot:  # the one snapshot this request is answered from
-            try:
-                service = snapshot.service(request.generation)
-            except ValueError as refused:  # unknown generation, or one that cannot search these shards
-                raise BadRequest(400, str(refused)) from None
-            if request.embeddings is not None:
-                check_width(request.embeddings, service.width, service.serving)
-                queries = request.embeddings
-            else:
-                queries = service.encode(decode_queries(request, read_bytes, self._decode,
-                                                        self.settings.read_prefixes))
-            answer = service.answer(queries, request.k)
-            return {"snapshot": snapshot.id, "deployment": snapshot.state.deployment_id, "gallery": self.gallery,
-                    "k": request.k, **answer}
+        if request.embeddings is not None:
+            check_width(request.embeddings, service.width, service.serving)
+            return request.embeddings
+        images = decode_queries(request, read_bytes, self._decode, self.settings.read_prefixes)
+        return np.asarray(service.encode(images), dtype=np.float32)
+
+
+#: The route ``search_many`` answers.
+SEARCH = ("POST", "/search")
+
+
+def _failure(what: str, error: Exception) -> tuple[int, dict[str, str]]:
+    """The 500 of a request that failed unexpectedly (logged with its traceback), in one line."""
+    log.error("request %s failed", what, exc_info=error)
+    return 500, {"error": one_line(f"{type(error).__name__}: {error}")}

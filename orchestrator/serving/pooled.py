@@ -14,33 +14,68 @@ document of ``orchestrator search``. A share that no longer holds the key (resta
 dropped it) answers None; it is sent the key's routes again and asked once more, so a request is
 answered from its one snapshot or fails, never from another.
 
-``calls`` reaches the pools (``serving.app`` over Serve deployment handles): ``shares`` (their
-number), ``plan(state, generation)``, ``encode(model_key, images)``, ``prepare(share, key,
-admitted)``, ``search(share, key, queries, k)``; each returns an object whose ``result()`` waits
-for the answer, so the calls to several shares run at once.
+``calls`` reaches the pools (``PoolCalls``; ``serving.app.HandleCalls`` over Serve deployment
+handles): each call returns a ``Pending`` whose ``result()`` waits for the answer, so the calls
+to several shares run at once. A batch of requests the ingress answers together is one call to
+each share.
 """
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 import torch
 
+from orchestrator.search.attributes import ItemColumns
 from orchestrator.search.router import ShardHits, check_one_distance_unit, search_merged
 from orchestrator.search.service import answer_document
 from orchestrator.serving.shares import share_of
+
+if TYPE_CHECKING:
+    from orchestrator.comparison import ComparisonPath
+    from orchestrator.lineage.records import ShardRecord
+    from orchestrator.serving.encoders import EncoderPlan
+    from orchestrator.serving.model_cache import ModelKey
+    from orchestrator.serving.snapshots import LineageState
+
+T = TypeVar("T", covariant=True)
+#: (shard row, comparison path) pairs of the shards one share searches for a snapshot.
+Admitted = list[tuple["ShardRecord", "ComparisonPath"]]
+
+
+class Pending(Protocol[T]):
+    """A call under way; ``result()`` waits for its answer (or raises what the callee raised)."""
+
+    def result(self) -> T: ...
+
+
+class PoolCalls(Protocol):
+    """The calls of the ingress to the encoder and shard-search replicas."""
+
+    shares: int
+
+    def plan(self, state: LineageState, generation: str) -> Pending[EncoderPlan]: ...
+
+    def encode(self, model_key: ModelKey, images: np.ndarray) -> Pending[np.ndarray]: ...
+
+    def prepare(self, share: int, key: str, admitted: Sequence[tuple[ShardRecord, ComparisonPath]]
+                ) -> Pending[list[tuple[int, str]]]: ...
+
+    def search(self, share: int, key: str, queries: np.ndarray, k: int
+               ) -> Pending[tuple[ShardHits, dict[int, ItemColumns]] | None]: ...
 
 
 class PooledServices:
     """``build(state, generation)``: the ``PooledService`` of a snapshot (module docstring)."""
 
-    def __init__(self, calls: Any, gallery: str):
+    def __init__(self, calls: PoolCalls, gallery: str):
         self.calls, self.gallery = calls, gallery
 
-    def build(self, state, generation: str) -> "PooledService":
+    def build(self, state: LineageState, generation: str) -> PooledService:
         planned = self.calls.plan(state, generation).result()
         key = f"{state.snapshot_id}/{generation}"
-        by_share: dict[int, list[tuple[Any, Any]]] = {}
+        by_share: dict[int, Admitted] = {}
         for shard, path in planned.plan.admitted:
             by_share.setdefault(share_of(shard.index, self.calls.shares), []).append((shard, path))
         pending = [self.calls.prepare(share, key, admitted) for share, admitted in by_share.items()]
@@ -50,10 +85,10 @@ class PooledServices:
 
 
 class PooledService:
-    """A snapshot's search over the replica pools; the interface of ``search.service.SearchService``
-    that a server's endpoint uses: ``serving``, ``width``, ``encode(images)``, ``answer(embeddings, k)``."""
+    """A snapshot's search over the replica pools: a ``serving.protocols.SnapshotService``, as
+    ``search.service.SearchService`` is in one process."""
 
-    def __init__(self, calls: Any, key: str, planned: Any, by_share: dict[int, list[tuple[Any, Any]]]):
+    def __init__(self, calls: PoolCalls, key: str, planned: EncoderPlan, by_share: dict[int, Admitted]):
         self.calls, self.key, self.planned, self.by_share = calls, key, planned, by_share
 
     @property
@@ -71,7 +106,7 @@ class PooledService:
     def answer(self, embeddings: torch.Tensor | np.ndarray, k: int) -> dict[str, Any]:
         """The answer document of the (Q, D) serving-generation ``embeddings``' top-``k``."""
         plan = self.planned.plan
-        attributes: dict[int, dict[int, dict[str, Any]]] = {}
+        columns: dict[int, list[ItemColumns]] = {}  # by shard: the columns of its hits, per chunk
 
         def search_chunk(chunk: torch.Tensor) -> ShardHits:
             queries = chunk.numpy()
@@ -84,12 +119,17 @@ class PooledService:
                     found = self.calls.search(share, self.key, queries, k).result()
                     if found is None:
                         raise RuntimeError(f"shard share {share} dropped snapshot {self.key} again while asked to search it")
-                share_hits, share_attributes = found
+                share_hits, share_columns = found
                 hits.extend(share_hits)
-                for shard, found_attributes in share_attributes.items():
-                    attributes.setdefault(shard, {}).update(found_attributes)
+                for shard, found_columns in share_columns.items():
+                    columns.setdefault(shard, []).append(found_columns)
             return hits
 
+        def attributes(shard: int, ids: np.ndarray) -> list[dict[str, Any]]:
+            parts = columns.get(shard, [])
+            held = parts[0] if len(parts) == 1 else ItemColumns.joined(parts)
+            return held.rows(ids)
+
         result = plan.result(*search_merged(embeddings, k, len(plan.admitted), search_chunk))
-        return answer_document(result, plan.searchable_items, lambda shard, _ids: attributes.get(shard, {}))
+        return answer_document(result, plan.searchable_items, attributes)
 

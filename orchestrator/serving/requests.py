@@ -30,6 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrator.errors import UsageError
+from orchestrator.serving.settings import Limits
 
 QUERY_FIELDS = ("embeddings", "images", "uris")
 DEFAULT_K = 10
@@ -68,18 +69,6 @@ def one_line(text: str) -> str:
                         if unicodedata.category(c) != "Cc" or c.isspace())
     line = " ".join(printable.split())
     return line if len(line) <= MAX_REASON else line[:MAX_REASON - 1] + "…"
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds of one request: body bytes, queries per request, hits per query, pixels per image,
-    seconds its body may take to arrive (``serving.bodies``)."""
-
-    max_body_bytes: int = 8 << 20
-    max_queries: int = 256
-    max_k: int = 1000
-    max_pixels: int = 4096 * 4096
-    body_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,11 @@ shards across snapshots (a shard commit reloads one shard in one share).
 
 ``ShardShare.prepare(key, admitted)`` loads (or reuses) the indexes of the admitted (shard row,
 comparison path) pairs the ingress planned for snapshot ``key`` (its id and the searching
-generation), builds a forward path's in-memory index, reads every shard file (for the hits'
-URIs and metadata), and holds them under ``key``; ``search(key, queries, k)`` answers from exactly
-that key's routes with ``search.router.search_shards``, the router's own per-shard search, and
-returns None when it holds no such key (a restarted replica, or one that dropped it): the ingress
+generation), builds a forward path's in-memory index, reads every shard file's attribute columns
+(for the hits' URIs and metadata, ``search.attributes.ItemColumns``), and holds them under
+``key``; ``search(key, queries, k)`` answers from exactly that key's routes with
+``search.router.search_shards``, the router's own per-shard search, with the columns of the items
+it found, and returns None when it holds no such key (a restarted replica, or one that dropped it): the ingress
 prepares it again and retries, so a request is never answered from another snapshot. At most
 ``MAX_HELD`` keys are held, the least recently used dropped first.
 """
@@ -19,11 +20,21 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from orchestrator.serving.index_cache import IndexCache
+
+if TYPE_CHECKING:
+    from orchestrator.comparison import ComparisonPath
+    from orchestrator.lineage import LineageStore
+    from orchestrator.lineage.records import ShardRecord
+    from orchestrator.search.attributes import ItemColumns
+    from orchestrator.search.router import ShardHits, ShardRoute
+
+#: What a share holds for one snapshot key: its routes, and each shard's attribute columns.
+Held = tuple[list["ShardRoute"], dict[int, "ItemColumns"]]
 
 #: Snapshot keys one share holds at most (the current ones, and replaced ones still answering).
 MAX_HELD = 8
@@ -39,17 +50,17 @@ def share_of(shard_index: int, shares: int) -> int:
 class ShardShare:
     """Share ``share`` of ``shares`` of one gallery's shard indexes (module docstring)."""
 
-    def __init__(self, store, share: int, shares: int):
+    def __init__(self, store: LineageStore, share: int, shares: int):
         if not 0 <= share < shares:
             raise ValueError(f"share {share} of {shares}: must be 0 … {shares - 1}")
         self.store, self.share, self.shares = store, share, shares
-        self._held: collections.OrderedDict[str, tuple[list[Any], dict[int, Any]]] = collections.OrderedDict()
+        self._held: collections.OrderedDict[str, Held] = collections.OrderedDict()
         self.indexes = IndexCache(store)
-        self._files: dict[tuple[str, str], Any] = {}
+        self._columns: dict[tuple[str, str], ItemColumns] = {}
         self._lock = threading.Lock()  # the held keys
         self._build_lock = threading.Lock()  # builds, and the caches they fill
 
-    def prepare(self, key: str, admitted: Sequence[tuple[Any, Any]]) -> list[tuple[int, str]]:
+    def prepare(self, key: str, admitted: Sequence[tuple[ShardRecord, ComparisonPath]]) -> list[tuple[int, str]]:
         """Load and hold the routes of snapshot ``key``: ``admitted`` (shard row, comparison path)
         pairs, all of this share. Returns (shard index, index kind) of each, for the ingress's
         check that one ranking can merge them (``search.router.check_one_distance_unit``)."""
@@ -66,7 +77,7 @@ class ShardShare:
                 routes = [load_route(shard, path, lambda _uri, shard=shard: self.indexes.load(shard),
                                      lambda shard: read_checked_embeddings(self.store, shard))
                           for shard, path in admitted]
-                held = routes, {route.shard.index: self._read(route.shard) for route in routes}
+                held = routes, {route.shard.index: self._columns_of(route.shard) for route in routes}
             with self._lock:
                 self._held[key] = held
                 self._held.move_to_end(key)
@@ -76,33 +87,32 @@ class ShardShare:
         routes = held[0]
         return [(route.shard.index, route.index.kind) for route in routes]
 
-    def search(self, key: str, queries: np.ndarray, k: int):
+    def search(self, key: str, queries: np.ndarray, k: int) -> tuple[ShardHits, dict[int, ItemColumns]] | None:
         """(``ShardHits`` of the (Q, D) serving-generation ``queries`` in this share's shards of
-        snapshot ``key``, {shard index: {hit id: {"uri": …, metadata…}}}), or None when ``key`` is
-        not held."""
+        snapshot ``key``, {shard index: the ``ItemColumns`` of the items found there}), or None
+        when ``key`` is not held."""
         import torch
 
         from orchestrator.search.router import search_shards
-        from orchestrator.search.service import hit_attributes
 
         with self._lock:
             held = self._held.get(key)
         if held is None:
             return None
-        routes, files = held
+        routes, columns = held
         hits = search_shards(routes, torch.from_numpy(np.asarray(queries)), k)
-        attributes = {shard: hit_attributes(files[shard], np.unique(ids[ids >= 0]))
-                      for shard, ids in zip(hits.sources, hits.ids)}
-        return hits, attributes
+        return hits, {shard: columns[shard].subset(ids) for shard, ids in zip(hits.sources, hits.ids)}
 
-    def _read(self, shard) -> Any:
-        """The shard's file, its sha256 checked against the lineage row (read once while held)."""
-        from orchestrator.gallery import read_shard
+    def _columns_of(self, shard: ShardRecord) -> ItemColumns:
+        """The attribute columns of the shard's file, its sha256 checked against the lineage row
+        (read once while held)."""
+        from orchestrator.gallery import read_recorded_shard
+        from orchestrator.search.attributes import ItemColumns
 
         key = (shard.embeddings_uri, shard.sha256)
-        if key not in self._files:
-            self._files[key] = read_shard(shard.embeddings_uri, expected_sha256=shard.sha256)
-        return self._files[key]
+        if key not in self._columns:
+            self._columns[key] = ItemColumns.of_shard(read_recorded_shard(shard))
+        return self._columns[key]
 
     def _drop_unheld(self) -> None:
         """Forget the indexes and files no held key's shards name."""
@@ -110,5 +120,6 @@ class ShardShare:
             uris = {uri for routes, _files in self._held.values() for route in routes
                     for uri in (route.shard.index_uri, route.shard.embeddings_uri)}
         self.indexes.keep(uris)
-        for key in [key for key in self._files if key[0] not in uris]:
-            del self._files[key]
+        for key in [key for key in self._columns if key[0] not in uris]:
+            del self._columns[key]
+

@@ -26,7 +26,7 @@ import yaml
 
 from orchestrator.config import load_pipeline
 from orchestrator.lineage import LineageStore
-from orchestrator.serving.endpoint import ServeSettings
+from orchestrator.serving.settings import ServeSettings
 from orchestrator.serving.snapshots import snapshot_id
 from cli_runs import cli, cli_in_process
 from g0_run import REPO, g0_config, write_pipeline
@@ -63,7 +63,8 @@ def server(copy_g0_run, tmp_path):
     import ray
     from ray import serve
 
-    from orchestrator.serving.app import Pools, start_server
+    from orchestrator.serving.app import start_server
+    from orchestrator.serving.settings import Pools
 
     pipeline = copy_g0_run(tmp_path)
     config = load_pipeline(str(pipeline), {"storage": str(tmp_path / "run")})

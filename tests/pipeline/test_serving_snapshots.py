@@ -19,7 +19,8 @@ from orchestrator.gallery import read_shard
 from orchestrator.integrity import record_index
 from orchestrator.lineage import LineageStore
 from orchestrator.serving.encoders import QueryEncoders
-from orchestrator.serving.endpoint import GalleryEndpoint, ServeSettings, token_sha256
+from orchestrator.serving.endpoint import GalleryEndpoint
+from orchestrator.serving.settings import ServeSettings, token_sha256
 from orchestrator.serving.pooled import PooledServices
 from orchestrator.serving.shares import ShardShare
 from orchestrator.shard_update import ShardTarget, write_shard_files

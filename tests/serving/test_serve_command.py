@@ -2,7 +2,7 @@
 import pytest
 
 from cli_runs import cli_in_process
-from orchestrator.serving.cli import parse_serve_arguments
+from orchestrator.serving.settings import parse_serve_arguments
 
 
 @pytest.mark.parametrize(("argv", "message"), [
