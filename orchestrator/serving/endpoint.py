@@ -131,9 +131,9 @@ class GalleryEndpoint:
                 try:
                     request = parse_search(body, self.settings.limits)
                     service = self._service(snapshot, request.generation)
+                    queries = self._queries(request, service)
                     services[service.serving] = service
-                    groups.setdefault((service.serving, request.k), []).append(
-                        (number, self._queries(request, service)))
+                    groups.setdefault((service.serving, request.k), []).append((number, queries))
                 except BadRequest as refused:
                     answers[number] = refused.status, {"error": refused.reason}
                 except Exception as error:  # this request failed; the others are answered

@@ -18,7 +18,9 @@ def test_a_row_reports_the_rate_and_the_nearest_rank_percentiles():
     assert row["p50_ms"] == pytest.approx(101.0) and row["p99_ms"] == pytest.approx(199.0)  # ranks 100 and 198 of 0…199
     assert (row["failed"], row["mixed"], row["snapshots"]) == (3, 1, 2)
     table = serve_load.table([row])
-    assert table.splitlines()[2] == "| 1,000 | flat | serve | 50 | 101.0 | 199.0 | 200 | 3 | 1 | 2 |"
+    assert table.splitlines()[2] == "| 1,000 | flat | - | serve | 50 | 101.00 | 199.00 | - | - | 200 | 3 | 1 | 2 |"
+    batched = serve_load.Load(latencies, failed=0, seconds=4.0).row("router", 1000, "flat", per_call=16)
+    assert batched["qps"] == pytest.approx(16 * 50.0)  # 16 queries per call
 
 
 def test_the_client_loads_only_a_loopback_server():
@@ -52,3 +54,43 @@ def test_requests_during_a_switch_are_those_in_flight_in_its_window():
     load = serve_load.Load([1.0, 1.0, 1.0], 0, 10.0, answered=[(0.0, 1.0, "a"), (2.0, 3.0, "a"), (4.0, 5.0, "b")])
     during = load.during([(2.5, 4.5)])
     assert sorted(during.latencies) == [1.0, 1.0] and during.seconds == 2.0
+
+
+def rows_of_one_size(router_qps, served_qps, steady_p99, switching_p99, above_ms, failed=0, mixed=0):
+    """The rows a run writes for one size, kind and server mode (the figures the targets read)."""
+    def row(measure, qps, p99, server="-", **extra):
+        return {"items": 100_000, "kind": "flat", "server": server, "measure": measure, "qps": qps, "p50_ms": 1.0,
+                "p99_ms": p99, "requests": 10, "failed": 0, "mixed": 0, "snapshots": 1, **extra}
+
+    name = "serve, 4 shard commits + deploy + rollback"
+    return [row("index alone (ShardIndex.search, every shard)", 900, 2.0),
+            row("router, one query per call", router_qps, 3.0, above_index_ms=above_ms),
+            row("router, 16 queries per call", 2000, 9.0, above_index_ms=above_ms / 4),
+            row("serve, 16 clients", served_qps, steady_p99, "pools"),
+            row(name, served_qps, switching_p99, "pools"),
+            row(f"{name}: requests in flight during a switch", served_qps, switching_p99, "pools", failed=failed,
+                mixed=mixed, switches=6, served_switches=6)]
+
+
+def test_the_verdicts_compare_each_figure_with_its_target():
+    met = serve_load.verdicts(rows_of_one_size(500, 400, 50.0, 100.0, 0.3))  # 0.8x, 2.0x, 0.3 ms: on the bounds
+    assert len(met) == 3 and all(line.endswith(": met") for line in met), met
+    assert "served 400 q/s = 0.80x the router's 500" in met[1] and "2.00x steady" in met[2]
+    missed = serve_load.verdicts(rows_of_one_size(500, 399, 50.0, 100.0, 0.31))
+    assert [line.endswith("NOT met") for line in missed] == [True, True, False]
+    for failed, mixed, p99 in ((1, 0, 50.0), (0, 1, 50.0), (0, 0, 100.1)):  # a failure, a mixed answer, a slow switch
+        assert serve_load.verdicts(rows_of_one_size(500, 450, 50.0, p99, 0.1, failed, mixed))[2].endswith("NOT met")
+    fixed = {"items": 539, "kind": "flat", "server": "one process", "measure": "serve the run's own gallery, 16 clients",
+             "qps": 299.5}
+    assert serve_load.verdicts([fixed]) == ["539-item gallery one process: 300 requests/s (target >= 300): NOT met"]
+
+
+def test_the_readme_section_is_rewritten_between_its_markers_only():
+    rows = rows_of_one_size(500, 450, 50.0, 60.0, 0.2)
+    section = serve_load.readme_section(rows, "Measured on two cores.")
+    text = f"before\n{serve_load.BEGIN}\nold table\n{serve_load.END}\nafter\n"
+    rewritten = serve_load.replace_section(text, section)
+    assert rewritten.startswith("before\n") and rewritten.endswith("\nafter\n") and "old table" not in rewritten
+    assert serve_load.table(rows) in rewritten and "Measured on two cores." in rewritten
+    with pytest.raises(ValueError, match="no generated section"):
+        serve_load.replace_section("no markers", section)

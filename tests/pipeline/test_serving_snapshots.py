@@ -214,3 +214,36 @@ def test_the_replica_pools_answer_as_orchestrator_search_and_reload_only_what_ch
     finally:
         served.close()
         store.close()
+
+
+def test_a_batch_of_requests_gets_what_each_request_gets_alone_in_one_process_and_over_the_pools(
+        copy_g0_run, tmp_path):
+    pipeline = copy_g0_run(tmp_path)
+    config = load_pipeline(str(pipeline), {"storage": str(tmp_path / "run")})
+    settings = ServeSettings(config, poll_s=3600, lease=False)
+    store = LineageStore(config.lineage, storage=config.storage)
+    calls = InProcessCalls(QueryEncoders(settings), [ShardShare(store, share, 2) for share in range(2)])
+    local = GalleryEndpoint(settings, "local")
+    pooled = GalleryEndpoint(settings, "pooled", PooledServices(calls, config.gallery.name).build)
+    try:
+        embeddings = local.holder.current.service().encode(load_digits("test").images[:6]).numpy()
+        bodies = [json.dumps({"embeddings": [embeddings[0].tolist()], "k": 5}).encode(),
+                  json.dumps({"embeddings": embeddings[1:4].tolist(), "k": 5}).encode(),  # three queries
+                  b"{not json",
+                  json.dumps({"embeddings": [[0.5] * 7]}).encode(),  # the wrong width
+                  json.dumps({"embeddings": [embeddings[4].tolist()], "k": 9}).encode(),  # another k
+                  json.dumps({"embeddings": [embeddings[5].tolist()], "generation": "g9"}).encode(),
+                  search_body(png_files(tmp_path, 2), k=5)]  # images, searched with the embeddings
+        for served in (local, pooled):
+            batched = served.search_many(bodies)
+            alone = [served.handle("POST", "/search", {}, body) for body in bodies]
+            assert [status for status, _ in batched] == [200, 200, 400, 400, 200, 400, 200]
+            assert batched == alone  # the same status and document, results included
+            assert [len(payload["results"]) for status, payload in batched if status == 200] == [1, 3, 1, 2]
+            assert [len(hits) for hits in batched[4][1]["results"]] == [9]
+            assert len({payload["snapshot"] for status, payload in batched if status == 200}) == 1
+        assert local.search_many(bodies) == pooled.search_many(bodies)  # both modes: the same answers
+    finally:
+        local.close()
+        pooled.close()
+        store.close()

@@ -33,3 +33,16 @@ def test_other_failures_and_answers_pass_through():
             return 42
 
     assert Reply(Answered()).result() == 42
+
+
+def test_answers_are_one_line_of_ascii_json_whatever_they_hold():
+    import json
+
+    from orchestrator.serving.app import encode_json
+
+    plain = {"results": [[{"id": 3, "distance": 0.1 + 0.2, "uri": "s3://b/x.png"}]], "k": 1}
+    assert encode_json(plain) == json.dumps(plain, separators=(",", ":")).encode()  # orjson's bytes, the same text
+    for payload in ({"uri": "s3://b/é.png"}, {"error": "generation '\ud800' unknown"}):
+        encoded = encode_json(payload)
+        assert encoded.isascii() and b"\n" not in encoded
+        assert json.loads(encoded) == payload
