@@ -51,14 +51,15 @@ import ray
 from ray import serve
 from ray.exceptions import RayTaskError
 from ray.serve import Application
-from ray.serve.handle import DeploymentHandle, DeploymentResponse
+from ray.serve.handle import DeploymentHandle
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 
 from orchestrator.serving.bodies import declared_length, read_body
 from orchestrator.serving.endpoint import SEARCH, GalleryEndpoint
 from orchestrator.serving.requests import BadRequest, one_line
-from orchestrator.serving.settings import Pools, ServeSettings, parse_serve_arguments, pools_of, serve_settings
+from orchestrator.serving.settings import (DEFAULT_MAX_BATCH, Pools, ServeSettings, parse_serve_arguments, pools_of,
+                                           serve_settings)
 
 if TYPE_CHECKING:
     from orchestrator.comparison import ComparisonPath
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
     from orchestrator.search.router import ShardHits
     from orchestrator.serving.encoders import EncoderPlan
     from orchestrator.serving.model_cache import ModelKey
+    from orchestrator.serving.pooled import Pending
     from orchestrator.serving.snapshots import LineageState
 
 T = TypeVar("T")
@@ -122,7 +124,7 @@ class Reply(Generic[T]):
     ``ValueError`` naming an unknown generation, say), not Ray's wrapper of it, whose message is
     the remote traceback in terminal colours."""
 
-    def __init__(self, response: DeploymentResponse):
+    def __init__(self, response: Pending[T]):
         self.response = response
 
     def result(self) -> T:
@@ -175,8 +177,9 @@ class GalleryServer:
             self.endpoint = starting.submit(GalleryEndpoint, settings, f"{settings.lease_prefix}-{replica}",
                                             build).result()
         self.limits = settings.limits
-        self.search_batch.set_max_batch_size(settings.max_batch)
-        self.search_batch.set_batch_wait_timeout_s(settings.batch_wait_s)
+        # the setters serve.batch attaches to the method
+        self.search_batch.set_max_batch_size(settings.max_batch)  # type: ignore[attr-defined]
+        self.search_batch.set_batch_wait_timeout_s(settings.batch_wait_s)  # type: ignore[attr-defined]
 
     async def __call__(self, request: Request) -> Response:
         method, path = request.method, request.url.path
@@ -198,7 +201,7 @@ class GalleryServer:
             return PlainTextResponse(payload, status, media_type="text/plain; version=0.0.4")
         return json_response(status, payload)
 
-    @serve.batch(max_batch_size=32, batch_wait_timeout_s=0.0)  # set from the settings in __init__
+    @serve.batch(max_batch_size=DEFAULT_MAX_BATCH, batch_wait_timeout_s=0.0)  # set from the settings in __init__
     async def search_batch(self, bodies: list[bytes]) -> list[tuple[int, bytes]]:
         """(status, encoded JSON) of each of the queued ``POST /search`` bodies, answered together
         in a worker thread (module docstring)."""

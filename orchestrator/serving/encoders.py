@@ -12,11 +12,17 @@ for them (``serving.model_cache``): a snapshot whose generations did not change 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from orchestrator.serving.model_cache import ModelCache, ModelKey
+from orchestrator.serving.settings import ServeSettings
+
+if TYPE_CHECKING:
+    from orchestrator.lineage import LineageStore
+    from orchestrator.lineage.records import GenerationRecord
+    from orchestrator.serving.snapshots import LineageState
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,7 @@ class EncoderPlan:
 class QueryEncoders:
     """What an encoder replica holds (module docstring). settings: the server's ``ServeSettings``."""
 
-    def __init__(self, settings, store=None):
+    def __init__(self, settings: ServeSettings, store: LineageStore | None = None):
         from orchestrator.lineage import LineageStore
         from orchestrator.search.service import query_preprocessing
 
@@ -43,7 +49,7 @@ class QueryEncoders:
         self.models = ModelCache(self.store)
         self._widths: dict[ModelKey, int] = {}
 
-    def plan(self, state, generation: str) -> EncoderPlan:
+    def plan(self, state: LineageState, generation: str) -> EncoderPlan:
         """The ``EncoderPlan`` of ``generation`` over ``state`` (a ``LineageState``); ValueError
         (``IncompatibleShards`` among them) when the router would refuse it."""
         from orchestrator.search.service import open_plan
@@ -73,7 +79,7 @@ class QueryEncoders:
         mean, std = self.normalisation
         return encode_images(model, images, self.size, mean, std).numpy()
 
-    def _record(self, generation: str):
+    def _record(self, generation: str) -> GenerationRecord:
         records = {g.name: g for g in self.store.list_generations()}
         if generation not in records:
             raise ValueError(f"generation {generation!r} is not in the lineage (known: {sorted(records)})")

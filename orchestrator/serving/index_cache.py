@@ -9,18 +9,22 @@ server (``serving.local``) and every shard-search replica (``serving.shares``) h
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestrator.lineage import LineageStore
+    from orchestrator.lineage.records import ShardRecord
 
 
 class IndexCache:
     """Checked shard indexes by (index URI, recorded sha256) (module docstring)."""
 
-    def __init__(self, store):
+    def __init__(self, store: LineageStore):
         self.store = store
         self._indexes: dict[tuple[str, str | None], Any] = {}
         self.loads = 0
 
-    def load(self, shard) -> Any:
+    def load(self, shard: ShardRecord) -> Any:
         """The index of shard row ``shard``: the held one under its key, or loaded and checked."""
         from orchestrator.integrity import recorded_index
         from orchestrator.stores import load_checked_shard

@@ -12,7 +12,11 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from orchestrator.lineage import LineageStore
+    from orchestrator.lineage.records import GenerationRecord
 
 #: Models one server process holds at most.
 MODEL_CAPACITY = 8
@@ -23,13 +27,13 @@ ModelKey = tuple[str, str | None, str | None, str | None]
 class ModelCache:
     """Checked models by ``key`` (module docstring); thread-safe."""
 
-    def __init__(self, store, capacity: int = MODEL_CAPACITY):
+    def __init__(self, store: LineageStore, capacity: int = MODEL_CAPACITY):
         self.store, self.capacity = store, capacity
         self._models: collections.OrderedDict[ModelKey, Any] = collections.OrderedDict()
         self._lock = threading.Lock()
         self.loads = 0
 
-    def key(self, record) -> ModelKey:
+    def key(self, record: GenerationRecord) -> ModelKey:
         """(name, checkpoint URI, weights sha256, card sha256) of a generation row, as recorded now."""
         from orchestrator.integrity import recorded_card_sha256
 
@@ -40,7 +44,7 @@ class ModelCache:
         with self._lock:
             return self._models.get(key)
 
-    def load(self, record) -> Any:
+    def load(self, record: GenerationRecord) -> Any:
         """The model of generation row ``record``: the held one under its key, or loaded and checked."""
         from orchestrator.integrity import load_checked_generation
 

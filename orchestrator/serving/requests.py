@@ -188,6 +188,6 @@ def _base64(text: str, number: int) -> bytes:
         raise BadRequest(400, f"'images'[{number}] is not base64") from None
 
 
-def _describe(value) -> str:
+def _describe(value: object) -> str:
     """The type and a short quote of a value a client sent (bounded however large or deep)."""
     return f"{type(value).__name__} {_QUOTE.repr(value)}"

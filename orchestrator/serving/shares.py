@@ -56,7 +56,7 @@ class ShardShare:
         self.store, self.share, self.shares = store, share, shares
         self._held: collections.OrderedDict[str, Held] = collections.OrderedDict()
         self.indexes = IndexCache(store)
-        self._columns: dict[tuple[str, str], ItemColumns] = {}
+        self._columns: dict[tuple[str | None, str | None], ItemColumns] = {}
         self._lock = threading.Lock()  # the held keys
         self._build_lock = threading.Lock()  # builds, and the caches they fill
 
@@ -118,7 +118,7 @@ class ShardShare:
         """Forget the indexes and files no held key's shards name."""
         with self._lock:
             uris = {uri for routes, _files in self._held.values() for route in routes
-                    for uri in (route.shard.index_uri, route.shard.embeddings_uri)}
+                    for uri in (route.shard.index_uri, route.shard.embeddings_uri) if uri is not None}
         self.indexes.keep(uris)
         for key in [key for key in self._columns if key[0] not in uris]:
             del self._columns[key]
