@@ -122,7 +122,7 @@ async def _wait_until_up(url: str, timeout_s: float = 60.0) -> None:
     async with aiohttp.ClientSession() as session:
         while True:
             try:
-                async with session.post(f"{url}/search", json={"queries": []}) as response:
+                async with session.get(f"{url}/search") as response:  # any answer (405) means it is up
                     await response.read()
                     return
             except aiohttp.ClientError:

@@ -279,12 +279,19 @@ def consistent(answer: dict, served: dict[str, Served], starts: np.ndarray, n: i
     return True
 
 
-#: The server modes ``--modes`` names: (ingress replicas' CPUs, shard-search replicas, their CPUs);
-#: ``None``: from ``--search-replicas`` and ``--replica-cpus``.
+#: The server modes ``--modes`` names (``pools_of_mode``).
 MODES = ("one process", "pools")
 
 
+def server_label(mode: str) -> str:
+    """The mode as the rows name it, with the Ray Serve throughput setting when it is on (it must
+    be in the environment Ray starts with: docs/serving.md)."""
+    return f"{mode}, throughput-optimized" if os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") == "1" else mode
+
+
 def pools_of_mode(mode: str, args):
+    """``one process``: the ingress replica searches in its own process, 1 CPU; ``pools``: an
+    encoder replica and ``--search-replicas`` shard-search replicas of ``--replica-cpus`` CPUs."""
     from orchestrator.serving.settings import Pools
 
     if mode == "one process":
@@ -394,7 +401,7 @@ def served_rows(bench: Bench, mode: str, args) -> list[dict[str, Any]]:
     bodies = search_bodies(bench.queries)
     asyncio.run(closed_loop(url, bodies, min(5.0, args.seconds), args.concurrency))  # warm-up
     rows = [asyncio.run(closed_loop(url, bodies, args.seconds, args.concurrency)).row(
-        f"serve, {args.concurrency} clients", n, kind, mode)]
+        f"serve, {args.concurrency} clients", n, kind, server_label(mode))]
     first, second = read_state(store, gallery).generation, "bench-b"
     starts = _starts(n, args.shards)
     served = {read_state(store, gallery).snapshot_id: Served(first, first, frozenset())}
@@ -432,12 +439,12 @@ def served_rows(bench: Bench, mode: str, args) -> list[dict[str, Any]]:
 
     during = asyncio.run(switching())
     name = f"serve, {args.commits} shard commits + deploy + rollback"
-    rows.append(during.row(name, n, kind, mode))
+    rows.append(during.row(name, n, kind, server_label(mode)))
     windows = []
     for began, snapshot in switches:
         seen = [end for _start, end, answered in during.answered if answered == snapshot and end > began]
         windows.append((began, min(seen) if seen else during.answered[-1][1]))
-    rows.append(during.during(windows).row(f"{name}: requests in flight during a switch", n, kind, mode))
+    rows.append(during.during(windows).row(f"{name}: requests in flight during a switch", n, kind, server_label(mode)))
     rows[-1].update(failed=during.failed, mixed=during.mixed, snapshots=len(during.snapshots),
                     switches=len(switches), served_switches=sum(1 for _b, s in switches if s in during.snapshots))
     serve.delete(APP_NAME)
@@ -469,7 +476,8 @@ def fixed_cost_rows(pipeline: str, mode: str, args) -> list[dict[str, Any]]:
     asyncio.run(closed_loop(url, bodies, min(5.0, args.seconds), args.concurrency, headers=auth))  # warm-up
     load = asyncio.run(closed_loop(url, bodies, args.seconds, args.concurrency, headers=auth))
     serve.delete(APP_NAME)
-    return [load.row(f"serve the run's own gallery, {args.concurrency} clients, token on", len(embeddings), "flat", mode)]
+    return [load.row(f"serve the run's own gallery, {args.concurrency} clients, token on", len(embeddings), "flat",
+                     server_label(mode))]
 
 
 def _starts(n: int, shards: int) -> np.ndarray:
