@@ -348,7 +348,7 @@ def in_process_rows(bench: Bench, args) -> list[dict[str, Any]]:
     with recall@10 against the exact top-k (``serve_baselines``)."""
     from benchmarks.serve_baselines import (PlainFaissServer, lance_shards, plain_search, recall_at_k, searched_form,
                                             time_lance)
-    from orchestrator.gallery import read_shard
+    from orchestrator.gallery import read_recorded_shard
     from orchestrator.search.service import search_answer
     from orchestrator.serving.endpoint import GalleryEndpoint
     from orchestrator.serving.settings import ServeSettings
@@ -374,7 +374,7 @@ def in_process_rows(bench: Bench, args) -> list[dict[str, Any]]:
         load = asyncio.run(closed_loop(plain.url, bodies, args.seconds, args.concurrency))
     rows.append({**load.row(f"plain FAISS over HTTP, {args.concurrency} clients", n, kind, "aiohttp"),
                  "recall_at_10": plain_recall})
-    stored = [read_shard(route.shard.embeddings_uri) for route in routes]
+    stored = [read_recorded_shard(route.shard) for route in routes]
     local.close()
     began = time.perf_counter()
     shards = lance_shards(bench.storage / "lance", kind, stored)
@@ -458,7 +458,7 @@ def fixed_cost_rows(pipeline: str, mode: str, args) -> list[dict[str, Any]]:
     from ray import serve
 
     from orchestrator.config import load_pipeline
-    from orchestrator.gallery import read_shard
+    from orchestrator.gallery import read_recorded_shard
     from orchestrator.lineage import LineageStore
     from orchestrator.pipeline.runner import storage_root
     from orchestrator.serving.app import APP_NAME, start_server
@@ -469,7 +469,7 @@ def fixed_cost_rows(pipeline: str, mode: str, args) -> list[dict[str, Any]]:
     store = LineageStore(config.lineage, storage=config.storage, readonly=True)
     shards = [s for s in store.shards(config.gallery.name) if s.n_items]
     store.close()
-    embeddings = np.concatenate([read_shard(s.embeddings_uri).embeddings for s in shards])
+    embeddings = np.concatenate([read_recorded_shard(s).embeddings for s in shards])
     settings = ServeSettings(config, token_sha256=token_sha256("serve-load"), lease=False)
     url = start_server(settings, port=args.port, pools=pools_of_mode(mode, args))
     bodies, auth = search_bodies(embeddings[:args.queries]), {"Authorization": "Bearer serve-load"}
