@@ -2,7 +2,8 @@
 
 Each case runs ``python -m orchestrator ...`` in a fresh process (the user's experience: a new
 interpreter, nothing imported) with the package taken from each source tree given
-(its working directory and ``PYTHONPATH``; the pipeline file is each tree's own), one after the other, ``--repeat`` times; CPU is user + system seconds of the
+(its working directory and ``PYTHONPATH``; the pipeline file is each tree's own), one after the other, ``--repeat``
+times; CPU is user + system seconds of the
 child and its children (``resource.getrusage(RUSAGE_CHILDREN)`` before and after), memory the
 child's peak resident set (``ru_maxrss`` of ``os.wait4``). The table shows the median of the
 repeats per tree and the ratio of the first tree to the last (e.g. ``--trees /work/main .``: the

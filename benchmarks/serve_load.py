@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -425,7 +426,7 @@ def served_rows(bench: Bench, mode: str, args) -> list[dict[str, Any]]:
             number = int(np.searchsorted(starts, item, side="right") - 1)
             shard = next(s for s in store.shards(gallery) if s.index == number)
             gone.add(item)
-            await asyncio.to_thread(switch, lambda: _rewrite_without(store, storage, gallery, shard, item, kind),
+            await asyncio.to_thread(switch, functools.partial(_rewrite_without, store, storage, gallery, shard, item, kind),
                                     first, first, frozenset(gone))
         await asyncio.sleep(pause)
         await asyncio.to_thread(switch, lambda: deploy_with_shards(store, gallery, second), second, second,

@@ -12,7 +12,8 @@ gallery's index (a full backfill). This benchmark puts the two costs side by sid
              batch 64, SGD lr 0.05, no augmentation). The parent (``hbct``'s parent method on
              classes 0-4, ``--parent-epochs``) is trained first and not timed. Measured once.
   embed      the new generation embedding ``--embed-items`` real images (digits repeated, as in
-             benchmarks/reembed.py) through the gallery step's embedding stages (``gallery_step.embed_gallery``) with ``--concurrency`` actors
+             benchmarks/reembed.py) through the gallery step's embedding stages (``gallery_step.embed_gallery``) with
+             ``--concurrency`` actors
              (``--embed-path plain``: the plain single-process loop instead); the steady-state
              images/s after the first batch. The embedding time of a gallery of N items is
              N / that rate: measured for N ≤ ``--embed-items``, EXTRAPOLATED above it (marked *).

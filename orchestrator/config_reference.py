@@ -265,7 +265,7 @@ def _method_params_rules() -> list[dict[str, Any]]:
     for name, cls in builtin_methods().items():
         params = cls.Params.model_json_schema()
         params.pop("title", None)
-        for field_name, prop in params.get("properties", {}).items():
+        for prop in params.get("properties", {}).values():
             prop.pop("title", None)
         rules.append({"if": {"properties": {"name": {"const": name}}, "required": ["name"]},
                       "then": {"properties": {"params": {"anyOf": [params, {"type": "null"}]}}}})

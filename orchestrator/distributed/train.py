@@ -78,9 +78,10 @@ def train_generation_with_ray(job: GenerationJob, scaling: RaySettings, storage_
     driver_threads = torch.get_num_threads()
     if local_mode:  # as many intra-op threads as a worker's CPUs (Ray sets OMP_NUM_THREADS so for actors)
         torch.set_num_threads(max(1, int(scaling.cpus_per_worker)))
+    failure = Exception if local_mode else TrainingFailedError
     try:
         result = trainer.fit()
-    except (Exception if local_mode else TrainingFailedError) as error:
+    except failure as error:
         raise RuntimeError(f"training generation {job.name!r} failed: {error}") from error
     finally:
         torch.set_num_threads(driver_threads)

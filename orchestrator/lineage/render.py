@@ -42,7 +42,7 @@ def _key_metrics(gen: GenerationRecord, compat: Sequence[CompatibilityRecord], d
                  metrics: Sequence[str]) -> str:
     groups = []
     for dataset in datasets:
-        def values(gallery: str) -> dict[str, Optional[float]]:
+        def values(gallery: str, dataset: str = dataset) -> dict[str, Optional[float]]:
             return {c.metric: c.value for c in compat
                     if c.query == gen.name and c.gallery == gallery and c.dataset == dataset}
         found = [_metric_group("self", values(gen.name), metrics)]

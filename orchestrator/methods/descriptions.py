@@ -462,7 +462,7 @@ class MethodDescription(ABC):
         """Curvature magnitude of a hyperbolic space (ignored by flat spaces)."""
         return float(getattr(self.params, "curv", 1.0))
 
-    def check_embed_dim(self, embed_dim: int) -> None:
+    def check_embed_dim(self, embed_dim: int) -> None:  # noqa: B027 (optional: by default every size)
         """Raise ValueError (one line) when these parameters cannot build a model whose embedding has
         ``embed_dim`` coordinates; the pipeline file's validation calls it for every generation, so
         the mismatch is refused before any training. Every size by default."""
@@ -539,7 +539,7 @@ class DSimplexDescription(MethodDescription):
         """K for an encoder of ``embed_dim``: the configured value, or embed_dim + 1."""
         return self.params.num_prototypes if self.params.num_prototypes is not None else embed_dim + 1
 
-    def check_embed_dim(self, embed_dim: int) -> None:
+    def check_embed_dim(self, embed_dim: int) -> None:  # noqa: B027 (an optional check: by default every size)
         """The d-Simplex of K prototypes lives in R^(K−1): embed_dim must be num_prototypes − 1."""
         k = self.num_prototypes(embed_dim)
         if embed_dim != k - 1:

@@ -208,7 +208,8 @@ def fit_compatibility_adapters(
     old_emb: (N, d) the parent's embeddings h_k (its published space, see ``backward_transform``);
     new_emb: (N, n) this generation's embeddings h_t of the same items; labels: (N,) class ids.
     generator: CPU generator for the minibatch order (None: the global RNG).
-    B_⊥ starts at the Procrustes rotation when ``params.procrustes_init``. Adam (lr ``adapter_lr``) for ``adapter_epochs`` passes in shuffled minibatches of
+    B_⊥ starts at the Procrustes rotation when ``params.procrustes_init``. Adam (lr ``adapter_lr``) for
+    ``adapter_epochs`` passes in shuffled minibatches of
     ``adapter_batch_size`` (the last, smaller one included). Both models stay frozen: the inputs
     are detached. Returns ``(backward, forward, history)`` on the inputs' device, in eval mode;
     history has one dict per epoch: sample-weighted means ``loss`` and ``loss/<term>``, and

@@ -5,7 +5,8 @@
 evaluation embeddings, each shard's Parquet file (sha256, and its id set against the one its
 index was built from) and index file (sha256 of the whole file, header included), the shard files
 of earlier deployments kept for a rollback, each committed gallery plan (which must lie in
-the storage), and a Ray Data gallery's snapshot (its manifest's sha256, its files' sizes). A step whose recorded location would leave the storage root is a problem, not an
+the storage), and a Ray Data gallery's snapshot (its manifest's sha256, its files' sizes). A step whose recorded
+location would leave the storage root is a problem, not an
 abort. A lineage that hashes no file verifies nothing: not ``ok``. It also lists *orphans* (files the lineage names that are
 missing) and *unreferenced* files (under ``generations/`` or ``galleries/`` of the storage, named
 nowhere in the lineage). Mismatches and orphans are errors; unreferenced files are listed only.

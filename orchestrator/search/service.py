@@ -73,7 +73,8 @@ def open_router(store: LineageStore, gallery: str, serving: str | None = None, *
     """The router of ``gallery`` for ``serving`` (None: the deployed generation); see the module
     docstring. ``shards``: the gallery's shard rows as already read (a server's snapshot); None
     reads them now. ``load_index``: shard row → its index, checked against the lineage's hashes
-    (default ``stores.load_checked_shard``: a shard file's index or a store's rows; a server reuses the indexes it loaded for an earlier snapshot);
+    (default ``stores.load_checked_shard``: a shard file's index or a store's rows; a server reuses the indexes it
+    loaded for an earlier snapshot);
     ``load_model`` likewise for models (``open_plan``).
     ValueError names what is missing (no deployment, unknown gallery or generation)."""
     plan, models = open_plan(store, gallery, serving, metric=metric, dataset=dataset, on_incompatible=on_incompatible,

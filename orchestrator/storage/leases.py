@@ -4,7 +4,8 @@ Each server replica writes ``<storage>/serving/leases/<holder>.json`` = ``{"hold
 "uris"}``: the shard files (embeddings and indexes) of every snapshot it serves or still answers
 an in-flight request from. It rewrites the file at each lineage poll (``LEASE_TTL_S`` ahead) and
 removes it when it stops; ``orchestrator serve`` removes its replicas' leases by their common
-prefix when it stops (``drop_leases``), those of replicas killed before they could as well. ``held_uris`` is what ``gc`` adds to the files it keeps: every URI of
+prefix when it stops (``drop_leases``), those of replicas killed before they could as well. ``held_uris`` is what
+``gc`` adds to the files it keeps: every URI of
 every lease that has not expired, so a server that died without removing its lease blocks ``gc``
 for at most ``LEASE_TTL_S``.
 """

@@ -213,7 +213,7 @@ class LanceStore:
             if held is not None:
                 filled[column][present[column]] = _vectors(held.filter(held.is_valid()), int(present[column].sum()))
                 table = table.drop_columns([column])
-        for uri, ids, added in locations:
+        for uri, _ids, added in locations:
             location = self._location(uri)
             rows = np.flatnonzero((shards == location.shard) & (versions == location.version))
             rows = rows[np.argsort(row_ids[rows], kind="stable")]  # in the order of ``ids`` (ascending)

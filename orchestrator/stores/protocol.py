@@ -18,11 +18,14 @@ file's index is.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from orchestrator.index.protocol import ShardSearch
+
+if TYPE_CHECKING:
+    from orchestrator.gallery.shard_files import ShardEmbeddings
 
 
 @runtime_checkable
@@ -37,7 +40,7 @@ class GalleryStore(Protocol):
     def check_reachable(self) -> None:
         """Raise ``StoreUnavailable`` (one line: store, location, what to check) unless it answers."""
 
-    def write_shard(self, shard_index: int, shard, key: str, first_attempt: bool) -> tuple[str, dict[str, Any]]:
+    def write_shard(self, shard_index: int, shard: ShardEmbeddings, key: str, first_attempt: bool) -> tuple[str, dict[str, Any]]:
         """Write ``shard`` (``ShardEmbeddings``) as shard ``shard_index``'s rows, staged: nothing a
         query reads. Returns (its location URI, its record: ``sha256`` (the rows' digest),
         ``ids_sha256``, ``n_items``, ``space``, ``curv``, ``dim``). On the first attempt of step

@@ -49,8 +49,8 @@ def _whole_pickle(data: bytes) -> bool:
     stream = io.BytesIO(data)
     try:
         last = None
-        for last, _argument, _position in pickletools.genops(stream):
-            pass
+        for opcode, _argument, _position in pickletools.genops(stream):
+            last = opcode
     except ValueError:
         return False
     return last is not None and last.name == "STOP" and stream.tell() == len(data)

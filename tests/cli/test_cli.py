@@ -67,7 +67,7 @@ def test_quickstart_example_runs_and_reports_the_update():
     assert result.returncode == 0, result.stderr[-2000:]
     assert re.search(r"^new → old\s+[01]\.\d{4}", result.stdout, re.MULTILINE)
     for metric in ("cmc@1", "map"):
-        line = next(l for l in result.stdout.splitlines() if l.startswith(metric + " {"))
+        line = next(text for text in result.stdout.splitlines() if text.startswith(metric + " {"))
         assert "'p_com':" in line and "'compatible':" in line
 
 

@@ -91,7 +91,8 @@ def test_training_workers_and_embedding_actors_span_nodes(tmp_path):
         assert len(nodes["EmbedAndStage"]) == 2, (nodes, run.stdout[-3000:])
         store = LineageStore(f"sqlite:///{tmp_path / 'run' / 'lineage.db'}")
         assert [s.generation for s in store.shards("digits-test")] == ["g0-old"] * 4
-        writers = {store.committed_outputs(shard_update_key(StepKind.EMBED, "digits-test", k, "g0-old"))["node"].split(":")[1] for k in range(4)}
+        keys = [shard_update_key(StepKind.EMBED, "digits-test", k, "g0-old") for k in range(4)]
+        writers = {store.committed_outputs(key)["node"].split(":")[1] for key in keys}
         assert len(writers) >= 2, writers  # the shards were written on several nodes, not by the driver alone
         store.close()
     finally:

@@ -19,7 +19,7 @@ from orchestrator.shard_update import ShardUpdate, UpdateKind
 pytestmark = pytest.mark.e2e
 
 
-def embed_images(images, uri: str, sha256: str, mean, std, settings: EmbeddingSpec = EmbeddingSpec()):
+def embed_images(images, uri: str, sha256: str, mean, std, settings: EmbeddingSpec | None = None):
     source = MemorySource(images, "digits:test")
     model = GenerationModel.from_checkpoint("g0", uri, sha256, 32, source.image_format, mean, std)
     return embed_gallery(source, [ShardUpdate(UpdateKind.EMBED, 0, source.num_items, rows=(0, source.num_items))],

@@ -151,12 +151,12 @@ def test_read_sql_from_sqlite_and_postgresql(tmp_path, postgres_server):
         connection.execute("CREATE TABLE photos (id BIGINT, jpeg BYTEA, label BIGINT)")
         with connection.cursor() as cursor:
             cursor.executemany("INSERT INTO photos VALUES (%s, %s, %s)", rows)
-    for name, url in [("sqlite", f"sqlite:///{database}"), ("postgresql", url)]:
-        read = read_spec({"read": "sql", "url": url, "query": "SELECT id, jpeg, label FROM photos WHERE id % 2 = 0",
+    for name, read_url in [("sqlite", f"sqlite:///{database}"), ("postgresql", url)]:
+        read = read_spec({"read": "sql", "url": read_url, "query": "SELECT id, jpeg, label FROM photos WHERE id % 2 = 0",
                           "id_column": "id", "image_column": "jpeg", "label_column": "label"})
         store = LineageStore(f"sqlite:///{tmp_path / f'{name}.db'}", storage=str(tmp_path / name))
         source = open_snapshot(store, "photos", str(tmp_path / name / "galleries" / "photos"),
-                               {"read": "sql", "url": url, "query": read.query, "id_column": "id",
+                               {"read": "sql", "url": read_url, "query": read.query, "id_column": "id",
                                 "image_column": "jpeg", "label_column": "label"}, lambda: None)
         table = pa.concat_tables(source.read_rows(np.arange(source.num_items)))
         expected = sorted(i for i, _, _ in rows if i % 2 == 0)

@@ -205,7 +205,7 @@ def test_the_readme_set_up_is_the_one_ci_runs():
     assert cpu_torch in _code_lines(readme)  # the lean install's first step (issue 26)
     venv = "python3 -m venv .venv && . .venv/bin/activate"
     run = "python3 -m pip install -e '.[dev]' && orchestrator run pipelines/lifelong.yaml"
-    test = "python3 -m pip install -e '.[dev]' && python3 -m pytest -n 3 --dist loadgroup"
+    test = "python3 -m pip install -e '.[dev]' && python3 -m ruff check . && python3 -m mypy && python3 -m pytest -n 3 --dist loadgroup"
     assert commands[:3] == [venv, run, test]
     assert (REPO / ".ci" / "run").read_text().splitlines()[-1] == test
 

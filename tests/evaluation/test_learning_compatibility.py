@@ -17,7 +17,8 @@ self CMC@1 ≥ 0.98; P_up ≥ −0.032.
 
 The models come from the session's shared experiment (``conftest.update``, trained in two
 processes). The second-tier baselines (LCE, UniBCT, AdvBCT, at their defaults) share BCT's old and
-reference models, so each costs one more training (about 13 s of one core). At 12 epochs, mAP cross − old self (0.625) at seed 0 / seed 1: LCE +0.113 / +0.079,
+reference models, so each costs one more training (about 13 s of one core). At 12 epochs, mAP cross − old self
+(0.625) at seed 0 / seed 1: LCE +0.113 / +0.079,
 UniBCT +0.088 / +0.063, AdvBCT +0.055 / +0.023 (AdvBCT's threshold T = 0.5 was chosen on these
 runs, see methods/advbct.py); P_up −0.008, −0.012, −0.065 at seed 0; new self CMC@1 ≥ 0.97.
 """

@@ -34,7 +34,8 @@ def record_a_run(store: LineageStore, root: Path) -> None:
     for index in range(2):
         shard = root / "galleries" / "gal" / f"shard-{index}"
         store.commit_step(integrity_key(f"{shard}.faiss"), {"sha256": str(index)})
-        store.assign_shard("gal", index, "g0", f"{shard}.parquet", f"{shard}.faiss", "d" * 64, 50, step=shard_update_key(StepKind.EMBED, "gal", index, "g0"))
+        store.assign_shard("gal", index, "g0", f"{shard}.parquet", f"{shard}.faiss", "d" * 64, 50,
+                           step=shard_update_key(StepKind.EMBED, "gal", index, "g0"))
     store.record_compatibility([("g0", "g0", "map", 0.5, "digits")], step="evaluate:g0",
                                step_outputs={"embeddings": {"uri": str(root / "generations" / "g0" / "eval.safetensors")}})
     store.deploy("g0", step="deploy:g0", step_outputs={"shards": [{"embeddings_uri": s.embeddings_uri}

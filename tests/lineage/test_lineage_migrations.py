@@ -104,7 +104,7 @@ def test_writers_opening_a_new_store_at_once_migrate_it_once(url):
     def open_store() -> None:
         try:
             LineageStore(url).close()
-        except BaseException as error:  # noqa: collected for the assertion below
+        except BaseException as error:  # collected for the assertion below
             errors.append(error)
 
     threads = [threading.Thread(target=open_store) for _ in range(4)]

@@ -8,6 +8,8 @@ resume test kills and starts again; every step it runs is skipped once committed
 """
 from __future__ import annotations
 
+import functools
+
 import io
 import json
 import sys
@@ -149,7 +151,7 @@ def serve_untrained(config_file: str) -> None:
                              lambda: load_digits("test"), lambda line: print(line, flush=True))
     for generation in config.generations:
         key = plan_key(updater.name, generation.name)
-        step(key, lambda: updater.plan(generation, key))
+        step(key, functools.partial(updater.plan, generation, key))
         updater.execute(updater.committed_plan(generation.name), generation.name)
     ray.shutdown()
 

@@ -60,7 +60,8 @@ def test_a_drop_within_the_samples_noise_is_not_one(predicted, se, sigmas, passe
 
 
 def test_a_drop_let_through_as_noise_is_said():
-    def note(m, spec=GateSpec()):
+    def note(m, spec=None):
+        spec = spec if spec is not None else GateSpec()
         return drop_within_noise(m, spec, decide(m, spec))
 
     within = GateMeasurement("g2", "g1", "map", [], 0.8995, 0.90, served_now=0.90, predicted_se=0.001)

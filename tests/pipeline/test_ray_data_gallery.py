@@ -116,7 +116,7 @@ def test_a_lance_dataset_is_served_end_to_end(tmp_path):
 def test_a_folder_of_images_read_by_read_images_is_served_end_to_end(tmp_path):
     digits = load_digits("test")
     folder = tmp_path / "photos"
-    for i, (image, label, item) in enumerate(zip(digits.images, digits.labels, digits.ids)):
+    for image, label, item in zip(digits.images, digits.labels, digits.ids):
         (folder / f"class-{label}").mkdir(parents=True, exist_ok=True)
         Image.fromarray(image).save(folder / f"class-{label}" / f"{item:05d}.png")
     paths = sorted(str(p) for p in folder.rglob("*.png"))

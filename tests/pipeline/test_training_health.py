@@ -3,7 +3,8 @@
 pipelines/lifelong.yaml cut to g0-old (one epoch, healthy, served) and g1 trained with Adam at
 lr 10 for two epochs: HBCT's loss stays finite (2.73, then 2.36; its base term ln 10 = 2.3026:
 flat logits) and g1's embeddings collapse to chance (own CMC@1 0.100, then 0.098, measured over
-four epochs: 0.068-0.112, chance 0.098; at lr 1.0 it still recovered to 0.27-0.63). ``orchestrator run`` exits 7 with one line naming g1, its
+four epochs: 0.068-0.112, chance 0.098; at lr 1.0 it still recovered to 0.27-0.63). ``orchestrator run`` exits 7 with
+one line naming g1, its
 epochs and what was seen; the lineage holds train:g1 failed with that line, g1 failed, and no
 evaluate, plan, gate or deploy step of g1; nothing of g1 was written.
 """

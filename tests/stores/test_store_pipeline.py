@@ -120,7 +120,7 @@ def test_lifelong_pipeline_with_its_gallery_in_pgvector(tmp_path):
         server.stop()
         out = "".join(lines) + first.stdout.read()
         assert first.wait(timeout=300) == 6, out[-3000:]
-        line = [l for l in out.splitlines() if "pgvector store" in l]
+        line = [text for text in out.splitlines() if "pgvector store" in text]
         assert line and f"PostgreSQL (pgvector store) at {server.url()}:" in line[-1], out[-3000:]
         assert "never-printed-pw" not in out
         store = LineageStore(f"sqlite:///{tmp_path / 'run' / 'lineage.db'}")

@@ -156,6 +156,7 @@ def test_the_best_block_pasted_into_the_pipeline_reproduces_the_trial(compared, 
     summary = result.summaries["g0-old → g1"]
     for metric in ("cmc@1", "map"):
         for kind in ("self", "cross", "p_up", "p_com"):
-            assert summary[metric][kind] == pytest.approx(float(best[f"{kind}_{metric}"]), abs=1e-6, nan_ok=True), (metric, kind)  # n/a on both sides: equal
+            # n/a on both sides: equal
+            assert summary[metric][kind] == pytest.approx(float(best[f"{kind}_{metric}"]), abs=1e-6, nan_ok=True), (metric, kind)
     # same seed, same data order, one worker: the very same weights
     assert LineageStore(config.lineage).get_generation("g1").sha256 == load_card(best["checkpoint_uri"]).sha256
