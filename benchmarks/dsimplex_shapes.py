@@ -38,9 +38,9 @@ from orchestrator.data.images import channel_statistics
 from orchestrator.lineage.step_keys import StepKind, deploy_key, kind_of
 from orchestrator.methods import create_method
 from orchestrator.metrics.compatibility import average_compatibility, average_multi_model_accuracy
-from orchestrator.models.encoder import EncoderConfig
 from orchestrator.models.checkpoint import checkpoint_exists, load_card, save_generation
 from orchestrator.models.checkpoint_layout import WEIGHTS_FILE
+from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import train_generation
 

@@ -123,8 +123,8 @@ def save_encoder(uri: str) -> str:
     import torch
 
     from orchestrator.methods import create_method
-    from orchestrator.models.encoder import EncoderConfig
     from orchestrator.models.checkpoint import save_generation
+    from orchestrator.models.encoder import EncoderConfig
 
     method = create_method("hbct", {"clip": 1.0})
     torch.manual_seed(0)

@@ -26,9 +26,9 @@ from orchestrator.evaluation import evaluate_generations
 from orchestrator.lineage import LineageStore
 from orchestrator.methods import create_method
 from orchestrator.methods.base import TrainContext
+from orchestrator.methods.loading import load_generation
 from orchestrator.metrics import KEY_METRICS
 from orchestrator.models.adapters import BACKWARD_ADAPTER
-from orchestrator.methods.loading import load_generation
 from orchestrator.training.loop import freeze
 
 MAPS: dict[str, dict[str, Any]] = {"procrustes": {}, "low_rank_affine": {"rank": 16}, "residual_mlp": {}}

@@ -56,9 +56,9 @@ from orchestrator.data import LabeledImages, channel_statistics, load_digits
 from orchestrator.data.tensors import to_model_input
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.methods import create_method
-from orchestrator.models.encoder import EncoderConfig
 from orchestrator.methods.loading import load_generation
 from orchestrator.models.checkpoint import save_generation
+from orchestrator.models.encoder import EncoderConfig
 
 TARGET_RATIO = 0.9
 DEFAULT_ITEMS = 20_000  # the plain loop needs a few seconds for a steady-state number

@@ -31,9 +31,18 @@ from typing import Any, Sequence
 if __package__ in (None, ""):  # run as `python benchmarks/seed_collapse.py`: the checkout on the path, for `benchmarks.*`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.compatibility import (DEFAULT_METHODS, METHODS, Row, _cell, _criterion_cells,
-                                                   _p_up_cells, experiment_for, json_lines, measure_experiment,
-                                                   seed_means)
+from benchmarks.compatibility import (
+    DEFAULT_METHODS,
+    METHODS,
+    Row,
+    _cell,
+    _criterion_cells,
+    _p_up_cells,
+    experiment_for,
+    json_lines,
+    measure_experiment,
+    seed_means,
+)
 from orchestrator.evaluation.update_experiment import UpdateExperiment
 from orchestrator.training.config import HealthSpec
 

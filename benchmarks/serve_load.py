@@ -61,8 +61,8 @@ import shutil
 import sys
 import tempfile
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 if __name__ == "__main__":  # run as a script: one thread per process for BLAS and FAISS, before numpy and faiss load
@@ -347,8 +347,7 @@ def prepare(pipeline: str, n: int, kind: str, args, scratch: Path) -> Bench:
 def in_process_rows(bench: Bench, args) -> list[dict[str, Any]]:
     """The index alone, the router (one query per call, batched), plain FAISS over HTTP and Lance,
     with recall@10 against the exact top-k (``serve_baselines``)."""
-    from benchmarks.serve_baselines import (PlainFaissServer, lance_shards, plain_search, recall_at_k, searched_form,
-                                            time_lance)
+    from benchmarks.serve_baselines import PlainFaissServer, lance_shards, plain_search, recall_at_k, searched_form, time_lance
     from orchestrator.gallery import read_recorded_shard
     from orchestrator.search.service import search_answer
     from orchestrator.serving.endpoint import GalleryEndpoint

@@ -74,12 +74,11 @@ from torch.utils.data import DataLoader
 
 from benchmarks.harness import start_ray
 from orchestrator.data import ImageTensorDataset, LabeledImages, channel_statistics, load_digits
-from orchestrator.methods import CompatibilityMethod, TrainContext, create_method
-from orchestrator.models.bundle import CompatibleModel
 from orchestrator.distributed.runtime import WORKER_ENV_VARS
+from orchestrator.methods import CompatibilityMethod, TrainContext, create_method, references
+from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
-from orchestrator.methods import references
 
 TARGET_RATIO = 0.9
 PATHS = ("plain", "local", "ray", "ray_local")

@@ -52,12 +52,11 @@ from orchestrator.data import ImageTensorDataset, channel_statistics, load_digit
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import Space
 from orchestrator.index import KINDS, build_index
-from orchestrator.methods import create_method
-from orchestrator.models.encoder import EncoderConfig
+from orchestrator.methods import create_method, references
 from orchestrator.models.checkpoint import save_generation
+from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import train_generation
-from orchestrator.methods import references
 
 GENERATED_WIDTH = 128
 DEFAULT_SIZES = (10_000, 100_000, 1_000_000)

@@ -61,9 +61,8 @@ def _demo_command(args: argparse.Namespace) -> int:
     import torch
 
     from orchestrator.evaluation.update_experiment import ExperimentSettings, run_update_experiment
-    from orchestrator.training.config import TrainConfig
-
     from orchestrator.methods.registry import method_class
+    from orchestrator.training.config import TrainConfig
 
     methods = [name.strip() for name in args.methods.split(",") if name.strip()]
     if not methods:

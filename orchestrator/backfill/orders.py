@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
-from orchestrator.metrics.class_means import distances_to_class_means
 from orchestrator.backfill.compatibility_order import least_compatible_priority
 from orchestrator.backfill.random_order import random_priority
+from orchestrator.metrics.class_means import distances_to_class_means
 
 if TYPE_CHECKING:
     from orchestrator.gallery.shard_files import ShardEmbeddings

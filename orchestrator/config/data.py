@@ -12,7 +12,6 @@ from orchestrator.config.sources import check_options, check_split, missing_opti
 from orchestrator.data.registry import loader_kwargs
 from orchestrator.data.scenarios import class_increment_splits
 
-
 ScenarioName = Literal["extended_class", "extended_data", "new_architecture", "both", "multi_step", "custom"]
 SCENARIOS: tuple[str, ...] = typing.get_args(ScenarioName)
 

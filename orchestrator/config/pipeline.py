@@ -23,7 +23,6 @@ from orchestrator.data.registry import RAY_DATA, STREAMED_SOURCES, loader_kwargs
 from orchestrator.geometry.spaces import Space
 from orchestrator.names import Name
 
-
 STORAGE_SCHEMES = ("file", "s3", "memory")
 LINEAGE_SCHEMES = ("sqlite", "postgresql", "postgres", "postgresql+psycopg", "postgresql+psycopg2")
 

@@ -21,7 +21,6 @@ from pydantic_core import PydanticCustomError
 
 from orchestrator.errors import UsageError
 
-
 _NO_INPUT = object()  # a problem that shows no "(got ...)" value
 
 

@@ -9,7 +9,6 @@ from pydantic import Field, field_validator, model_validator
 from orchestrator import limits
 from orchestrator.config.problems import StrictModel, problem, raise_problems
 
-
 # MLflow tracking URIs: its SQL stores (with a driver: postgresql+psycopg2://), a tracking server, Databricks
 TRACKING_SCHEMES = ("sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.metrics.class_means import class_sums, combine_class_sums
 from orchestrator.backfill.orders import OrderInputs, get_order, shard_priorities
 from orchestrator.backfill.selection import Ask, ScoredShard
 from orchestrator.gallery.shard_files import read_shard, write_selection
+from orchestrator.metrics.class_means import class_sums, combine_class_sums
 
 
 @dataclass(frozen=True)
@@ -54,8 +54,8 @@ def _features(rule: PriorityRule, shard) -> np.ndarray:
         return shard.embeddings.astype(np.float64)
     import torch
 
-    from orchestrator.models.adapters import FORWARD_ADAPTER
     from orchestrator.methods.loading import load_generation
+    from orchestrator.models.adapters import FORWARD_ADAPTER
 
     model, _card = load_generation(rule.forward_model[0], expected_sha256=rule.forward_model[1])
     with torch.no_grad():

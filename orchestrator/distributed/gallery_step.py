@@ -49,8 +49,7 @@ import pyarrow as pa
 from orchestrator.config.gallery import EmbeddingSpec
 from orchestrator.data.gallery_sources import GallerySource, ImageFormat, decode_images, raw_image_column
 from orchestrator.distributed.gallery_read import gallery_dataset
-from orchestrator.shard_update import (PixelEmbedder, ShardTarget, ShardUpdate, ShardUpdateResult, embedded_part,
-                                       finish_shard_update)
+from orchestrator.shard_update import PixelEmbedder, ShardTarget, ShardUpdate, ShardUpdateResult, embedded_part, finish_shard_update
 from orchestrator.shard_update.parts import read_parts, staging_folder, write_parts
 
 PART_BATCHES = 8  # embedding batches per staged part: fewer, larger files and metadata rows

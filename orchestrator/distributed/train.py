@@ -26,10 +26,10 @@ import torch
 
 from orchestrator.config.runtime import RaySettings
 from orchestrator.progress import Meter
-from orchestrator.training.state import load_training_state, save_training_state
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.generation import GenerationJob, GenerationTraining
 from orchestrator.training.health import STOP, TrainingUnhealthy
+from orchestrator.training.state import load_training_state, save_training_state
 
 log = logging.getLogger(__name__)
 

@@ -37,7 +37,7 @@ from orchestrator import limits
 from orchestrator.data import ImageTensorDataset, LabeledImages, channel_statistics, load_digits
 from orchestrator.data.scenarios import extended_class
 from orchestrator.evaluation import CompatibilityReport, evaluate_generations
-from orchestrator.methods import CompatibilityMethod, create_method
+from orchestrator.methods import CompatibilityMethod, create_method, references
 from orchestrator.metrics import KEY_METRICS, METRICS, UPDATE_SCORES, format_value
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.encoder import EncoderConfig
@@ -45,7 +45,6 @@ from orchestrator.training.config import HealthSpec, TrainConfig
 from orchestrator.training.health import HealthMonitor, health_sample
 from orchestrator.training.loop import train_generation
 from orchestrator.training.seeds import derive_seed
-from orchestrator.methods import references
 
 log = logging.getLogger(__name__)
 

@@ -46,12 +46,12 @@ from typing import Any
 import faiss
 import numpy as np
 
-from orchestrator.index.kinds import BINARY_KINDS
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.geometry.spaces import Space
 from orchestrator.index.bitplane import DEFAULT_BITS, BitPlaneQuantizer
 from orchestrator.index.compressed import CompressedIndex, position_ids
 from orchestrator.index.hamming import weighted_hamming
+from orchestrator.index.kinds import BINARY_KINDS
 from orchestrator.index.shard_index import _as_matrix, _check_curv, _check_ids, _check_positive_int, default_nlist
 
 CODE_LAYOUTS = ("plain", "weighted")

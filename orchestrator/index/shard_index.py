@@ -67,10 +67,10 @@ from typing import Any, Literal, Mapping
 import faiss
 import numpy as np
 
-from orchestrator.index.kinds import SHARD_KINDS as KINDS
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.geometry.spaces import Space
 from orchestrator.index.container import pack_header, unpack_header
+from orchestrator.index.kinds import SHARD_KINDS as KINDS
 from orchestrator.index.mips import mips_gallery, mips_queries, uses_mips
 from orchestrator.storage.filesystem import read_bytes, redact_uri, write_bytes_atomic
 

@@ -7,10 +7,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.lineage.generations import compatibility_keys, upsert_compatibility
+from orchestrator.lineage.locations import StoreLocations
 from orchestrator.lineage.records import CandidateRecord
 from orchestrator.lineage.rows import assign, aware, clean_json, find_generation, float_or_none, generation_names
 from orchestrator.lineage.schema import CANDIDATE_OUTCOMES, Candidate, Generation, utcnow
-from orchestrator.lineage.locations import StoreLocations
 
 
 def candidate_record(row: Candidate, name: str, parent: Optional[str]) -> CandidateRecord:

@@ -7,10 +7,10 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from orchestrator.lineage.galleries import assign_in
+from orchestrator.lineage.locations import StoreLocations
 from orchestrator.lineage.records import DeploymentRecord, ShardAssignment
 from orchestrator.lineage.rows import aware, find_gallery, find_generation
 from orchestrator.lineage.schema import Candidate, Deployment, Generation, utcnow
-from orchestrator.lineage.locations import StoreLocations
 from orchestrator.lineage.steps import commit_step_in
 
 

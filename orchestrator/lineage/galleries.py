@@ -7,6 +7,7 @@ from typing import Any, Iterable, Mapping, Optional
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestrator.lineage.locations import StoreLocations
 from orchestrator.lineage.records import BackfillRecord, GalleryRecord, ShardAssignment, ShardRecord
 from orchestrator.lineage.rows import (
     assign,
@@ -18,7 +19,6 @@ from orchestrator.lineage.rows import (
     shard_record,
 )
 from orchestrator.lineage.schema import Backfill, Gallery, Shard, utcnow
-from orchestrator.lineage.locations import StoreLocations
 from orchestrator.lineage.steps import commit_step_in
 
 

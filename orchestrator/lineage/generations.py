@@ -6,6 +6,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from orchestrator.lineage.locations import StoreLocations
 from orchestrator.lineage.records import CompatibilityRecord, GenerationRecord
 from orchestrator.lineage.rows import (
     assign,
@@ -17,7 +18,6 @@ from orchestrator.lineage.rows import (
     generation_record,
 )
 from orchestrator.lineage.schema import GENERATION_STATUSES, Compatibility, Generation, utcnow
-from orchestrator.lineage.locations import StoreLocations
 from orchestrator.lineage.steps import commit_step_in
 
 

@@ -13,8 +13,8 @@ from orchestrator.geometry.spaces import Space
 from orchestrator.methods.base import CompatibilityMethod, TrainContext
 from orchestrator.methods.descriptions import FlatDescription
 from orchestrator.metrics.class_means import class_mean_distances as whole_gallery_class_mean_distances
-from orchestrator.models.heads import LinearHead, LorentzMLR
 from orchestrator.models.bundle import CompatibleModel
+from orchestrator.models.heads import LinearHead, LorentzMLR
 from orchestrator.models.lifts import build_lift
 from orchestrator.models.outputs import ModelOutput
 

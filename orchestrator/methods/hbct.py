@@ -28,6 +28,7 @@ from orchestrator.models.heads import LorentzMLR
 from orchestrator.models.lifts import build_lift
 from orchestrator.models.outputs import ModelOutput
 
+
 def entailment_loss(old: torch.Tensor, new: torch.Tensor, curv: float, min_radius: float = 0.1) -> torch.Tensor:
     """Entailment-cone loss (hbct.md §6), batch mean.
 

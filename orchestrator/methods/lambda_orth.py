@@ -28,7 +28,7 @@ from torch import nn
 
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.common import SupervisedMethod, class_mean_distances, paired_train_embeddings
-from orchestrator.methods.descriptions import LambdaOrthParams, LambdaOrthogonalityDescription
+from orchestrator.methods.descriptions import LambdaOrthogonalityDescription, LambdaOrthParams
 from orchestrator.methods.registry import register_method
 from orchestrator.models.adapters import (
     BACKWARD_ADAPTER,

@@ -36,9 +36,13 @@ from torch.utils.data import Subset
 
 from orchestrator.methods.base import TrainContext, embed_dataset
 from orchestrator.methods.common import SupervisedMethod
-from orchestrator.methods.posthoc_descriptions import (LowRankAffineDescription, PostHocParams,
-                                                       ProcrustesDescription, ResidualMLPDescription,
-                                                       ResidualMLPParams)
+from orchestrator.methods.posthoc_descriptions import (
+    LowRankAffineDescription,
+    PostHocParams,
+    ProcrustesDescription,
+    ResidualMLPDescription,
+    ResidualMLPParams,
+)
 from orchestrator.methods.registry import register_method
 from orchestrator.models.adapters import BACKWARD_ADAPTER, AffineAdapter, ChartMap
 from orchestrator.models.adapters.posthoc import LowRankAffineAdapter, ResidualMLPAdapter, to_chart

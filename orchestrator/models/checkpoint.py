@@ -34,7 +34,6 @@ from orchestrator.models.adapters import adapter_spec, build_adapter
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.models.checkpoint_layout import CARD_FILE, WEIGHTS_FILE
 from orchestrator.models.encoder import EncoderConfig
-from orchestrator.storage.hashing import ChecksumMismatch, sha256_hex
 from orchestrator.storage.filesystem import (
     exists,
     join_uri,
@@ -45,6 +44,7 @@ from orchestrator.storage.filesystem import (
     write_bytes_atomic,
     write_json_atomic,
 )
+from orchestrator.storage.hashing import ChecksumMismatch, sha256_hex
 
 CARD_FORMAT_VERSION = 2  # 2: adapters described by adapter kind (1: by the method that built them)
 

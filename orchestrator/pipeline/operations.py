@@ -23,16 +23,15 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.integrity import IntegrityError
+from orchestrator.integrity import IntegrityError, recorded_index
 from orchestrator.lineage import LineageStore
-from orchestrator.lineage.step_keys import StepKind, deploy_key, parse_step_key, redeploy_key
 from orchestrator.lineage.records import DeploymentRecord, ShardAssignment, ShardRecord
-from orchestrator.storage import join_uri, read_bytes
-from orchestrator.storage.hashing import sha256_hex
-from orchestrator.storage.filesystem import is_local, open_filesystem, remove
+from orchestrator.lineage.step_keys import StepKind, deploy_key, parse_step_key, redeploy_key
 from orchestrator.shard_update.parts import STAGING_FOLDER
+from orchestrator.storage import join_uri, read_bytes
+from orchestrator.storage.filesystem import is_local, open_filesystem, remove
+from orchestrator.storage.hashing import sha256_hex
 from orchestrator.storage.leases import held_uris
-from orchestrator.integrity import recorded_index
 from orchestrator.stores import StoreLocation, is_store_uri, store_at
 from orchestrator.stores.lineage import recorded_stores
 

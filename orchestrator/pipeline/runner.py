@@ -23,27 +23,41 @@ from orchestrator.config import (
     GenerationSpec,
     PipelineConfig,
     config_sha256,
+    posthoc,
 )
-from orchestrator.config import posthoc
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_source, training_indices
 from orchestrator.distributed.runtime import connect, dashboard_message
 from orchestrator.distributed.train import GenerationJob, train_generation_with_ray
 from orchestrator.evaluation import CompatibilityReport, sample_split
 from orchestrator.integrity import check_checkpoint, load_checked_generation, trained_outputs
 from orchestrator.lineage import LineageStore
-from orchestrator.lineage.step_keys import (StepKind, deploy_key, evaluate_key, gallery_eval_key, gate_key,
-                                            parse_step_key, plan_key, train_key)
+from orchestrator.lineage.step_keys import (
+    StepKind,
+    deploy_key,
+    evaluate_key,
+    gallery_eval_key,
+    gate_key,
+    parse_step_key,
+    plan_key,
+    train_key,
+)
 from orchestrator.lineage.store import STEP_SPEC, clean_json
 from orchestrator.metrics import KEY_METRICS, METRICS, format_value
+from orchestrator.models.checkpoint import load_card
+from orchestrator.models.checkpoint_layout import CARD_FILE, WEIGHTS_FILE
 from orchestrator.pipeline.evaluate_step import EVAL_EMBEDDINGS, eval_embeddings_uri, evaluate_once, recorded_embeddings
 from orchestrator.pipeline.gallery.updater import GalleryUpdater
-from orchestrator.pipeline.gate import (DeploymentHeld, GateDecision, GateMeasurement, decide, drop_within_noise,
-                                        noise_unmeasured, wasted_backfill)
+from orchestrator.pipeline.gate import (
+    DeploymentHeld,
+    GateDecision,
+    GateMeasurement,
+    decide,
+    drop_within_noise,
+    noise_unmeasured,
+    wasted_backfill,
+)
 from orchestrator.pipeline.operations import shard_snapshot
 from orchestrator.pipeline.quality_warning import own_quality_warnings, reference_p_up, self_tests
-from orchestrator.pipeline.verify import refuse_unknown_file, refuse_unknown_storage
-from orchestrator.pipeline.step_specs import (ChangedStepSpec, changed_fields, evaluate_spec, plan_spec, recorded_spec,
-                                               train_spec)
 from orchestrator.pipeline.report import (
     compatibility_matrix,
     format_gallery_rows,
@@ -53,10 +67,10 @@ from orchestrator.pipeline.report import (
     write_gallery_report,
     write_report,
 )
+from orchestrator.pipeline.step_specs import ChangedStepSpec, changed_fields, evaluate_spec, plan_spec, recorded_spec, train_spec
 from orchestrator.pipeline.tracking import open_tracker
-from orchestrator.models.checkpoint_layout import CARD_FILE, WEIGHTS_FILE
+from orchestrator.pipeline.verify import refuse_unknown_file, refuse_unknown_storage
 from orchestrator.storage import join_uri, remove_stale_temporaries
-from orchestrator.models.checkpoint import load_card
 from orchestrator.training.health import TrainingUnhealthy
 from orchestrator.training.seeds import derive_seed
 

@@ -25,8 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from orchestrator.config import (BackfillPolicy, DataSettings, EvaluationSpec, GallerySpec, GenerationSpec,
-                                 PipelineConfig)
+from orchestrator.config import BackfillPolicy, DataSettings, EvaluationSpec, GallerySpec, GenerationSpec, PipelineConfig
 from orchestrator.errors import UsageError
 
 

@@ -38,8 +38,8 @@ from orchestrator.integrity import (
 )
 from orchestrator.lineage.locations import StorageRoot
 from orchestrator.lineage.step_keys import StepKind, integrity_key, integrity_location, kind_of, map_location, train_key
-from orchestrator.pipeline.gallery.snapshot import check_snapshot
 from orchestrator.models.checkpoint_layout import CARD_FILE, WEIGHTS_FILE
+from orchestrator.pipeline.gallery.snapshot import check_snapshot
 from orchestrator.storage import join_uri, read_bytes, read_json, redact_uri
 from orchestrator.storage.overwrite import UnknownArtefact, refuse_file_on_first_attempt
 

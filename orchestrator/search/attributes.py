@@ -13,8 +13,8 @@ items (what a shard-search replica sends back with its hits, ``serving.shares``)
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

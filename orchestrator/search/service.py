@@ -21,13 +21,13 @@ import torch
 
 from orchestrator.gallery import read_recorded_shard
 from orchestrator.integrity import load_checked_generation
-from orchestrator.stores import load_checked_shard, read_checked_embeddings
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import GenerationRecord, ShardRecord
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.search.admission import CompatibilityCriterion
 from orchestrator.search.attributes import ItemColumns
 from orchestrator.search.router import OnIncompatible, RoutePlan, SearchResult, SearchRouter, plan_routes
+from orchestrator.stores import load_checked_shard, read_checked_embeddings
 
 
 def open_plan(store: LineageStore, gallery: str, serving: str | None = None, *, metric: str = "map",

@@ -58,8 +58,7 @@ from starlette.responses import PlainTextResponse, Response
 from orchestrator.serving.bodies import declared_length, read_body
 from orchestrator.serving.endpoint import SEARCH, GalleryEndpoint
 from orchestrator.serving.requests import BadRequest, one_line
-from orchestrator.serving.settings import (DEFAULT_MAX_BATCH, Pools, ServeSettings, parse_serve_arguments, pools_of,
-                                           serve_settings)
+from orchestrator.serving.settings import DEFAULT_MAX_BATCH, Pools, ServeSettings, parse_serve_arguments, pools_of, serve_settings
 
 if TYPE_CHECKING:
     from orchestrator.comparison import ComparisonPath

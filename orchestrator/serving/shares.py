@@ -20,7 +20,7 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 

@@ -26,8 +26,8 @@ def store_of(spec, gallery_root: str, gallery: str, index_kind: str = "flat",
                              spec.index, dict(spec.index_options), spec.overfetch, binary,
                              dict(index_options or {}) if binary else {})
     if kind == "lance":
-        from orchestrator.stores.lance import LanceStore
         from orchestrator.storage import join_uri
+        from orchestrator.stores.lance import LanceStore
 
         return LanceStore(spec.path or join_uri(gallery_root, "lance"), spec.index, dict(spec.index_options),
                           spec.overfetch)

@@ -32,9 +32,21 @@ import numpy as np
 
 from orchestrator.integrity import ids_sha256
 from orchestrator.stores.locations import StoreLocation
-from orchestrator.stores.vectors import (EarlierLayout, check_current_layout, check_layout, check_rows, check_servable,
-                                         query_coordinates, recorded_columns, rerank, row_columns, rows_digest,
-                                         search_metric, shard_columns, stored_coordinates)
+from orchestrator.stores.vectors import (
+    EarlierLayout,
+    check_current_layout,
+    check_layout,
+    check_rows,
+    check_servable,
+    query_coordinates,
+    recorded_columns,
+    rerank,
+    row_columns,
+    rows_digest,
+    search_metric,
+    shard_columns,
+    stored_coordinates,
+)
 
 VERSION_CHARS = 20
 MIN_INDEX_ROWS = 4096

@@ -49,12 +49,24 @@ import numpy as np
 
 from orchestrator.integrity import ids_sha256
 from orchestrator.outside import OutsideSystemError
-from orchestrator.stores.bits import (bit_strings, candidates_per_query, code_distances, codes_of_bit_strings,
-                                      query_codes, shard_codes)
+from orchestrator.stores.bits import bit_strings, candidates_per_query, code_distances, codes_of_bit_strings, query_codes, shard_codes
 from orchestrator.stores.locations import StoreLocation, libpq_url, shown
-from orchestrator.stores.vectors import (EarlierLayout, check_current_layout, check_layout, check_rows, check_servable,
-                                         nearest, query_coordinates, recorded_columns, rerank, row_columns, rows_digest,
-                                         search_metric, shard_columns, stored_coordinates)
+from orchestrator.stores.vectors import (
+    EarlierLayout,
+    check_current_layout,
+    check_layout,
+    check_rows,
+    check_servable,
+    nearest,
+    query_coordinates,
+    recorded_columns,
+    rerank,
+    row_columns,
+    rows_digest,
+    search_metric,
+    shard_columns,
+    stored_coordinates,
+)
 
 _COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + struct.pack(">ii", 0, 0)
 _COPY_TRAILER = struct.pack(">h", -1)

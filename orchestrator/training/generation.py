@@ -19,10 +19,11 @@ from torch import nn
 
 from orchestrator.data import ImageTensorDataset, load_source
 from orchestrator.methods import TrainContext, create_method
-from orchestrator.methods.posthoc import FIT_SECONDS as POSTHOC_FIT_SECONDS, HISTORY as POSTHOC_HISTORY
-from orchestrator.models.encoder import EncoderConfig
-from orchestrator.models.checkpoint import CheckpointCard, save_generation
 from orchestrator.methods.loading import load_generation
+from orchestrator.methods.posthoc import FIT_SECONDS as POSTHOC_FIT_SECONDS
+from orchestrator.methods.posthoc import HISTORY as POSTHOC_HISTORY
+from orchestrator.models.checkpoint import CheckpointCard, save_generation
+from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import HealthSpec, TrainConfig
 from orchestrator.training.health import HealthMonitor, HealthStop, health_sample
 from orchestrator.training.loop import freeze, make_train_loader, train_one_epoch

@@ -56,6 +56,7 @@ from orchestrator.config import (
     PipelineConfigError,
     StrictModel,
     load_pipeline,
+    posthoc,
     problem,
     problems_from,
     raise_problems,
@@ -64,7 +65,6 @@ from orchestrator.config import (
     unwrap,
     validate_yaml_mapping,
 )
-from orchestrator.config import posthoc
 from orchestrator.methods.registry import method_description
 from orchestrator.metrics import METRICS, NORMALISED_SCORES, UPDATE_SCORES
 from orchestrator.names import Name

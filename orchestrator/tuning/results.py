@@ -27,10 +27,10 @@ import yaml
 from orchestrator.config import GenerationSpec
 from orchestrator.lineage import LineageStore
 from orchestrator.metrics import METRICS, format_value
-from orchestrator.storage import join_uri, write_bytes_atomic
 from orchestrator.models.checkpoint import load_card
-from orchestrator.tuning import objective as objectives
+from orchestrator.storage import join_uri, write_bytes_atomic
 from orchestrator.training.config import STOP as HEALTH_STOP
+from orchestrator.tuning import objective as objectives
 from orchestrator.tuning.config import METRIC_NAMES, Objective, TuneFile
 
 OUTCOMES = ("finished", "stopped", "collapsed", "error")

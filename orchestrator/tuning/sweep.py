@@ -33,13 +33,13 @@ from ray.tune import Callback
 
 from orchestrator.config import RUNTIME_SECTIONS, config_sha256
 from orchestrator.distributed.runtime import connect, dashboard_message
-from orchestrator.progress import Meter
 from orchestrator.evaluation import evaluate_generations
-from orchestrator.pipeline.runner import PipelineRunner
-from orchestrator.training.config import COLLAPSED
-from orchestrator.models.checkpoint import checkpoint_exists
-from orchestrator.storage import exists, join_uri, read_json, write_json_atomic
 from orchestrator.methods.loading import load_generation
+from orchestrator.models.checkpoint import checkpoint_exists
+from orchestrator.pipeline.runner import PipelineRunner
+from orchestrator.progress import Meter
+from orchestrator.storage import exists, join_uri, read_json, write_json_atomic
+from orchestrator.training.config import COLLAPSED
 from orchestrator.tuning import results as outputs
 from orchestrator.tuning import space as spaces
 from orchestrator.tuning.config import TuneFile

@@ -37,10 +37,10 @@ import torch
 
 from orchestrator.data import ImageTensorDataset, load_source
 from orchestrator.evaluation import compare_generations, embed_split, sample_split
+from orchestrator.methods.loading import load_generation
 from orchestrator.metrics import METRICS, NORMALISED_SCORES
 from orchestrator.models.bundle import CompatibleModel
 from orchestrator.storage import join_uri
-from orchestrator.methods.loading import load_generation
 from orchestrator.training.generation import GenerationJob, GenerationTraining
 from orchestrator.training.health import COLLAPSED
 from orchestrator.tuning import objective as objectives

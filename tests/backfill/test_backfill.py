@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from backfill_choices import chosen_items, scored_shards, top_items, whole_shard_order
 from orchestrator.backfill import backfill_curve, budget_count, mixed_gallery, random_priority, write_backfill_curve
 from orchestrator.backfill.orders import OrderInputs, shard_priorities
 from orchestrator.backfill.policy import curve_order
@@ -16,8 +17,6 @@ from orchestrator.geometry import lorentz
 from orchestrator.methods.lambda_orth import backfill_order
 from orchestrator.metrics import backfill_curve_area
 from orchestrator.metrics.class_means import class_sums, distances_to_class_means
-
-from backfill_choices import chosen_items, scored_shards, top_items, whole_shard_order
 
 
 def _parts(sizes, scores):

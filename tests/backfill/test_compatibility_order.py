@@ -8,10 +8,9 @@ import math
 import numpy as np
 import pytest
 
+from backfill_choices import chosen_items, whole_shard_order
 from orchestrator.backfill import compatibility_ranks, least_compatible_priority, random_priority
 from orchestrator.config import BackfillPolicy
-
-from backfill_choices import chosen_items, whole_shard_order
 
 
 def test_ranks_put_the_lowest_cross_value_and_an_unsearchable_generation_first():

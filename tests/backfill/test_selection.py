@@ -6,12 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from backfill_choices import chosen_items, top_items
 from orchestrator.backfill import budget_count
 from orchestrator.backfill.selection import ScoredShard, in_memory_ask, kth_key, priority_keys, select_top
 from orchestrator.config import BackfillPolicy
 from orchestrator.metrics.class_means import class_sums, distances_to_class_means
-
-from backfill_choices import chosen_items, top_items
 
 
 def random_gallery(rng, ties: bool):

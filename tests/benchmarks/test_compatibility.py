@@ -8,13 +8,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks import compatibility
-from benchmarks.compatibility import (METHODS, experiment_for, format_summary, format_table, main,
-                                                   orderings, targets)
+from benchmarks.compatibility import METHODS, experiment_for, format_summary, format_table, main, orderings, targets
 from orchestrator.config import load_pipeline
 from orchestrator.data import load_shapes
-from orchestrator.methods import create_method
+from orchestrator.methods import create_method, references
 from orchestrator.metrics import update_summary
-from orchestrator.methods import references
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -8,9 +8,15 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.dsimplex_shapes import (
-    PIPELINE, SHAPES_24, STAND_IN_CLASSES, STAND_INS, format_gates, pipeline_overrides,
+    PIPELINE,
+    SHAPES_24,
+    STAND_IN_CLASSES,
+    STAND_INS,
+    format_gates,
+    pipeline_overrides,
 )
-from orchestrator.cli_options import add_pipeline_options, pipeline_overrides as parsed_overrides
+from orchestrator.cli_options import add_pipeline_options
+from orchestrator.cli_options import pipeline_overrides as parsed_overrides
 from orchestrator.config import load_pipeline
 from orchestrator.data.procedural import PATTERNS, SHAPES
 from orchestrator.data.selection import training_indices

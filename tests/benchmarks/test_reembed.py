@@ -9,9 +9,9 @@ import math
 
 import numpy as np
 import pytest
+import ray
 
 from benchmarks import reembed
-import ray
 from local_ray import start_local_ray
 
 ITEMS, BATCH = 300, 64  # the tiled gallery wraps the 1,797 digits only for > 1,797 items; 5 batches

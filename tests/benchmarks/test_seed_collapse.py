@@ -5,9 +5,19 @@ import json
 
 import pytest
 
-from benchmarks.seed_collapse import (BEGIN, END, collapse_counts, collapsed, format_collapse_table,
-                                                   format_mean_updates, format_seed_table, main, read_records,
-                                                   replace_section, unchecked)
+from benchmarks.seed_collapse import (
+    BEGIN,
+    END,
+    collapse_counts,
+    collapsed,
+    format_collapse_table,
+    format_mean_updates,
+    format_seed_table,
+    main,
+    read_records,
+    replace_section,
+    unchecked,
+)
 from orchestrator.evaluation.update_experiment import UpdateExperiment
 from orchestrator.metrics import update_summary
 

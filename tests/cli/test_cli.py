@@ -6,10 +6,10 @@ import json
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 import orchestrator
 from orchestrator import cli

@@ -10,8 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from orchestrator.data import download_cifar, load_cifar, safe_extract_tar
-from orchestrator.data import sources
+from orchestrator.data import download_cifar, load_cifar, safe_extract_tar, sources
 
 
 def add_file(tar: tarfile.TarFile, name: str, payload: bytes) -> None:

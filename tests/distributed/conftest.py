@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import ray
 
-from orchestrator.distributed.runtime import WORKER_ENV_VARS
 from local_ray import start_local_ray
+from orchestrator.distributed.runtime import WORKER_ENV_VARS
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from backfill_choices import top_items, whole_shard_order
 from orchestrator.backfill import budget_count, compatibility_ranks, least_compatible_priority, random_priority
 from orchestrator.backfill.selection import select_top
 from orchestrator.config import BackfillPolicy
@@ -15,8 +16,6 @@ from orchestrator.distributed.backfill_scores import PriorityRule, ScoredGallery
 from orchestrator.gallery import ShardEmbeddings, read_shard, write_shard
 from orchestrator.gallery.shard_files import read_selection
 from orchestrator.geometry import lorentz
-
-from backfill_choices import top_items, whole_shard_order
 
 pytestmark = pytest.mark.e2e
 

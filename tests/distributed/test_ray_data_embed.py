@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
 from orchestrator.config.gallery import EmbeddingSpec
+from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
 from orchestrator.data.gallery_sources import MemorySource
 from orchestrator.distributed.gallery_step import GenerationModel, embed_gallery
 from orchestrator.geometry import lorentz
 from orchestrator.methods import create_method, embed_dataset
-from orchestrator.models.encoder import EncoderConfig
 from orchestrator.models.checkpoint import save_generation
+from orchestrator.models.encoder import EncoderConfig
 from orchestrator.shard_update import ShardUpdate, UpdateKind
 
 pytestmark = pytest.mark.e2e

@@ -19,11 +19,11 @@ import psutil
 import pytest
 import torch
 
-from orchestrator.data import channel_statistics, load_digits
 from orchestrator.config.runtime import RaySettings
+from orchestrator.data import channel_statistics, load_digits
 from orchestrator.distributed.train import GenerationJob, train_generation_with_ray
-from orchestrator.models.checkpoint import load_card
 from orchestrator.methods.loading import load_generation
+from orchestrator.models.checkpoint import load_card
 from orchestrator.training.generation import GenerationTraining
 from orchestrator.training.seeds import derive_seed
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
+from image_data import LabelShiftedImages
 from orchestrator.evaluation import evaluate_generations
 from orchestrator.methods import create_method, embed_dataset
 from orchestrator.metrics import retrieval_metrics
 from orchestrator.models.encoder import EncoderConfig
-from image_data import LabelShiftedImages
 
 
 def random_images(n: int = 40, classes: int = 4, seed: int = 0) -> LabelShiftedImages:

@@ -3,8 +3,7 @@ content-named files."""
 import numpy as np
 import pytest
 
-from orchestrator.gallery import (ShardEmbeddings, home_shards, read_recorded_shard, read_shard, shard_file_uris,
-                                  shard_members, write_shard)
+from orchestrator.gallery import ShardEmbeddings, home_shards, read_recorded_shard, read_shard, shard_file_uris, shard_members, write_shard
 from orchestrator.gallery.shard_files import item_set_version
 from orchestrator.storage import ChecksumMismatch, write_bytes_atomic
 

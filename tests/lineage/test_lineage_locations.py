@@ -13,8 +13,7 @@ import pytest
 from alembic import command
 from sqlalchemy import create_engine
 
-from orchestrator.lineage import LineageStore
-from orchestrator.lineage import migrate
+from orchestrator.lineage import LineageStore, migrate
 from orchestrator.lineage.records import ShardAssignment
 from orchestrator.lineage.step_keys import StepKind, integrity_key, shard_update_key
 
@@ -144,11 +143,11 @@ def test_a_prefix_copied_to_another_bucket_serves_from_the_copy(s3_bucket, monke
     from orchestrator.gallery import ShardEmbeddings
     from orchestrator.integrity import record_index, trained_outputs
     from orchestrator.methods import create_method
+    from orchestrator.models.checkpoint import save_generation
     from orchestrator.models.encoder import EncoderConfig
     from orchestrator.search.service import open_router
     from orchestrator.shard_update import ShardTarget, write_shard_files
     from orchestrator.storage import join_uri
-    from orchestrator.models.checkpoint import save_generation
 
     bucket, endpoint = s3_bucket
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", endpoint)

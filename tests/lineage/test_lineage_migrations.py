@@ -13,8 +13,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.orm import Session
 
-from orchestrator.lineage import LineageNotFound, LineageStore
-from orchestrator.lineage import migrate
+from orchestrator.lineage import LineageNotFound, LineageStore, migrate
 from orchestrator.lineage.schema import Base, Generation, Step
 
 VERSIONS = Path(migrate.__file__).with_name("migrations") / "versions"

@@ -104,6 +104,7 @@ def test_a_refused_pipeline_run_records_nothing(url, tmp_path):
 def test_a_taker_arriving_before_the_holder_records_itself_still_names_it(url, monkeypatch):
     """The holder takes the lock, then writes its row: a taker in between waits for the row."""
     import threading
+
     from orchestrator.lineage import locks
 
     first, second = LineageStore(url), LineageStore(url)

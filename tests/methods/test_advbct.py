@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from image_data import LabelShiftedImages
 from orchestrator.methods.advbct import (
     AdvBCT,
     Discriminator,
@@ -23,13 +24,12 @@ from orchestrator.methods.advbct import (
 )
 from orchestrator.methods.base import TrainContext, embed_dataset
 from orchestrator.methods.independent import Independent
-from orchestrator.models.encoder import EncoderConfig
 from orchestrator.methods.loading import load_generation
 from orchestrator.models.checkpoint import save_generation
+from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import freeze, make_train_loader, train_generation, train_one_epoch
 from orchestrator.training.optim import build_optimizer
-from image_data import LabelShiftedImages
 
 NUM_CLASSES = 5  # class 4 has no training image (labels i % 4)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.utils.data import Subset
 
+from image_data import LabelShiftedImages
 from orchestrator.methods.base import TrainContext, embed_dataset
 from orchestrator.methods.bct import BCT
 from orchestrator.methods.hoc import HOC, hoc_infonce
@@ -18,7 +19,6 @@ from orchestrator.models.encoder import EncoderConfig
 from orchestrator.models.outputs import ModelOutput
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import freeze, train_generation
-from image_data import LabelShiftedImages
 
 LABEL_SETS = {
     "mixed": [0, 1, 0, 2, 1, 3, 0, 2],

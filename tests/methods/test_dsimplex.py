@@ -14,7 +14,6 @@ from orchestrator.methods.registry import method_class
 from orchestrator.models.outputs import ModelOutput
 
 
-
 def _output(z: torch.Tensor, head: torch.nn.Module) -> ModelOutput:
     return ModelOutput(features=z, embedding=z, logits=head(z))
 

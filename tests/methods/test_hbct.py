@@ -11,6 +11,7 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 from orchestrator.geometry import lorentz
+from orchestrator.methods import references
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.hbct import HBCT, contrastive_distances, entailment_loss, infonce_loss, rince_loss
 from orchestrator.models.bundle import CompatibleModel
@@ -19,7 +20,6 @@ from orchestrator.models.lifts import build_lift
 from orchestrator.models.outputs import ModelOutput
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import freeze, train_generation
-from orchestrator.methods import references
 from vector_models import VectorEncoder, vector_model
 
 

@@ -36,7 +36,6 @@ from orchestrator.models.lifts import CosineLift
 from orchestrator.models.outputs import ModelOutput
 
 
-
 def _rotation(n: int, generator: torch.Generator, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """A random proper rotation (det +1), (n, n)."""
     q = torch.linalg.qr(torch.randn(n, n, generator=generator, dtype=torch.float64)).Q

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 import torch
 
+from image_data import LabelShiftedImages
 from orchestrator.methods.base import TrainContext, embed_dataset
 from orchestrator.methods.common import arcface_logits, iqr_class_radii
 from orchestrator.methods.independent import Independent
 from orchestrator.methods.lce import LCE, angular_boundary_loss, old_class_geometry
 from orchestrator.models.encoder import EncoderConfig
-from image_data import LabelShiftedImages
 
 NUM_CLASSES = 5  # class 4 has no training image (labels i % 4)
 OLD_CLASSES = [0, 1]

@@ -18,15 +18,15 @@ from orchestrator.geometry import Geometry
 from orchestrator.index import ShardIndex, build_index
 from orchestrator.lineage.records import ShardRecord
 from orchestrator.methods import TrainContext, create_method
-from orchestrator.methods.common import SupervisedMethod, paired_train_embeddings
 from orchestrator.methods import registry as method_registry
+from orchestrator.methods.common import SupervisedMethod, paired_train_embeddings
+from orchestrator.methods.loading import load_generation
 from orchestrator.methods.registry import register_method
 from orchestrator.models.adapters import BACKWARD_ADAPTER, adapter_class, register_adapter
 from orchestrator.models.adapters import registry as adapter_registry
+from orchestrator.models.checkpoint import save_generation
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.search import SearchRouter
-from orchestrator.methods.loading import load_generation
-from orchestrator.models.checkpoint import save_generation
 
 ENCODER = EncoderConfig(arch="test_resnet", embed_dim=8)
 

@@ -10,8 +10,7 @@ import torch
 from orchestrator.geometry import lorentz
 from orchestrator.methods import create_method
 from orchestrator.methods.base import TrainContext
-from orchestrator.methods.posthoc import (HISTORY, fit_error, fit_residual_mlp, low_rank_affine, mean_map_error,
-                                          procrustes_matrix)
+from orchestrator.methods.posthoc import HISTORY, fit_error, fit_residual_mlp, low_rank_affine, mean_map_error, procrustes_matrix
 from orchestrator.methods.posthoc_descriptions import ResidualMLPParams
 from orchestrator.models.adapters import BACKWARD_ADAPTER, ChartMap, adapter_spec, build_adapter
 from orchestrator.models.adapters.posthoc import LowRankAffineAdapter, ResidualMLPAdapter, to_chart

@@ -10,9 +10,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from image_data import LabelShiftedImages
 from orchestrator.comparison import IncomparableGenerations, comparison_path
 from orchestrator.geometry.spaces import Space
-from orchestrator.methods import registry
+from orchestrator.methods import references, registry
 from orchestrator.methods.base import CompatibilityMethod
 from orchestrator.methods.bct import BCT
 from orchestrator.methods.dsimplex import DSimplex
@@ -22,8 +23,6 @@ from orchestrator.methods.registry import available_methods, create_method, meth
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import train_generation
-from orchestrator.methods import references
-from image_data import LabelShiftedImages
 
 FIRST_TIER = {
     "independent", "l2", "bct", "hot_refresh", "hoc", "hbct", "ndpp", "odpp", "dsimplex", "lambda_orth",

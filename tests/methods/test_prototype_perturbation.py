@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from image_data import LabelShiftedImages
 from orchestrator.methods.base import TrainContext, embed_dataset
 from orchestrator.methods.ndpp import NDPP, NEW_REPULSION, OLD_REPULSION, PSEUDO_OLD
 from orchestrator.methods.odpp import ODPP, PERTURBATIONS
@@ -25,8 +26,6 @@ from orchestrator.methods.prototypes import (
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import train_generation
-from image_data import LabelShiftedImages
-
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> float:

@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from image_data import LabelShiftedImages
 from orchestrator.methods.base import TrainContext, embed_dataset
 from orchestrator.methods.common import normalized_class_means
 from orchestrator.methods.independent import Independent
 from orchestrator.methods.unibct import UniBCT, intra_class_graph, structural_prototypes
 from orchestrator.models.encoder import EncoderConfig
-from image_data import LabelShiftedImages
 
 
 def _refined_reference(embeddings: np.ndarray, labels: np.ndarray, num_classes: int, k: int, tau: float, steps: int):

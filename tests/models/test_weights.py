@@ -144,8 +144,8 @@ def test_generation_file_of_this_project_loads_as_pretrained(tmp_path):
     """A replacement may start from a model this project trained elsewhere: its generation file
     (``encoder.backbone.*``, ``encoder.projection.*`` beside its head) gives the same embedding."""
     from orchestrator.methods import create_method
-    from orchestrator.models.checkpoint_layout import WEIGHTS_FILE
     from orchestrator.models.checkpoint import save_generation
+    from orchestrator.models.checkpoint_layout import WEIGHTS_FILE
 
     method = create_method("dsimplex", {"num_prototypes": 16})
     torch.manual_seed(7)

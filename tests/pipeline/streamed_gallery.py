@@ -9,31 +9,30 @@ resume test kills and starts again; every step it runs is skipped once committed
 from __future__ import annotations
 
 import functools
-
 import io
 import json
 import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
 import yaml
 from PIL import Image
 
 from orchestrator.config import PipelineConfig
 from orchestrator.data import channel_statistics, load_digits
+from orchestrator.distributed.runtime import start_local_ray
 from orchestrator.gallery import read_shard
 from orchestrator.index import load_index
+from orchestrator.integrity import trained_outputs
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.step_keys import plan_key, train_key
 from orchestrator.methods import create_method
+from orchestrator.models.checkpoint import save_generation
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.pipeline.gallery.updater import GalleryUpdater
-from orchestrator.models.checkpoint import save_generation
-from orchestrator.distributed.runtime import start_local_ray
-from orchestrator.integrity import trained_outputs
 
 REPO = Path(__file__).resolve().parents[2]
 FILE_SIZES = (120, 1, 150, 100, 168)  # 539 rows in five files, one of a single row

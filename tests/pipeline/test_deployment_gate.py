@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.lineage import LineageStore
 from cli_runs import cli, cli_in_process
 from g0_run import g0_config, write_pipeline
+from orchestrator.lineage import LineageStore
 
 pytestmark = pytest.mark.e2e
 

@@ -9,10 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from image_data import LabelShiftedImages
 from orchestrator.comparison import IncomparableGenerations, comparison_path
 from orchestrator.config import EvaluationSpec, load_pipeline
 from orchestrator.data import load_digits
 from orchestrator.evaluation import compare_generations, embed_split, evaluate_generations, sample_split
+from orchestrator.integrity import trained_outputs
 from orchestrator.lineage.step_keys import evaluate_key, train_key
 from orchestrator.methods import create_method
 from orchestrator.methods.base import embed_dataset_with_ids
@@ -20,6 +22,7 @@ from orchestrator.methods.fct import build_forward_map
 from orchestrator.methods.lambda_orth import BACKWARD_ADAPTER, FORWARD_ADAPTER, build_adapters
 from orchestrator.metrics import METRICS, retrieval_metrics
 from orchestrator.models.bundle import CompatibleModel
+from orchestrator.models.checkpoint import save_generation
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.pipeline.evaluate_step import (
     EVAL_EMBEDDINGS,
@@ -30,10 +33,7 @@ from orchestrator.pipeline.evaluate_step import (
 )
 from orchestrator.pipeline.runner import PipelineRunner
 from orchestrator.pipeline.step_specs import ChangedStepSpec, evaluate_spec
-from orchestrator.integrity import trained_outputs
 from orchestrator.storage import ChecksumMismatch
-from orchestrator.models.checkpoint import save_generation
-from image_data import LabelShiftedImages
 
 ENCODER = EncoderConfig(arch="test_resnet", embed_dim=8)
 NAMES = ["g0", "g1", "g2"]

@@ -11,6 +11,7 @@ import pytest
 import ray
 import torch
 
+from local_ray import start_local_ray
 from orchestrator.config import PipelineConfig
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
 from orchestrator.gallery import read_shard
@@ -19,12 +20,11 @@ from orchestrator.lineage import LineageStore
 from orchestrator.lineage.step_keys import plan_key, train_key
 from orchestrator.methods import create_method
 from orchestrator.methods.base import embed_dataset_with_ids
-from orchestrator.models.encoder import EncoderConfig
-from orchestrator.pipeline.gallery.updater import GalleryUpdater
 from orchestrator.methods.loading import load_generation
 from orchestrator.models.checkpoint import save_generation
+from orchestrator.models.encoder import EncoderConfig
+from orchestrator.pipeline.gallery.updater import GalleryUpdater
 from streamed_gallery import pipeline_config, write_parquet_gallery
-from local_ray import start_local_ray
 
 SAMPLE = 200
 

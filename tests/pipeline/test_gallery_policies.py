@@ -12,6 +12,7 @@ import ray
 import torch
 import yaml
 
+from local_ray import start_local_ray
 from orchestrator.backfill import random_priority
 from orchestrator.config import PipelineConfig
 from orchestrator.data import channel_statistics, load_digits
@@ -20,10 +21,9 @@ from orchestrator.integrity import trained_outputs
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.step_keys import plan_key, train_key
 from orchestrator.methods import create_method
+from orchestrator.models.checkpoint import save_generation
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.pipeline.gallery.updater import GalleryUpdater
-from orchestrator.models.checkpoint import save_generation
-from local_ray import start_local_ray
 
 pytestmark = pytest.mark.e2e
 

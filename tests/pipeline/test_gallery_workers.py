@@ -21,10 +21,10 @@ import ray
 import torch
 from ray import cloudpickle
 
+from local_ray import start_local_ray
 from orchestrator.distributed import gallery_step
 from orchestrator.lineage.step_keys import StepKind, shard_update_key
 from orchestrator.pipeline.verify import verify_storage
-from local_ray import start_local_ray
 from streamed_gallery import first_generation, served_rows
 
 pytestmark = pytest.mark.e2e

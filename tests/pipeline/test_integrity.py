@@ -21,8 +21,8 @@ from orchestrator.index import load_index
 from orchestrator.integrity import IntegrityError, ids_sha256, load_checked_index, record_index, trained_outputs
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.step_keys import integrity_key, plan_key
-from orchestrator.shard_update import ShardTarget, write_shard_files
 from orchestrator.methods import create_method
+from orchestrator.models.checkpoint import save_generation
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.pipeline.runner import PipelineRunner
 from orchestrator.pipeline.verify import (
@@ -33,7 +33,7 @@ from orchestrator.pipeline.verify import (
     verify_storage,
 )
 from orchestrator.search import SearchRouter
-from orchestrator.models.checkpoint import save_generation
+from orchestrator.shard_update import ShardTarget, write_shard_files
 
 GALLERY = "tiny"
 

@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from cli_runs import cli, cli_in_process
 from orchestrator.config import load_pipeline
 from orchestrator.integrity import IntegrityError
 from orchestrator.lineage import LineageStore
 from orchestrator.pipeline.verify import stored_files, verify_storage
 from orchestrator.search.service import open_router
 from orchestrator.storage import ChecksumMismatch
-from cli_runs import cli, cli_in_process
 
 pytestmark = pytest.mark.e2e
 

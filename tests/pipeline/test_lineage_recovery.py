@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
+from cli_runs import cli_in_process
 from orchestrator.cli import ExitCode
 from orchestrator.gallery import read_shard
 from orchestrator.integrity import index_record, record_index
 from orchestrator.lineage import LineageStore
 from orchestrator.storage import sha256_hex
-from cli_runs import cli_in_process
 
 pytestmark = pytest.mark.e2e
 

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from cli_runs import cli, cli_in_process
+from g0_run import g0_config, write_pipeline
 from orchestrator.config import load_pipeline
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.step_keys import StepKind
-from cli_runs import cli, cli_in_process
-from g0_run import g0_config, write_pipeline
 
 pytestmark = pytest.mark.e2e
 

@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from cli_runs import cli, cli_in_process
 from orchestrator.config import load_pipeline
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.step_keys import gate_key
 from orchestrator.methods.base import embed_dataset_with_ids
+from orchestrator.methods.loading import load_generation
 from orchestrator.metrics import retrieval_metrics
 from orchestrator.models.adapters import BACKWARD_ADAPTER, ChartMap
-from orchestrator.methods.loading import load_generation
-from cli_runs import cli, cli_in_process
 
 pytestmark = pytest.mark.e2e
 

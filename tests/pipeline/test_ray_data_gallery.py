@@ -20,11 +20,11 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
+from cli_runs import cli, cli_in_process
 from orchestrator.config import load_pipeline
 from orchestrator.data import load_digits
 from orchestrator.gallery import read_shard
 from orchestrator.lineage import LineageStore
-from cli_runs import cli, cli_in_process
 
 pytestmark = pytest.mark.e2e
 

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+from cli_runs import cli, cli_in_process
 from orchestrator.config import load_pipeline
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
 from orchestrator.gallery import read_shard
@@ -28,10 +29,9 @@ from orchestrator.index import load_index
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.step_keys import gallery_eval_key, gate_key
 from orchestrator.methods.base import embed_dataset_with_ids
-from orchestrator.metrics import retrieval_metrics
 from orchestrator.methods.loading import load_generation
+from orchestrator.metrics import retrieval_metrics
 from orchestrator.storage import read_json
-from cli_runs import cli, cli_in_process
 
 pytestmark = pytest.mark.e2e
 

@@ -24,13 +24,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_runs import cli, cli_in_process
+from g0_run import REPO, g0_config, write_pipeline
+from local_ray import start_local_ray
 from orchestrator.config import load_pipeline
 from orchestrator.lineage import LineageStore
 from orchestrator.serving.settings import ServeSettings
 from orchestrator.serving.snapshots import snapshot_id
-from cli_runs import cli, cli_in_process
-from g0_run import REPO, g0_config, write_pipeline
-from local_ray import start_local_ray
 from serving_client import free_port, png_files, search_body
 
 pytestmark = pytest.mark.e2e

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cli_runs import cli_in_process
 from orchestrator.config import load_pipeline
 from orchestrator.data import load_digits
 from orchestrator.gallery import read_shard
@@ -20,13 +21,12 @@ from orchestrator.integrity import record_index
 from orchestrator.lineage import LineageStore
 from orchestrator.serving.encoders import QueryEncoders
 from orchestrator.serving.endpoint import GalleryEndpoint
-from orchestrator.serving.settings import ServeSettings, token_sha256
 from orchestrator.serving.pooled import PooledServices
+from orchestrator.serving.settings import ServeSettings, token_sha256
 from orchestrator.serving.shares import ShardShare
 from orchestrator.shard_update import ShardTarget, write_shard_files
-from orchestrator.storage.leases import held_uris
 from orchestrator.storage import join_uri
-from cli_runs import cli_in_process
+from orchestrator.storage.leases import held_uris
 from serving_client import png_files, search_body
 
 pytestmark = pytest.mark.e2e

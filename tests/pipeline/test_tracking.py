@@ -24,6 +24,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from g0_run import g0_config, write_pipeline
 from orchestrator.config import RUNTIME_SECTIONS, PipelineConfigError, config_sha256, load_pipeline
 from orchestrator.distributed.runtime import dashboard_address
 from orchestrator.lineage import LineageStore
@@ -31,7 +32,6 @@ from orchestrator.metrics import METRICS
 from orchestrator.pipeline.report import write_report
 from orchestrator.pipeline.step_specs import train_spec
 from orchestrator.pipeline.tracking import Tracker, metric_key, open_tracker, shown_uri
-from g0_run import g0_config, write_pipeline
 
 REPO = Path(__file__).resolve().parents[2]
 LIFELONG = REPO / "pipelines" / "lifelong.yaml"

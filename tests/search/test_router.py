@@ -8,14 +8,21 @@ import torch
 from torch import nn
 
 from orchestrator.gallery import ShardEmbeddings, evaluate_mixed_gallery, write_shard
-from orchestrator.geometry import lorentz
-from orchestrator.geometry import Geometry
+from orchestrator.geometry import Geometry, lorentz
 from orchestrator.index import ShardIndex, build_index, load_index
 from orchestrator.lineage.records import CompatibilityRecord, ShardRecord
 from orchestrator.methods import create_method
 from orchestrator.methods.fct import build_forward_map
-from orchestrator.search import (CompatibilityCriterion, IncompatibleShards, SearchRouter, ShardHits, merge_top_k,
-                                 plan_routes, search_merged, search_shards)
+from orchestrator.search import (
+    CompatibilityCriterion,
+    IncompatibleShards,
+    SearchRouter,
+    ShardHits,
+    merge_top_k,
+    plan_routes,
+    search_merged,
+    search_shards,
+)
 from orchestrator.search.router import load_route
 from orchestrator.search.router_evaluation import evaluate_search
 from orchestrator.storage import ChecksumMismatch

@@ -9,9 +9,8 @@ import pytest
 from PIL import Image
 
 from orchestrator.search.queries import decode_image
+from orchestrator.serving.requests import MAX_REASON, BadRequest, allowed_uri, check_width, decode_queries, parse_search
 from orchestrator.serving.settings import Limits
-from orchestrator.serving.requests import (MAX_REASON, BadRequest, allowed_uri, check_width, decode_queries,
-                                           parse_search)
 
 LIMITS = Limits(max_body_bytes=4096, max_queries=3, max_k=50, max_pixels=64 * 64)
 

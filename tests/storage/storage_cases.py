@@ -6,7 +6,6 @@ from orchestrator.methods.lambda_orth import BACKWARD_ADAPTER, FORWARD_ADAPTER, 
 from orchestrator.methods.registry import create_method
 from orchestrator.models.encoder import EncoderConfig
 
-
 ENCODER = EncoderConfig(arch="test_resnet", embed_dim=8)
 
 #: (case id, method name, params, adapters spec or None)

@@ -7,13 +7,13 @@ from datetime import datetime, timezone
 import pytest
 import torch
 
-from storage_cases import ENCODER, assert_same_outputs, assert_same_state, build_case
+from orchestrator.methods.loading import load_generation
 from orchestrator.methods.registry import create_method
+from orchestrator.models import checkpoint as ckpt
 from orchestrator.models.checkpoint import CARD_FORMAT_VERSION, checkpoint_exists, load_card, save_generation
 from orchestrator.storage import ChecksumMismatch, sha256_hex
-from orchestrator.methods.loading import load_generation
 from orchestrator.training.state import load_training_state, save_training_state
-from orchestrator.models import checkpoint as ckpt
+from storage_cases import ENCODER, assert_same_outputs, assert_same_state, build_case
 
 
 def test_round_trip_is_bit_identical(case, tmp_path):

@@ -4,7 +4,6 @@ import os
 
 import pytest
 
-from orchestrator.storage import filesystem as fsmod
 from orchestrator.storage import (
     exists,
     join_uri,
@@ -18,6 +17,7 @@ from orchestrator.storage import (
     write_bytes_atomic,
     write_json_atomic,
 )
+from orchestrator.storage import filesystem as fsmod
 
 
 def test_join_uri_keeps_scheme_and_collapses_slashes():

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from storage_cases import CASES, ENCODER, assert_same_outputs, assert_same_state, build_case
+from orchestrator.methods.loading import load_generation
+from orchestrator.models.checkpoint import checkpoint_exists, load_card, save_generation
 from orchestrator.storage import (
     ChecksumMismatch,
     exists,
@@ -14,9 +15,8 @@ from orchestrator.storage import (
     write_bytes_atomic,
     write_json_atomic,
 )
-from orchestrator.models.checkpoint import checkpoint_exists, load_card, save_generation
-from orchestrator.methods.loading import load_generation
 from orchestrator.training.state import load_training_state, save_training_state
+from storage_cases import CASES, ENCODER, assert_same_outputs, assert_same_state, build_case
 
 
 @pytest.mark.parametrize("case_id", ["hbct-lorentz", "lambda-orth-orthogonal"])

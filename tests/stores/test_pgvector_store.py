@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
+from benchmarks.stores import gallery_points
 from orchestrator.gallery.shard_files import ShardEmbeddings
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.index import build_index
@@ -23,7 +24,6 @@ from orchestrator.outside import OutsideSystemError
 from orchestrator.storage.overwrite import UnknownArtefact
 from orchestrator.stores import StoreLocation, store_at
 from orchestrator.stores.pgvector import PgVectorStore, index_name
-from benchmarks.stores import gallery_points
 from orchestrator.stores.vectors import query_coordinates, search_rows, stored_coordinates
 
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from image_data import LabelShiftedImages
 from orchestrator.methods import registry
 from orchestrator.methods.hoc import HOC
 from orchestrator.methods.independent import Independent
@@ -17,7 +18,6 @@ from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.loop import freeze, make_train_loader, train_generation
 from orchestrator.training.optim import build_optimizer, learning_rate_factor, set_learning_rate
-from image_data import LabelShiftedImages
 
 NUM_CLASSES = 3
 

@@ -8,11 +8,11 @@ import torch
 
 from orchestrator.data import channel_statistics, load_digits
 from orchestrator.methods import create_method
+from orchestrator.methods.loading import load_generation
 from orchestrator.methods.posthoc import HISTORY
 from orchestrator.models.adapters import BACKWARD_ADAPTER, ChartMap
-from orchestrator.models.encoder import EncoderConfig
-from orchestrator.methods.loading import load_generation
 from orchestrator.models.checkpoint import save_generation
+from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import HealthSpec
 from orchestrator.training.generation import GenerationJob, GenerationTraining
 from orchestrator.training.health import trains_encoder

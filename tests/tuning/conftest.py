@@ -11,8 +11,8 @@ import ray
 import yaml
 
 from benchmarks import tune_asha_vs_grid
-from orchestrator.distributed.runtime import WORKER_ENV_VARS
 from local_ray import start_local_ray
+from orchestrator.distributed.runtime import WORKER_ENV_VARS
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,8 +21,8 @@ import yaml
 from orchestrator.config import load_pipeline
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.step_keys import StepKind
-from orchestrator.pipeline.runner import PipelineRunner
 from orchestrator.models.checkpoint import load_card
+from orchestrator.pipeline.runner import PipelineRunner
 
 pytestmark = pytest.mark.e2e
 

@@ -12,8 +12,8 @@ from orchestrator.evaluation import evaluate_generations, sample_split
 from orchestrator.methods import create_method
 from orchestrator.metrics import METRICS
 from orchestrator.models.bundle import CompatibleModel
-from orchestrator.models.encoder import EncoderConfig
 from orchestrator.models.checkpoint import save_generation
+from orchestrator.models.encoder import EncoderConfig
 from orchestrator.tuning.trial import TrialEvaluator, TrialSetup
 
 ENCODER = EncoderConfig(arch="test_resnet", embed_dim=8)

@@ -6,15 +6,13 @@ from __future__ import annotations
 from dataclasses import asdict
 from types import SimpleNamespace
 
-import numpy as np
-import pytest
 import ray.tune
 import torch
 
 from orchestrator.data import channel_statistics, load_digits
 from orchestrator.methods import create_method
-from orchestrator.models.encoder import EncoderConfig
 from orchestrator.models.checkpoint import checkpoint_exists, save_generation
+from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.config import HealthSpec
 from orchestrator.training.generation import GenerationJob
 from orchestrator.tuning import sweep

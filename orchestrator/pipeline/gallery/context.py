@@ -16,8 +16,8 @@ from orchestrator.gallery import ShardEmbeddings
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.integrity import load_checked_generation
 from orchestrator.lineage import LineageStore
-from orchestrator.pipeline.gallery.snapshot import open_snapshot
 from orchestrator.methods.base import embed_dataset_with_ids
+from orchestrator.pipeline.gallery.snapshot import open_snapshot
 from orchestrator.storage import join_uri
 from orchestrator.storage.locations import StorageRoot
 

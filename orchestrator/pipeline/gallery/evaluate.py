@@ -13,7 +13,6 @@ import torch
 from orchestrator.backfill import DEFAULT_FRACTIONS, budget_count, write_backfill_curve
 from orchestrator.data import LabeledImages
 from orchestrator.gallery import ShardEmbeddings, comparable_shards, evaluate_mixed_gallery, read_recorded_shard
-from orchestrator.stores import load_checked_shard, read_checked_embeddings
 from orchestrator.lineage.records import ShardRecord
 from orchestrator.lineage.step_keys import gallery_eval_key
 from orchestrator.metrics import METRICS
@@ -23,6 +22,7 @@ from orchestrator.pipeline.gallery.planner import GalleryPlanner
 from orchestrator.search import CompatibilityCriterion, IncompatibleShards, SearchRouter
 from orchestrator.search.router_evaluation import evaluate_search
 from orchestrator.storage import join_uri
+from orchestrator.stores import load_checked_shard, read_checked_embeddings
 
 
 class GalleryEvaluator:

@@ -9,12 +9,12 @@ shard). The gate may escalate a plan to a full one (``plan:<gallery>:<gen>:full`
 from __future__ import annotations
 
 import json
+
 import numpy as np
 
 from orchestrator.backfill.compatibility_order import compatibility_ranks
 from orchestrator.backfill.orders import get_order
-from orchestrator.backfill.policy import (ShardPriority, curve_order, reembeds_whole_shards, select_items,
-                                          whole_shards)
+from orchestrator.backfill.policy import ShardPriority, curve_order, reembeds_whole_shards, select_items, whole_shards
 from orchestrator.config import BackfillPolicy
 from orchestrator.distributed.backfill_scores import PriorityRule, ScoredGallery, ShardToScore
 from orchestrator.integrity import IntegrityError, sha256_bytes
