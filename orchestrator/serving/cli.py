@@ -10,12 +10,13 @@ and the settings they make, are ``serving.settings``'.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import time
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.serving.settings import add_serve_options, pools_of, serve_settings
+from orchestrator.serving.settings import add_serve_options, local_ray_serve_env, pools_of, serve_settings
 
 
 def add_serve_command(commands: argparse._SubParsersAction) -> None:
@@ -32,6 +33,7 @@ def serve_command(args: argparse.Namespace) -> int:
     from orchestrator.distributed.runtime import connect
     from orchestrator.serving.app import start_server, stop_server
 
+    os.environ.update(local_ray_serve_env(settings.config.ray.address, dict(os.environ)))
     connect(settings.config.ray.address)
     # after connecting (ray.init installs a SIGTERM handler of its own), and explicitly: a command
     # started in the background of a shell script inherits SIGINT ignored

@@ -26,3 +26,13 @@ def test_the_serve_config_arguments_parse_as_the_command_line():
     for bad in (["--replicas", "0"], ["--encoder-replicas", "0"], ["--search-replicas", "-1"], ["--replica-cpus", "0"]):
         with pytest.raises(SystemExit):
             parse_serve_arguments(["p.yaml", *bad])
+
+
+def test_a_local_ray_gets_serves_throughput_mode_unless_the_user_set_a_variable_and_a_cluster_nothing():
+    from orchestrator.serving.settings import SERVE_THROUGHPUT_ENV, local_ray_serve_env
+
+    assert local_ray_serve_env(None, {}) == SERVE_THROUGHPUT_ENV == local_ray_serve_env("local", {"HOME": "/root"})
+    assert SERVE_THROUGHPUT_ENV["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "0"  # the proxy keeps listening on --port
+    mine = local_ray_serve_env(None, {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"})
+    assert "RAY_SERVE_THROUGHPUT_OPTIMIZED" not in mine and len(mine) == len(SERVE_THROUGHPUT_ENV) - 1
+    assert local_ray_serve_env("auto", {}) == {} == local_ray_serve_env(None, {"RAY_ADDRESS": "10.0.0.1:6379"})
