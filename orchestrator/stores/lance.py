@@ -13,7 +13,8 @@ by (``stores.vectors.search_metric``) once a dataset holds enough rows (``MIN_IN
 appended later are searched unindexed (flat) until the index is rebuilt.
 
 Writes: a worker appends one shard update's rows as one Lance commit (a new table version): the
-rows appear all at once or not at all; Lance retries concurrent appends of other updates. The
+rows appear all at once or not at all; Lance retries concurrent appends of other updates, and the
+worker reads the count back (``LanceStore._append``: concurrent creations of one dataset lose rows). The
 rows carry their ``version`` (the digest of their ids and vectors); no query reaches them until
 the lineage commit names ``(shard, version)``: every search filters on the versions the lineage
 (or a deployment, or a server's snapshot) names, before the vector search (``prefilter``).
@@ -98,7 +99,6 @@ class LanceStore:
         return f"shard = {int(location.shard)} AND version = '{location.version}'"
 
     def write_shard(self, shard_index: int, shard, key: str, first_attempt: bool) -> tuple[str, dict[str, Any]]:
-        import lance
         import pyarrow as pa
 
         from orchestrator.storage.overwrite import UnknownArtefact
@@ -132,24 +132,58 @@ class LanceStore:
                 raise UnknownArtefact(f"{key}: {location.describe()} already holds rows, although the step is on its "
                                       "first attempt (so the lineage does not know them); refusing to replace them")
             dataset.delete(self._filter(location))
-        for attempt in range(_COMMIT_TRIES):  # two updates may create the generation's dataset at once
-            try:
-                if self._open(name) is None:
-                    os.makedirs(self.path, exist_ok=True) if "://" not in self.path else None
-                    lance.write_dataset(table, self._uri(name), mode="create")
-                else:
-                    lance.write_dataset(table, self._uri(name), mode="append")
-                break
-            except OSError:
-                if attempt == _COMMIT_TRIES - 1:
-                    raise
-                time.sleep(0.2 * (attempt + 1))
+        self._append(name, table, location)
         self._maybe_index(name, shard.space)
         return location.uri, {"kind": "lance", "sha256": digest, "ids_sha256": ids_sha256(shard.ids),
                               "n_items": int(n), "space": shard.space, "curv": float(shard.curv),
                               "dim": int(np.asarray(shard.embeddings).shape[1]), "index": self.index,
                               "index_options": dict(self.index_options), "overfetch": int(self.overfetch),
                               "columns": names}
+
+    def _append(self, name: str, table, location: StoreLocation) -> None:
+        """Append ``table`` (one shard update's rows, all at ``location``) to dataset ``name`` as one
+        commit, and check that they are there afterwards.
+
+        Lance loses rows when several writers create one dataset at once (measured with Lance 14:
+        concurrent ``create`` or first ``append`` commits each report success, and the later one
+        replaces the earlier's rows). So the dataset is created empty first (a lost empty creation
+        loses nothing), the rows are appended (Lance retries concurrent appends itself), and the
+        rows' count is read back from the newest version: a commit is atomic, so the count is 0 (lost:
+        append again) or all of them. A count in between (rows of an attempt that raised after its
+        commit, plus a partial something) is deleted and written again."""
+        import lance
+
+        n = table.num_rows
+        for attempt in range(_COMMIT_TRIES):
+            try:
+                if self._open(name) is None:
+                    self._create_empty(name, table.schema)
+                held = self._open(name).count_rows(filter=self._filter(location))
+                if held == n:
+                    return
+                if held:
+                    self._open(name).delete(self._filter(location))
+                lance.write_dataset(table, self._uri(name), mode="append")
+                if self._open(name).count_rows(filter=self._filter(location)) == n:
+                    return
+            except OSError:
+                if attempt == _COMMIT_TRIES - 1:
+                    raise
+            time.sleep(0.2 * (attempt + 1))
+        raise OSError(f"lance store {self.path} dataset {name}: the {n} rows of {location.describe()} were not "
+                      f"there after {_COMMIT_TRIES} appends (concurrent writers replacing the dataset?)")
+
+    def _create_empty(self, name: str, schema) -> None:
+        """Create dataset ``name`` with ``schema`` and no rows, unless a concurrent writer just did."""
+        import lance
+
+        if "://" not in self.path:
+            os.makedirs(self.path, exist_ok=True)
+        try:
+            lance.write_dataset(schema.empty_table(), self._uri(name), mode="create")
+        except OSError as error:
+            if "already exists" not in str(error).lower():
+                raise
 
     def _maybe_index(self, name: str, space: str, force: bool = False) -> None:
         """Build the dataset's vector index once it holds ``MIN_INDEX_ROWS`` rows (``force``: rebuild now)."""

@@ -5,6 +5,9 @@ Poincaré galleries, the digest catches a changed vector, staged rows are listed
 first attempt never replaces rows."""
 from __future__ import annotations
 
+import multiprocessing
+import time
+
 import numpy as np
 import pytest
 
@@ -77,3 +80,26 @@ def test_verify_catches_a_changed_vector_and_staged_rows_are_listed_and_removed(
     lance.write_dataset(changed, str(tmp_path / "lance" / location.table), mode="append")
     with pytest.raises(IntegrityError, match="rows changed since they were written"):
         store.check_shard(uri, record)
+
+
+def _write_at(args) -> tuple[str, dict]:
+    path, shard_index, start = args
+    while time.time() < start:  # every writer starts within the same millisecond
+        pass
+    return LanceStore(path).write_shard(shard_index, shard("euclidean", n=50, seed=shard_index),
+                                        f"embed:test/{shard_index}:g1", first_attempt=True)
+
+
+def test_writers_creating_one_dataset_at_once_lose_no_rows(tmp_path):
+    """Lance 14 loses rows when writers create one dataset at once (each commit reports success);
+    the store creates it empty first and reads every append's count back. Six writers race on a
+    fresh dataset five times; every shard update's rows are there, and only once."""
+    spawn = multiprocessing.get_context("spawn")
+    with spawn.Pool(6) as pool:
+        for trial in range(5):
+            path = str(tmp_path / f"lance-{trial}")
+            written = pool.map(_write_at, [(path, s, time.time() + 1.5) for s in range(6)])
+            store = LanceStore(path)
+            assert [store.count(uri) for uri, _record in written] == [50] * 6
+            for uri, record in written:
+                store.check_shard(uri, record)
