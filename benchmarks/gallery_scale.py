@@ -73,7 +73,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.harness import parse_sizes, start_ray
+from benchmarks.harness import parse_sizes, start_ray, write_results
 
 DEFAULT_SIZES = (100_000, 1_000_000, 10_000_000)
 ENCODERS = {"cheap": 8, "realistic": 32}  # --encoder → the side of the generated square RGB images
@@ -671,9 +671,7 @@ def main(argv: list[str] | None = None) -> int:
                     "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
                                 "ray": ray.__version__, "platform": platform.platform(), "load_end": os.getloadavg()},
                     "rows": rows, "targets": {w: verdicts(rows, w) for w in dict.fromkeys(r["where"] for r in rows)}}
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"results written to {args.json}")
+        write_results(args.json, document)
     return 0
 
 

@@ -1,10 +1,18 @@
-"""What several benchmarks share: their item counts read from the command line and the local Ray
-(or the joined cluster) they measure on."""
+"""What several benchmarks share: their item counts read from the command line, the local Ray
+(or the joined cluster) they measure on, the commit they measured, the results file they write and
+the generated README section they rewrite."""
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
 import time
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+#: The checkout the benchmarks run from (the folder holding ``benchmarks/`` and ``orchestrator/``).
+CHECKOUT = Path(__file__).resolve().parents[1]
 
 #: Every Ray worker of a benchmark runs one torch / OpenMP / MKL thread, as the pipeline's workers.
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -45,3 +53,35 @@ def start_ray(num_cpus: int = 2, *, address: str | None = None, env_vars: Mappin
 
         ray.data.DataContext.get_current().enable_progress_bars = False
     return time.perf_counter() - started
+
+
+def checkout_commit(watched: tuple[str, ...] = ("orchestrator",), checkout: Path = CHECKOUT) -> str:
+    """The short commit of ``checkout``, with "+dirty" when any of the ``watched`` paths (relative to
+    it) differ from that commit; "?" outside a git checkout."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True)
+    if head.returncode != 0:
+        return "?"
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", *watched], cwd=checkout).returncode != 0
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def replace_section(text: str, section: str, begin: str, end: str) -> str:
+    """``text`` with what lies between the markers ``begin`` and ``end`` (both included) replaced by
+    ``section``; a ``ValueError`` naming the markers when ``text`` does not hold them in that order."""
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
+        raise ValueError(f"no generated section ({begin} … {end}) to replace")
+    return text[:start] + section + text[stop + len(end):]
+
+
+def rewrite_section(readme: Path, section: str, begin: str, end: str) -> None:
+    """The file ``readme`` with its generated section (``replace_section``) replaced by ``section``."""
+    readme.write_text(replace_section(readme.read_text(encoding="utf-8"), section, begin, end), encoding="utf-8")
+
+
+def write_results(path: Path, document: Any, lead: str = "") -> None:
+    """``document`` as indented JSON to ``path`` (its folder made), and a line saying where
+    (``lead`` printed before it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"{lead}results written to {path}")

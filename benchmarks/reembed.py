@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import statistics
@@ -51,7 +50,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/reembed.py`: the chec
 import numpy as np
 import torch
 
-from benchmarks.harness import start_ray
+from benchmarks.harness import start_ray, write_results
 from orchestrator.data import LabeledImages, channel_statistics, load_digits
 from orchestrator.data.tensors import to_model_input
 from orchestrator.geometry.geometry import Geometry
@@ -335,9 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             "max_abs_difference": largest,
             "target": {"ray/plain": TARGET_RATIO},
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"results written to {args.json}")
+        write_results(args.json, document)
     if args.strict and min(ratios(results).values()) < TARGET_RATIO:
         return 1
     return 0

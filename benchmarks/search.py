@@ -55,7 +55,6 @@ the script benchmarks/search.py, before numpy/faiss load; ``faiss.omp_set_num_th
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -75,7 +74,7 @@ import faiss
 import numpy as np
 import torch
 
-from benchmarks.harness import parse_sizes
+from benchmarks.harness import parse_sizes, write_results
 from orchestrator.geometry import lorentz, poincare
 from orchestrator.index import build_index
 
@@ -482,9 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             "quality": None if quality is None else {"train_s": train_s, "rows": quality},
             "targets": verdicts,
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"results written to {args.json}")
+        write_results(args.json, document)
     return 0
 
 

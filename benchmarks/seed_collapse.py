@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -43,6 +42,7 @@ from benchmarks.compatibility import (
     measure_experiment,
     seed_means,
 )
+from benchmarks.harness import checkout_commit, rewrite_section
 from orchestrator.evaluation.update_experiment import UpdateExperiment
 from orchestrator.training.config import HealthSpec
 
@@ -196,25 +196,6 @@ def readme_section(records: Sequence[dict[str, Any]], per_seed: Sequence[str]) -
     return "\n".join(parts + ["", END])
 
 
-def replace_section(text: str, section: str) -> str:
-    """``text`` with what lies between ``BEGIN`` and ``END`` (both included) replaced by ``section``."""
-    start, stop = text.find(BEGIN), text.find(END)
-    if start < 0 or stop < start:
-        raise ValueError(f"no generated section ({BEGIN} … {END}) to replace")
-    return text[:start] + section + text[stop + len(END):]
-
-
-def _commit() -> str:
-    """The commit (short) of the checkout this package runs from, "+dirty" when its ``orchestrator/``
-    differs from it; "?" outside a git checkout."""
-    checkout = Path(__file__).resolve().parents[1]
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True)
-    if head.returncode != 0:
-        return "?"
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "orchestrator"], cwd=checkout).returncode != 0
-    return head.stdout.strip() + ("+dirty" if dirty else "")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default=",".join(DATASETS))
@@ -236,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_rows is not None:
         section = readme_section(read_records(args.from_rows), [m for m in args.per_seed.split(",") if m])
         if args.readme is not None:
-            args.readme.write_text(replace_section(args.readme.read_text(encoding="utf-8"), section), encoding="utf-8")
+            rewrite_section(args.readme, section, BEGIN, END)
         print(section)
         return 0
     labels = args.methods.split(",")
@@ -245,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--methods: unknown {unknown}; known: {', '.join(ROWS)}")
     first, _, last = args.seeds.partition("-")
     seeds = list(range(int(first), int(last) + 1)) if last else [int(s) for s in args.seeds.split(",")]
-    commit = args.commit or _commit()
+    commit = args.commit or checkout_commit()
     for dataset in args.datasets.split(","):
         for seed in seeds:
             started = time.perf_counter()

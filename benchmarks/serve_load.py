@@ -73,6 +73,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/serve_load.py`: the c
 
 import numpy as np
 
+from benchmarks.harness import rewrite_section
 from orchestrator.lineage.step_keys import deploy_key, train_key
 
 K = 10
@@ -555,14 +556,6 @@ def readme_section(rows: list[dict[str, Any]], note: str) -> str:
                       *[f"- {line}" for line in verdicts(rows)], "", END])
 
 
-def replace_section(text: str, section: str) -> str:
-    """``text`` with what lies between ``BEGIN`` and ``END`` (both included) replaced by ``section``."""
-    start, stop = text.find(BEGIN), text.find(END)
-    if start < 0 or stop < start:
-        raise ValueError(f"no generated section ({BEGIN} … {END}) to replace")
-    return text[:start] + section + text[stop + len(END):]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("pipeline", nargs="?", help="pipeline file of a finished run")
@@ -591,7 +584,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.from_rows is not None:
         section = readme_section(json.loads(args.from_rows.read_text()), args.note)
         if args.readme is not None:
-            args.readme.write_text(replace_section(args.readme.read_text(encoding="utf-8"), section), encoding="utf-8")
+            rewrite_section(args.readme, section, BEGIN, END)
         print(section)
         return 0
     if args.pipeline is None:

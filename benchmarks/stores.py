@@ -64,8 +64,12 @@ from pathlib import Path
 if __name__ == "__main__":  # run as a script: one thread per process for BLAS and FAISS, before numpy and faiss load
     for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(_variable, "1")
+if __package__ in (None, ""):  # run as `python benchmarks/stores.py`: the checkout on the path, for `benchmarks.*`
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import numpy as np
+
+from benchmarks.harness import checkout_commit, rewrite_section
 
 STORES = ("files/flat", "files/hnsw", "pgvector/exact", "pgvector/hnsw", "pgvector/ivfflat", "lance/exact",
           "lance/ivf_pq", "lance/hnsw")
@@ -260,27 +264,6 @@ def readme_section(records: list[dict]) -> str:
     return "\n".join(parts + ["", END])
 
 
-def replace_section(text: str, section: str) -> str:
-    """``text`` with what lies between ``BEGIN`` and ``END`` (both included) replaced by ``section``."""
-    start, stop = text.find(BEGIN), text.find(END)
-    if start < 0 or stop < start:
-        raise ValueError(f"no generated section ({BEGIN} … {END}) to replace")
-    return text[:start] + section + text[stop + len(END):]
-
-
-def _commit() -> str:
-    """The checkout's commit (short), "+dirty" when ``orchestrator/`` or this file differ from it."""
-    import subprocess
-
-    checkout = Path(__file__).resolve().parents[1]
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=checkout, capture_output=True, text=True)
-    if head.returncode != 0:
-        return "?"
-    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "orchestrator", "benchmarks/stores.py"],
-                           cwd=checkout).returncode != 0
-    return head.stdout.strip() + ("+dirty" if dirty else "")
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=["1e5", "1e6"])
@@ -301,15 +284,14 @@ def main(argv=None) -> int:
     if args.from_rows:
         section = readme_section(read_records(args.from_rows))
         if args.readme:
-            Path(args.readme).write_text(replace_section(Path(args.readme).read_text(encoding="utf-8"), section),
-                                         encoding="utf-8")
+            rewrite_section(Path(args.readme), section, BEGIN, END)
         print(section)
         return 0
     if args.quick:
         args.sizes, args.single, args.batch = ["5000"], 20, 20
     if "files/flat" in args.stores:
         args.stores = ["files/flat"] + [s for s in args.stores if s != "files/flat"]
-    args.commit, args.date = _commit(), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    args.commit, args.date = checkout_commit(("orchestrator", "benchmarks/stores.py")), time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     rows = run(args)
     print(table(rows))
     if args.json:

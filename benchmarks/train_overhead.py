@@ -53,7 +53,6 @@ did not wait) is reported next to the median.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -72,7 +71,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from benchmarks.harness import start_ray
+from benchmarks.harness import start_ray, write_results
 from orchestrator.data import ImageTensorDataset, LabeledImages, channel_statistics, load_digits
 from orchestrator.distributed.runtime import WORKER_ENV_VARS
 from orchestrator.methods import CompatibilityMethod, TrainContext, create_method, references
@@ -424,9 +423,7 @@ def main(argv: list[str] | None = None) -> int:
             "target": {"ray/plain": TARGET_RATIO,
                        "met": None if "ray" not in results else ratios(results)["ray/plain"] >= TARGET_RATIO},
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"\nresults written to {args.json}")
+        write_results(args.json, document, lead="\n")
     if args.strict and "ray" in results and ratios(results)["ray/plain"] < TARGET_RATIO:
         return 1
     return 0

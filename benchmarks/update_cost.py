@@ -30,7 +30,6 @@ Writing shard files and lineage rows is not counted (it would only add to the ba
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -47,7 +46,7 @@ import numpy as np
 import torch
 
 from benchmarks import reembed
-from benchmarks.harness import parse_sizes, start_ray
+from benchmarks.harness import parse_sizes, start_ray, write_results
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import Space
@@ -263,9 +262,7 @@ def main(argv: list[str] | None = None) -> int:
             "rows": {str(width): width_rows for width, width_rows in rows.items()},
             "break_even_items": {str(width): value for width, value in break_even_n.items()},
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(document, indent=2) + "\n")
-        print(f"results written to {args.json}")
+        write_results(args.json, document)
     return 0
 
 

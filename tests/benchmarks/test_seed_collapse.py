@@ -15,7 +15,6 @@ from benchmarks.seed_collapse import (
     format_seed_table,
     main,
     read_records,
-    replace_section,
     unchecked,
 )
 from orchestrator.evaluation.update_experiment import UpdateExperiment
@@ -111,8 +110,13 @@ def test_the_readme_section_is_generated_from_stored_rows(tmp_path, capsys):
 
 
 def test_a_readme_without_the_markers_and_a_foreign_line_are_refused(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# no markers\n")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(record) + "\n" for record in _RECORDS))
     with pytest.raises(ValueError, match="no generated section"):
-        replace_section("# no markers\n", "x")
+        main(["--from-rows", str(rows), "--readme", str(readme)])
+    assert readme.read_text() == "# no markers\n"
     rows = tmp_path / "rows.jsonl"
     rows.write_text(json.dumps({"dataset": "digits", "epochs": 4, "rows": []}) + "\n")
     with pytest.raises(ValueError, match=r"rows.jsonl:1: not a seed_collapse record"):
