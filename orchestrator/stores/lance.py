@@ -35,12 +35,10 @@ from orchestrator.integrity import ids_sha256
 from orchestrator.stores.locations import StoreLocation
 from orchestrator.stores.vectors import (
     EarlierLayout,
-    check_current_layout,
     check_layout,
-    check_rows,
     check_servable,
+    check_stored_rows,
     query_coordinates,
-    recorded_columns,
     rerank,
     row_columns,
     rows_digest,
@@ -235,9 +233,7 @@ class LanceStore:
         return LanceShard(self, uri, dict(record), held)
 
     def check_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None) -> None:
-        where = self._location(uri).describe()
-        check_rows(where, record, *self.read_rows(uri, recorded_columns(record or {})))
-        check_current_layout(where, record)
+        check_stored_rows(self, uri, self._location(uri).describe(), record)
 
     def add_columns(self, name: str, locations: list[tuple[str, np.ndarray, dict[str, np.ndarray]]],
                     space: str) -> None:

@@ -53,13 +53,11 @@ from orchestrator.stores.bits import bit_strings, candidates_per_query, code_dis
 from orchestrator.stores.locations import StoreLocation, libpq_url, shown
 from orchestrator.stores.vectors import (
     EarlierLayout,
-    check_current_layout,
     check_layout,
-    check_rows,
     check_servable,
+    check_stored_rows,
     nearest,
     query_coordinates,
-    recorded_columns,
     rerank,
     row_columns,
     rows_digest,
@@ -331,9 +329,7 @@ class PgVectorStore:
         return PgVectorShard(self, uri, dict(record), held)
 
     def check_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None) -> None:
-        where = self._location(uri).describe()
-        check_rows(where, record, *self.read_rows(uri, recorded_columns(record or {})))
-        check_current_layout(where, record)
+        check_stored_rows(self, uri, self._location(uri).describe(), record)
 
     def add_columns(self, table: str, locations: list[tuple[str, np.ndarray, dict[str, np.ndarray]]],
                     space: str) -> None:

@@ -239,6 +239,14 @@ def check_current_layout(where: str, record: Mapping[str, Any]) -> None:
         raise earlier_layout(where, missing, "searched by the store's index or mapped by a forward path")
 
 
+def check_stored_rows(store, uri: str, where: str, record: Mapping[str, Any] | None) -> None:
+    """``verify``'s check of a row store's shard at ``uri`` (described as ``where``): its rows read
+    with the columns the lineage's ``record`` names and checked against it (``check_rows``), then
+    their layout against the current one (``check_current_layout``)."""
+    check_rows(where, record, *store.read_rows(uri, recorded_columns(record or {})))
+    check_current_layout(where, record or {})
+
+
 def raw_column(space: str) -> str:
     """The column holding a row's raw embedding: ``raw``, or a Euclidean row's ``embedding``."""
     return "embedding" if space == "euclidean" else "raw"
