@@ -7,7 +7,7 @@ a generation back; 4 busy: another process holds the pipeline's run lock (the me
 nothing was done); 5 integrity: a stored file is not what the lineage recorded (a checksum
 mismatch, whichever file; a file it hashes is missing; ``verify`` found a problem or had nothing to
 check); 6 an outside system (S3, PostgreSQL, SQLite, Ray) did not answer or refused: the one line
-names the system, its location (credentials redacted) and what to check (``orchestrator.outside``);
+names the system, its location (credentials redacted) and what to check (``errors.OutsideSystemError``);
 7 unhealthy: the health check stopped a generation at its train step (it does not learn: the one
 line names it, the epochs and what was seen; nothing of it was evaluated or deployed).
 Every error is reported before any other
@@ -129,10 +129,7 @@ def _lineage_command(args: argparse.Namespace) -> int:
         raise ValueError("lineage: give a pipeline file or --lineage URL")
     storage = None  # without a pipeline file: the storage root the lineage recorded
     if args.file is None:
-        from orchestrator.outside import Locations, note
-
         url = args.lineage
-        note(Locations(lineage=url))
     else:
         from orchestrator.config import load_pipeline
         from orchestrator.outside import preflight
@@ -336,17 +333,14 @@ _BUILTIN_REPORTS: dict[type, tuple[ExitCode, str | None]] = {
 
 
 def _reported(error: Exception, verbose: bool) -> ExitCode | None:
-    """Print ``error`` as its one line and return its exit code: an outside system's failure as
-    ``outside.explain`` tells it, one of the project's errors as it carries them
-    (``errors.OrchestratorError``), any other by its builtin class (``_BUILTIN_REPORTS``). None: an
-    error of no kind there (or an outside system's, storage or database error under ``-v``), whose
-    traceback is shown."""
+    """Print ``error`` as its one line and return its exit code: one of the project's errors as it
+    carries them (``errors.OrchestratorError``; an outside system's, S3, PostgreSQL, SQLite or Ray,
+    was translated into ``OutsideSystemError`` where it arose), any other by its builtin class
+    (``_BUILTIN_REPORTS``). None: an error of no kind there, or under ``-v`` an outside system's,
+    storage or database error: its traceback is shown instead."""
     from orchestrator.outside import explain
 
-    outside = explain(error)  # S3, PostgreSQL, SQLite, Ray: the system, where, what to check
-    if outside is not None and verbose:
-        return None
-    reported = _report_of(outside or error, verbose)
+    reported = _report_of(explain(error) or error, verbose)  # explain: an object store's error raised elsewhere
     if reported is not None:
         print(f"orchestrator: {reported[0]}", file=sys.stderr)
         return reported[1]
@@ -356,7 +350,7 @@ def _reported(error: Exception, verbose: bool) -> ExitCode | None:
 def _report_of(error: Exception, verbose: bool) -> tuple[str, ExitCode] | None:
     """(the line after ``orchestrator: ``, the exit code) of ``error`` (``_reported``)."""
     if isinstance(error, OrchestratorError):
-        return error.report_line(), error.exit_code
+        return None if verbose and error.traceback_under_verbose else (error.report_line(), error.exit_code)
     database = getattr(sys.modules.get("sqlalchemy.exc"), "SQLAlchemyError", None)  # none unless it was imported
     reports = _BUILTIN_REPORTS if database is None else {**_BUILTIN_REPORTS, database: (ExitCode.FAILED, None)}
     code, word = next((reports[kind] for kind in type(error).__mro__ if kind in reports), (None, None))

@@ -1,80 +1,50 @@
 """The outside systems a command talks to (S3, PostgreSQL, SQLite, Ray): checked before the
-command creates a lineage or a lock, and their failures told as one line.
+command creates a lineage or a lock.
 
 ``preflight(config, ...)`` checks a command's inputs up front: the storage (a local folder that
 must exist for a reader, or an S3 bucket that must answer within ``ray.connect_timeout_s``), the lineage URL (a SQLite
 path that names a folder), the local data the sources read (an image folder that is not there),
 and the Ray address (a ``host:port`` or ``ray://host:port`` nothing
-answers on fails after ``ray.connect_timeout_s`` instead of Ray's own minutes of retries). It
-also notes these locations, so that a later failure of one of these systems is told by
-``explain`` as ``OutsideSystemError``: the system, its location (credentials redacted, also in
-URLs: ``redact_uri``) and what to check (the CLI's exit code 6, docs/cli.md).
+answers on fails after ``ray.connect_timeout_s`` instead of Ray's own minutes of retries).
+
+A later failure of one of these systems is translated where it arises into ``OutsideSystemError``
+(the system, its location with credentials redacted, what to check; the CLI's exit code 6,
+docs/cli.md): by the lineage store's engine (``lineage.sessions.unusable``), the storage's file
+operations (``storage.filesystem.s3_unreachable``) and joining a Ray cluster
+(``distributed.runtime.connect``). ``preflight`` also notes the storage, so that ``explain`` tells an
+object store's error raised outside those file operations (a file system opened directly) the
+same way.
 """
 from __future__ import annotations
 
 import socket
-import sys
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from orchestrator.errors import ExitCode, OrchestratorError
-from orchestrator.storage.filesystem import is_local, open_filesystem, redact_uri
+from orchestrator.errors import OutsideSystemError, one_line
+from orchestrator.storage.filesystem import (
+    is_local,
+    is_object_store_error,
+    open_filesystem,
+    redact_uri,
+    s3_unreachable,
+)
 
 #: The S3 (botocore) settings of the reachability check: one attempt, bounded by the timeout.
 _ONE_ATTEMPT = {"max_attempts": 1, "mode": "standard"}
 
 
-class OutsideSystemError(OrchestratorError):
-    """An outside system (S3, PostgreSQL, SQLite, Ray) did not answer or refused: one line naming
-    the system, its location (redacted) and what to check."""
-
-    exit_code = ExitCode.UNREACHABLE
-    reported_as = "unreachable"
-
-    def __init__(self, system: str, location: str, problem: str, check: str):
-        self.system, self.location = system, location
-        super().__init__(f"{system} at {location}: {problem}; check {check}")
-
-
-@dataclass(frozen=True)
-class Locations:
-    """Where a command's outside systems are: storage root, lineage URL, Ray address."""
-
-    storage: str | None = None
-    lineage: str | None = None
-    ray_address: str | None = None
-
-
-_noted: ContextVar[Locations] = ContextVar("outside_locations", default=Locations())  # noqa: B039 (Locations is frozen)  # noqa: B039 (Locations is frozen)
-
-
-def _one_line(error: BaseException) -> str:
-    return " ".join(str(error).split())[:300] or type(error).__name__
-
-
-def lineage_location(url: Any) -> str:
-    """A lineage URL as it may be shown: the password hidden."""
-    from orchestrator.lineage.sessions import normalise_url
-
-    try:
-        return normalise_url(url).render_as_string(hide_password=True)
-    except Exception:  # an unparsable URL: shown without anything that looks like credentials
-        return redact_uri(str(url))
-
-
-def note(locations: Locations) -> None:
-    """Note where this command's outside systems are, for ``explain`` (``preflight`` does)."""
-    _noted.set(locations)
+#: The storage of this command, noted by ``preflight`` for ``explain``.
+_noted_storage: ContextVar[str | None] = ContextVar("outside_storage", default=None)
 
 
 def preflight(config, *, storage_must_exist: bool, ray: bool = False) -> None:
     """Check ``config``'s storage, lineage URL and (``ray``) Ray address before anything is created
-    (module docstring); note them for ``explain``. A reader (``storage_must_exist``) needs a
+    (module docstring); note the storage for ``explain``. A reader (``storage_must_exist``) needs a
     storage that exists."""
     timeout_s = config.ray.connect_timeout_s
-    note(Locations(config.storage, str(config.lineage), config.ray.address if ray else None))
+    _noted_storage.set(config.storage)
     check_storage(config.storage, must_exist=storage_must_exist, timeout_s=timeout_s)
     check_lineage_url(config.lineage)
     check_data_paths(config)
@@ -107,19 +77,10 @@ def check_storage(storage: str, *, must_exist: bool, timeout_s: float) -> None:
         raise OutsideSystemError("S3", redact_uri(storage), f"bucket {parts.netloc!r} does not exist",
                                  "the bucket name and the endpoint (AWS_ENDPOINT_URL_S3)") from None
     except PermissionError as error:
-        raise OutsideSystemError("S3", redact_uri(storage), f"access denied ({_one_line(error)})",
+        raise OutsideSystemError("S3", redact_uri(storage), f"access denied ({one_line(error)})",
                                  "the credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE) and the bucket's policy") from None
     except Exception as error:
-        raise _s3_error(storage, error) from None
-
-
-def _s3_error(storage: str, error: BaseException) -> OutsideSystemError:
-    import os
-
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS's default"
-    return OutsideSystemError("S3", redact_uri(storage), f"{redact_uri(_one_line(error))} (endpoint "
-                              f"{redact_uri(endpoint)})", "that the endpoint (AWS_ENDPOINT_URL_S3) is up and "
-                              "reachable, and the credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE)")
+        raise s3_unreachable(storage, error) from None
 
 
 def check_data_paths(config) -> None:
@@ -174,32 +135,18 @@ def check_ray_address(address: str | None, timeout_s: float) -> None:
             pass
     except (OSError, ValueError) as error:
         raise OutsideSystemError(
-            "Ray", address, f"nothing answers within {timeout_s:g} s ({_one_line(error)})",
+            "Ray", address, f"nothing answers within {timeout_s:g} s ({one_line(error)})",
             "that the cluster's head runs there (`ray status --address HOST:PORT`), the port (6379, or 10001 for "
             "ray://) and the firewall; ray.connect_timeout_s sets the wait") from None
 
 
 def explain(error: BaseException) -> OutsideSystemError | None:
-    """``error`` as the outside system's one line, when it is one (a database, S3 or Ray failure
-    of the command whose locations ``preflight`` noted); None otherwise."""
+    """``error`` as an outside system's one line when it is one: an ``OutsideSystemError`` as it is,
+    an object store client's error that escaped the storage's file operations (a file system opened
+    directly) as the noted storage's (``s3_unreachable``); None otherwise."""
     if isinstance(error, OutsideSystemError):
         return error
-    noted = _noted.get()
-    database = sys.modules.get("sqlalchemy.exc")  # an SQLAlchemy error exists only once it was imported
-    database_unusable = database is not None and (
-        isinstance(error, (database.OperationalError, database.InterfaceError)) or type(error) is database.DatabaseError)
-    if database_unusable and noted.lineage is not None:  # not a constraint's or a statement's error
-        location = lineage_location(noted.lineage)
-        cause = _one_line(getattr(error, "orig", None) or error)
-        if location.startswith("sqlite"):
-            return OutsideSystemError("SQLite", location, cause, "that the file is a lineage database you may "
-                                      "read and write, and its folder exists and is writable")
-        return OutsideSystemError("PostgreSQL", location, cause, "that the server runs and accepts this user "
-                                  "(PGPASSWORD or ~/.pgpass; never a password in the URL) and the database exists")
-    module = type(error).__module__ or ""
-    if module.startswith(("botocore", "aiobotocore", "aiohttp", "s3fs")) and noted.storage is not None:
-        return _s3_error(noted.storage, error)
-    if isinstance(error, ConnectionError) and noted.ray_address is not None and "ray" in _one_line(error).lower():
-        return OutsideSystemError("Ray", noted.ray_address, _one_line(error), "that the cluster's head runs there "
-                                  "and its Ray version is this one's")
+    storage = _noted_storage.get()
+    if storage is not None and is_object_store_error(error):
+        return s3_unreachable(storage, error)
     return None

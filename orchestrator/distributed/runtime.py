@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from orchestrator.errors import OutsideSystemError, one_line
+
 # Ray Train 2.60 hands a worker's ``ray.train.report`` to the controller only when the controller
 # polls its workers (every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by default), and a worker's next
 # report waits for that: epochs shorter than the interval were paced by it (benchmarks/README.md).
@@ -30,7 +32,8 @@ def connect(address: str | None = None, dashboard: bool = False) -> str | None:
     checkpoints). No-op when already connected.
 
     Returns the dashboard's address (``http://127.0.0.1:8265``) when Ray reports one on connecting,
-    else None. On a cluster, set the same variables in the cluster's environment (see README)."""
+    else None. On a cluster, set the same variables in the cluster's environment (see README).
+    A cluster that refuses the connection raises ``OutsideSystemError`` naming its address."""
     import ray
 
     from orchestrator.methods.registry import PLUGINS_ENV
@@ -43,7 +46,12 @@ def connect(address: str | None = None, dashboard: bool = False) -> str | None:
             env_vars[PLUGINS_ENV] = os.environ[PLUGINS_ENV]
         context = start_local_ray(dashboard=dashboard, runtime_env={"env_vars": env_vars})
     else:
-        context = ray.init(address=None if address in (None, "local") else address, log_to_driver=False)
+        joined = None if address in (None, "local") else address
+        try:
+            context = ray.init(address=joined, log_to_driver=False)
+        except ConnectionError as error:
+            raise OutsideSystemError("Ray", joined or os.environ.get("RAY_ADDRESS", "RAY_ADDRESS"), one_line(error),
+                                     "that the cluster's head runs there and its Ray version is this one's") from error
     return dashboard_address(getattr(context, "dashboard_url", None))
 
 

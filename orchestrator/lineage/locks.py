@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional
 from sqlalchemy import delete, func, select
 from sqlalchemy.exc import SQLAlchemyError
 
+from orchestrator.errors import OutsideSystemError
 from orchestrator.lineage.errors import LineageBusy
 from orchestrator.lineage.schema import RunLock, utcnow
 
@@ -151,7 +152,7 @@ def _advisory_lock(store: "LineageStore", pipeline: str) -> Optional[Release]:
         # alone releases it only once the server has seen the disconnect, which a next taker could
         # race (CI: a second store refused right after the first one's release, on 2 busy cores).
         try:
-            with suppress(SQLAlchemyError):
+            with suppress(SQLAlchemyError, OutsideSystemError):  # a lost connection holds no lock
                 connection.execute(select(func.pg_advisory_unlock(key)))
                 connection.commit()
         finally:

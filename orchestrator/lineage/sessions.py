@@ -1,6 +1,8 @@
 """The lineage store's database connection: URLs, engines (SQLite's pragmas and BEGIN, PostgreSQL's
 read-only sessions) and the read and write transactions every part of the store runs in (the
-module docstring of ``store.py``: backends, idempotency)."""
+module docstring of ``store.py``: backends, idempotency). A database that cannot be used (it does
+not answer, refuses the user, is locked, or is not a database) raises ``OutsideSystemError`` from
+the engine itself, naming the database (password hidden) and what to check."""
 from __future__ import annotations
 
 import os
@@ -11,10 +13,11 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DatabaseError, DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
+from orchestrator.errors import OutsideSystemError, one_line
 from orchestrator.lineage.errors import LineageNotFound
 
 T = TypeVar("T")
@@ -65,10 +68,13 @@ def _readonly_sqlite(url: URL, follows_writers: bool = False) -> URL:
 
 def make_engine(url: URL, busy_timeout_s: float, echo: bool, readonly: bool, follows_writers: bool = False) -> Engine:
     """The engine for ``url``: SQLite with its pragmas and our own BEGIN, or PostgreSQL (read-only sessions
-    when ``readonly``)."""
+    when ``readonly``); its unusable-database errors raised as ``OutsideSystemError`` (``unusable``)."""
+    location = url.render_as_string(hide_password=True)
     if not url.get_backend_name() == "sqlite":
         connect_args = {"options": "-c default_transaction_read_only=on"} if readonly else {}
-        return create_engine(url, echo=echo, pool_pre_ping=True, connect_args=connect_args)
+        engine = create_engine(url, echo=echo, pool_pre_ping=True, connect_args=connect_args)
+        event.listen(engine, "handle_error", lambda context: unusable(location, context.sqlalchemy_exception))
+        return engine
 
     in_memory = sqlite_in_memory(url)
     kwargs: dict[str, Any] = {"echo": echo, "connect_args": {"timeout": busy_timeout_s}}
@@ -81,6 +87,7 @@ def make_engine(url: URL, busy_timeout_s: float, echo: bool, readonly: bool, fol
     elif url.database and not url.database.startswith("file:"):
         Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, **kwargs)
+    event.listen(engine, "handle_error", lambda context: unusable(location, context.sqlalchemy_exception))
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record) -> None:
@@ -100,6 +107,22 @@ def make_engine(url: URL, busy_timeout_s: float, echo: bool, readonly: bool, fol
         connection.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
 
     return engine
+
+
+def unusable(location: str, error: BaseException) -> OutsideSystemError | None:
+    """The lineage database at ``location`` (password hidden) as ``OutsideSystemError`` when
+    ``error`` says it cannot be used: it does not answer, refuses, is locked or is not a database
+    (SQLAlchemy's ``OperationalError``, ``InterfaceError`` or a plain ``DatabaseError``); None for a
+    constraint's or a statement's error (an ``IntegrityError``, a ``ProgrammingError``), which stays
+    as it is. The engine's ``handle_error`` event raises what this returns in place of ``error``."""
+    if not (isinstance(error, (OperationalError, InterfaceError)) or type(error) is DatabaseError):
+        return None
+    cause = one_line(error.orig if isinstance(error, DBAPIError) and error.orig is not None else error)
+    if location.startswith("sqlite"):
+        return OutsideSystemError("SQLite", location, cause, "that the file is a lineage database you may read and "
+                                  "write, and its folder exists and is writable")
+    return OutsideSystemError("PostgreSQL", location, cause, "that the server runs and accepts this user "
+                              "(PGPASSWORD or ~/.pgpass; never a password in the URL) and the database exists")
 
 
 class StoreSessions:

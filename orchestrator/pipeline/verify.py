@@ -208,7 +208,7 @@ def verify_storage(store, storage: str) -> Verification:
 def _staged_rows(store, steps, known: set[str], result: Verification) -> list[str]:
     """The locations of rows the gallery's stores hold that the lineage names nowhere: an update's
     rows staged by a run that never committed it (no query reaches them; ``gc`` removes them)."""
-    from orchestrator.outside import OutsideSystemError
+    from orchestrator.errors import OutsideSystemError
     from orchestrator.stores.lineage import recorded_stores
 
     staged = []

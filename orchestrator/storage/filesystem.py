@@ -10,7 +10,10 @@ S3 credentials come from the usual AWS sources (``AWS_ACCESS_KEY_ID`` / ``AWS_SE
 ``AWS_SESSION_TOKEN``, ``AWS_PROFILE``, instance roles ...), read by botocore itself; this module
 never reads or logs them. An S3-compatible server (MinIO, Ceph, moto) is reached through
 ``storage_options={"endpoint_url": ...}`` or the environment variable ``AWS_ENDPOINT_URL_S3`` /
-``AWS_ENDPOINT_URL``. Anything logged here goes through ``redact_uri`` / ``redact_options``.
+``AWS_ENDPOINT_URL``. Anything logged here goes through ``redact_uri`` / ``redact_options``. An
+object store that does not answer or refuses (an error of botocore, aiobotocore, aiohttp or s3fs
+itself rather than a ``FileNotFoundError`` / ``PermissionError``) makes the operations below raise
+``OutsideSystemError`` naming the URI (redacted) and the endpoint (``s3_unreachable``).
 
 Atomicity (``write_bytes_atomic``):
 
@@ -33,8 +36,11 @@ import logging
 import os
 import re
 import uuid
-from typing import TYPE_CHECKING, Any, Mapping
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 from urllib.parse import urlsplit, urlunsplit
+
+from orchestrator.errors import OutsideSystemError, one_line
 
 if TYPE_CHECKING:
     import fsspec
@@ -187,18 +193,54 @@ def open_filesystem(uri: str, storage_options: Mapping[str, Any] | None = None) 
     return fs, fs._strip_protocol(uri)
 
 
+# --- an object store's failures -----------------------------------------------------------------
+#: The modules whose own errors mean the object store did not answer or refused (s3fs turns the
+#: answers it understands, a missing key or a denied one, into OSError subclasses first).
+_OBJECT_STORE_MODULES = ("botocore", "aiobotocore", "aiohttp", "s3fs")
+
+
+def s3_unreachable(uri: str, error: BaseException,
+                   storage_options: Mapping[str, Any] | None = None) -> OutsideSystemError:
+    """``error`` of the object store holding ``uri`` as one line: the URI and the endpoint (both
+    redacted; ``storage_options``' ``endpoint_url``, else the environment's), what went wrong and
+    what to check."""
+    endpoint = (dict(storage_options or {}).get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3")
+                or os.environ.get("AWS_ENDPOINT_URL") or "AWS's default")
+    return OutsideSystemError("S3", redact_uri(uri), f"{redact_uri(one_line(error))} (endpoint "
+                              f"{redact_uri(endpoint)})", "that the endpoint (AWS_ENDPOINT_URL_S3) is up and "
+                              "reachable, and the credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE)")
+
+
+def is_object_store_error(error: BaseException) -> bool:
+    """Whether ``error`` is an object store client's own (``_OBJECT_STORE_MODULES``)."""
+    return (type(error).__module__ or "").startswith(_OBJECT_STORE_MODULES)
+
+
+@contextmanager
+def _object_store(uri: str, storage_options: Mapping[str, Any] | None) -> Iterator[None]:
+    """Run an operation on ``uri``, its object store's own errors raised as ``s3_unreachable``."""
+    try:
+        yield
+    except Exception as error:
+        if is_object_store_error(error):
+            raise s3_unreachable(uri, error, storage_options) from error
+        raise
+
+
 # --- operations -------------------------------------------------------------------------------
 def exists(uri: str, storage_options: Mapping[str, Any] | None = None) -> bool:
     """Whether a file or directory (object store: object or non-empty prefix) exists at ``uri``."""
     fs, path = open_filesystem(uri, storage_options)
-    return bool(fs.exists(path))
+    with _object_store(uri, storage_options):
+        return bool(fs.exists(path))
 
 
 def read_bytes(uri: str, storage_options: Mapping[str, Any] | None = None) -> bytes:
     """The whole content of the file at ``uri``; FileNotFoundError naming ``uri`` if absent."""
     fs, path = open_filesystem(uri, storage_options)
     try:
-        return fs.cat_file(path)
+        with _object_store(uri, storage_options):
+            return fs.cat_file(path)
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"no such file: {redact_uri(uri)}") from exc
 
@@ -215,7 +257,8 @@ def write_bytes_atomic(uri: str, data: bytes, storage_options: Mapping[str, Any]
         _write_local_atomic(_local_path(uri), data)
         return
     fs, path = open_filesystem(uri, storage_options)
-    fs.pipe_file(path, data)
+    with _object_store(uri, storage_options):
+        fs.pipe_file(path, data)
 
 
 def _write_local_atomic(path: str, data: bytes) -> None:
@@ -312,13 +355,14 @@ def remove(uri: str, recursive: bool = False, missing_ok: bool = False,
     FileNotFoundError naming ``uri`` when nothing is there, unless ``missing_ok``.
     """
     fs, path = open_filesystem(uri, storage_options)
-    if not fs.exists(path):
-        if missing_ok:
-            return
-        raise FileNotFoundError(f"nothing to remove at {redact_uri(uri)}")
-    if not recursive and fs.isdir(path):
-        raise IsADirectoryError(f"{redact_uri(uri)} is a directory (or prefix); pass recursive=True")
-    fs.rm(path, recursive=recursive)
+    with _object_store(uri, storage_options):
+        if not fs.exists(path):
+            if missing_ok:
+                return
+            raise FileNotFoundError(f"nothing to remove at {redact_uri(uri)}")
+        if not recursive and fs.isdir(path):
+            raise IsADirectoryError(f"{redact_uri(uri)} is a directory (or prefix); pass recursive=True")
+        fs.rm(path, recursive=recursive)
 
 
 def list_dir(uri: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
@@ -326,7 +370,8 @@ def list_dir(uri: str, storage_options: Mapping[str, Any] | None = None) -> list
     ``join_uri(uri, name)``. FileNotFoundError naming ``uri`` if it is not a directory / prefix."""
     fs, path = open_filesystem(uri, storage_options)
     try:
-        entries = fs.ls(path, detail=False)
+        with _object_store(uri, storage_options):
+            entries = fs.ls(path, detail=False)
     except FileNotFoundError as exc:
         raise FileNotFoundError(f"no such directory: {redact_uri(uri)}") from exc
     base = path.rstrip("/")
@@ -335,7 +380,9 @@ def list_dir(uri: str, storage_options: Mapping[str, Any] | None = None) -> list
         entry = str(entry).rstrip("/")
         if entry == base:
             # some file systems list a file (or the prefix marker itself) as its own entry
-            if not fs.isdir(path):
+            with _object_store(uri, storage_options):
+                directory = fs.isdir(path)
+            if not directory:
                 raise NotADirectoryError(f"not a directory: {redact_uri(uri)}")
             continue
         names.add(entry.rsplit("/", 1)[-1])

@@ -47,8 +47,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from orchestrator.errors import OutsideSystemError, one_line
 from orchestrator.integrity import ids_sha256
-from orchestrator.outside import OutsideSystemError
 from orchestrator.stores.bits import bit_strings, candidates_per_query, code_distances, codes_of_bit_strings, query_codes, shard_codes
 from orchestrator.stores.locations import StoreLocation, libpq_url, shown
 from orchestrator.stores.vectors import (
@@ -78,18 +78,8 @@ MIN_INDEX_ROWS = 1000
 
 
 class StoreUnavailable(OutsideSystemError):
-    """The store's database did not answer or dropped the connection (picklable: it crosses from
-    a Ray worker to the driver)."""
-
-    def __reduce__(self):
-        return (_rebuild, (self.system, self.location, str(self)))
-
-
-def _rebuild(system: str, location: str, message: str) -> StoreUnavailable:
-    error = StoreUnavailable.__new__(StoreUnavailable)
-    Exception.__init__(error, message)
-    error.system, error.location = system, location
-    return error
+    """The store's database did not answer or dropped the connection (picklable, as every
+    ``OutsideSystemError``: it crosses from a Ray worker to the driver)."""
 
 
 def table_name(prefix: str, generation: str) -> str:
@@ -168,8 +158,7 @@ class PgVectorStore:
             raise self.unavailable(error) from None
 
     def unavailable(self, error: BaseException) -> StoreUnavailable:
-        cause = " ".join(str(error).split())[:300] or type(error).__name__
-        return StoreUnavailable("PostgreSQL (pgvector store)", shown(self.url), cause,
+        return StoreUnavailable("PostgreSQL (pgvector store)", shown(self.url), one_line(error),
                                 "that the server runs and accepts this user (PGPASSWORD or ~/.pgpass; never a "
                                 "password in the URL), and the database exists; a re-run resumes the backfill")
 

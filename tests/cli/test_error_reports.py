@@ -2,6 +2,7 @@
 the word of its one line; the command line reads them off the error."""
 import ast
 import builtins
+import contextvars
 from pathlib import Path
 
 import pytest
@@ -9,10 +10,9 @@ import pytest
 import orchestrator
 from orchestrator import cli
 from orchestrator.cli import ExitCode, main
-from orchestrator.errors import OrchestratorError
+from orchestrator.errors import OrchestratorError, OutsideSystemError
 from orchestrator.integrity import IntegrityError
 from orchestrator.lineage.errors import LineageBusy, LineageNotFound
-from orchestrator.outside import OutsideSystemError
 from orchestrator.pipeline.step_specs import ChangedStepSpec
 from orchestrator.storage.hashing import ChecksumMismatch
 from orchestrator.storage.overwrite import UnknownArtefact
@@ -94,3 +94,38 @@ def test_an_error_of_no_known_kind_shows_its_traceback(monkeypatch):
     monkeypatch.setattr(cli, "_methods_command", fail)
     with pytest.raises(Unknown):
         main(["methods"])
+
+
+def test_under_verbose_an_outside_systems_error_shows_its_traceback_and_the_projects_others_their_line(
+        monkeypatch, capsys):
+    raised: list[Exception] = []
+
+    def fail(args):
+        raise raised[-1]
+
+    monkeypatch.setattr(cli, "_methods_command", fail)
+    raised.append(OutsideSystemError("SQLite", "sqlite:///x.db", "disk I/O error", "the disk"))
+    with pytest.raises(OutsideSystemError, match="disk I/O error"):
+        main(["methods", "-v"])
+    raised.append(LineageBusy("held by pid 7"))
+    assert main(["methods", "-v"]) == ExitCode.BUSY
+    assert capsys.readouterr().err.endswith("orchestrator: busy: held by pid 7\n")
+
+
+def test_an_object_store_error_raised_outside_the_file_operations_is_told_as_the_noted_storage(monkeypatch, capsys):
+    from botocore.exceptions import EndpointConnectionError
+
+    from orchestrator import outside
+
+    def fail(args):
+        raise EndpointConnectionError(endpoint_url="http://127.0.0.1:9/b/k")
+
+    monkeypatch.setattr(cli, "_methods_command", fail)
+    monkeypatch.setattr(outside, "_noted_storage", contextvars.ContextVar("storage", default="s3://b/run"))
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    assert main(["methods"]) == ExitCode.UNREACHABLE
+    assert capsys.readouterr().err == (
+        'orchestrator: unreachable: S3 at s3://b/run: Could not connect to the endpoint URL: "http://127.0.0.1:9/b/k" '
+        "(endpoint AWS's default); check that the endpoint (AWS_ENDPOINT_URL_S3) is up and reachable, and the "
+        "credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE)\n")

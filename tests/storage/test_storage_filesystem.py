@@ -160,3 +160,32 @@ def test_open_filesystem_never_logs_credentials(caplog, monkeypatch):
         open_filesystem("s3://bucket/x", {"key": "AKIAVERYSECRET", "secret": "hunter2", "endpoint_url": "http://127.0.0.1:1"})
     s3fs.S3FileSystem.clear_instance_cache()
     assert caplog.records and "AKIAVERYSECRET" not in caplog.text and "hunter2" not in caplog.text
+
+
+def test_an_object_store_that_does_not_answer_is_one_line_naming_the_uri_and_endpoint(monkeypatch):
+    import socket
+
+    from orchestrator.errors import ExitCode, OutsideSystemError
+
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDNOTSHOWN")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-shown-secret")
+    options = {"endpoint_url": endpoint, "config_kwargs": {"retries": {"max_attempts": 1, "mode": "standard"}}}
+    operations = {
+        "s3://bucket/run/a.json": lambda uri: read_bytes(uri, options),
+        "s3://bucket/run/b.json": lambda uri: write_bytes_atomic(uri, b"{}", options),
+        "s3://bucket/run": lambda uri: list_dir(uri, options),
+        "s3://bucket/run/c": lambda uri: exists(uri, options),
+        "s3://bucket/run/d": lambda uri: remove(uri, missing_ok=True, storage_options=options),
+    }
+    for uri, operation in operations.items():
+        with pytest.raises(OutsideSystemError) as caught:
+            operation(uri)
+        message = str(caught.value)
+        assert message.startswith(f"S3 at {uri}: Could not connect to the endpoint URL") and "\n" not in message
+        assert f"(endpoint {endpoint}); check that the endpoint (AWS_ENDPOINT_URL_S3) is up" in message
+        assert "not-shown-secret" not in message and "AKIDNOTSHOWN" not in message
+        assert caught.value.exit_code == ExitCode.UNREACHABLE
+        assert type(caught.value.__cause__).__module__.startswith("botocore")  # the client's own error, chained

@@ -15,12 +15,12 @@ import pyarrow as pa
 import pytest
 
 from benchmarks.stores import gallery_points
+from orchestrator.errors import OutsideSystemError
 from orchestrator.gallery.shard_files import ShardEmbeddings
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.index import build_index
 from orchestrator.integrity import IntegrityError
 from orchestrator.lineage.step_keys import StepKind, shard_update_key
-from orchestrator.outside import OutsideSystemError
 from orchestrator.storage.overwrite import UnknownArtefact
 from orchestrator.stores import StoreLocation, store_at
 from orchestrator.stores.pgvector import PgVectorStore, index_name
