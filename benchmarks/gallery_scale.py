@@ -17,7 +17,7 @@ default pipeline's g0 encoder. ``cheap`` runs it on 8×8 images (about 20 µs pe
 core), ``realistic`` on 32×32 images as the default pipeline does. Both paths load it
 sha256-checked and feed it ``to_model_input``.
 
-  streamed  the pipeline's own gallery step (``GalleryUpdater.plan`` + ``execute``): one Ray Data
+  streamed  the pipeline's own gallery step (``GalleryPlanner.plan`` + ``GalleryExecutor.execute``): one Ray Data
             pipeline on the local Ray (or the cluster at ``--address``): read tasks per shard
             update over the Parquet files, ``--concurrency`` embedding actors (1 CPU each),
             part files staged by CPU tasks, and per update a task that writes the shard file and
@@ -368,10 +368,10 @@ def run_streamed(job: Job) -> dict[str, Any]:
         clock = ProgressClock()
         cpu = psutil.Process().cpu_times()
         updater = GalleryUpdater(config, store, config.storage, (MEAN, STD), lambda: None, clock.progress_line)
-        key = plan_key(updater.name, GENERATION)
+        key = plan_key(updater.ctx.name, GENERATION)
         store.start_step(key)
-        updater.plan(config.generations[0], key)
-        results = updater.execute(updater.committed_plan(GENERATION), GENERATION)
+        updater.planner.plan(config.generations[0], key)
+        results = updater.executor.execute(updater.planner.committed_plan(GENERATION), GENERATION)
         wall = time.perf_counter() - clock.started
         after = psutil.Process().cpu_times()
         shards = store.shards(GALLERY)

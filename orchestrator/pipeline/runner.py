@@ -223,14 +223,14 @@ class PipelineRunner:
     def _serve(self, generation) -> None:
         """Gallery plan and shard updates, deployment, then the served gallery's evaluation."""
         gallery = self.gallery
-        self._step(plan_key(gallery.name, generation.name), lambda key: gallery.plan(generation, key),
+        self._step(plan_key(gallery.ctx.name, generation.name), lambda key: gallery.planner.plan(generation, key),
                    plan_spec(self.config, generation), generation.name)
         decision = self._gate(generation)
-        plan = gallery.committed_plan(generation.name)
-        gallery.execute(plan, generation.name)
+        plan = gallery.planner.committed_plan(generation.name)
+        gallery.executor.execute(plan, generation.name)
         self._step(deploy_key(generation.name), lambda key: self._deploy(generation, key, decision))
-        self._step(gallery_eval_key(gallery.name, generation.name),
-                   lambda key: self.store.commit_step(key, gallery.evaluate(generation.name, self._parents)))
+        self._step(gallery_eval_key(gallery.ctx.name, generation.name),
+                   lambda key: self.store.commit_step(key, gallery.evaluator.evaluate(generation.name, self._parents)))
 
     def _gate(self, generation) -> GateDecision | None:
         """Measure the gate once (``gate:<gallery>:<gen>``, committed), decide under the current
@@ -245,11 +245,11 @@ class PipelineRunner:
         if self.store.step_status(deploy_key(generation.name)) == "committed":
             return None
         gallery = self.gallery
-        plan = gallery.committed_plan(generation.name)
-        self._step(gate_key(gallery.name, generation.name), lambda key: self.store.commit_step(
-            key, {**gallery.measure_gate(plan, serving.generation, self._parents).to_json(),
+        plan = gallery.planner.committed_plan(generation.name)
+        self._step(gate_key(gallery.ctx.name, generation.name), lambda key: self.store.commit_step(
+            key, {**gallery.gate.measure_gate(plan, serving.generation, self._parents).to_json(),
                   "p_up": self._p_up(generation.name)}))
-        measurement = GateMeasurement.from_json(self.store.committed_outputs(gate_key(gallery.name, generation.name)))
+        measurement = GateMeasurement.from_json(self.store.committed_outputs(gate_key(gallery.ctx.name, generation.name)))
         decision = decide(measurement, generation.gate)
         self._say(decision.describe())
         for note in (wasted_backfill(measurement), drop_within_noise(measurement, generation.gate, decision),
@@ -275,12 +275,12 @@ class PipelineRunner:
         if decision.action == "full_backfill":
             policy = BackfillPolicy(policy="full", order="random" if generation.backfill.policy == "none"
                                     else generation.backfill.order)
-            self._step(plan_key(gallery.name, generation.name, full=True), lambda key: gallery.plan(generation, key, policy))
+            self._step(plan_key(gallery.ctx.name, generation.name, full=True), lambda key: gallery.planner.plan(generation, key, policy))
         return decision
 
     def _deploy(self, generation, key: str, decision: GateDecision | None) -> None:
         outputs = {"generation": generation.name, "gate": None if decision is None else decision.to_json(),
-                   "shards": shard_snapshot(self.store.shards(self.gallery.name))}
+                   "shards": shard_snapshot(self.store.shards(self.gallery.ctx.name))}
         self.store.deploy(generation.name, step=key, step_outputs=outputs)
         self._say(f"{key}: {generation.name} serves queries")
 
@@ -448,12 +448,12 @@ class PipelineRunner:
         summaries = self._update_summaries(matrices, names)
         reports = join_uri(self.storage, "reports")
         files = write_report(reports, names, values, summaries)
-        served = [self.store.committed_outputs(gallery_eval_key(self.gallery.name, g.name))
+        served = [self.store.committed_outputs(gallery_eval_key(self.gallery.ctx.name, g.name))
                   for g in self.config.served_generations]
         gallery_rows = gallery_report_rows([s for s in served if s])
         for unscored in {s["skipped"] for s in served if s and "skipped" in s}:
-            self._say(f"served gallery {self.gallery.name}: not scored: {unscored}")
-        files += write_gallery_report(reports, self.gallery.name, gallery_rows)
+            self._say(f"served gallery {self.gallery.ctx.name}: not scored: {unscored}")
+        files += write_gallery_report(reports, self.gallery.ctx.name, gallery_rows)
         self._say(f"report written to {reports}")
         updates = {g.name: summaries[update_label(g.parent, g.name)] for g in self.config.generations if g.parent}
         self.tracker.log_results(names, matrices, updates, files)

@@ -104,9 +104,9 @@ def first_generation(tmp_path: Path, items_per_shard: int, **embedding):
                                   step_outputs=trained_outputs(uri, card.sha256))
     updater = GalleryUpdater(config, store, config.storage, channel_statistics(load_digits("train")),
                              lambda: load_digits("test"), lambda line: None)
-    key = plan_key(updater.name, generation.name)
+    key = plan_key(updater.ctx.name, generation.name)
     store.start_step(key)
-    updater.plan(generation, key)
+    updater.planner.plan(generation, key)
     return config, store, updater
 
 
@@ -149,9 +149,9 @@ def serve_untrained(config_file: str) -> None:
     updater = GalleryUpdater(config, store, config.storage, channel_statistics(load_digits("train")),
                              lambda: load_digits("test"), lambda line: print(line, flush=True))
     for generation in config.generations:
-        key = plan_key(updater.name, generation.name)
-        step(key, functools.partial(updater.plan, generation, key))
-        updater.execute(updater.committed_plan(generation.name), generation.name)
+        key = plan_key(updater.ctx.name, generation.name)
+        step(key, functools.partial(updater.planner.plan, generation, key))
+        updater.executor.execute(updater.planner.committed_plan(generation.name), generation.name)
     ray.shutdown()
 
 

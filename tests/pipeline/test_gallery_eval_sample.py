@@ -47,7 +47,7 @@ def _updater(tmp_path, labelled: bool, lines: list[str]) -> tuple[PipelineConfig
 def test_an_unlabelled_gallery_is_not_scored_and_the_step_says_why(tmp_path):
     lines: list[str] = []
     config, store, updater = _updater(tmp_path, labelled=False, lines=lines)
-    outputs = updater.evaluate(config.generations[0].name, {})
+    outputs = updater.evaluator.evaluate(config.generations[0].name, {})
     assert outputs["skipped"].endswith("has no labels") and outputs["gallery_items"] == 539
     assert "mixed" not in outputs
     assert any("skipped" in line and "has no labels" in line for line in lines)
@@ -89,13 +89,13 @@ def test_a_labelled_streamed_gallery_is_scored_on_its_sample(tmp_path):
 
     start_local_ray()
     try:
-        key = plan_key(updater.name, generation.name)
-        step(key, lambda: updater.plan(generation, key))
-        updater.execute(updater.committed_plan(generation.name), generation.name)
+        key = plan_key(updater.ctx.name, generation.name)
+        step(key, lambda: updater.planner.plan(generation, key))
+        updater.executor.execute(updater.planner.committed_plan(generation.name), generation.name)
     finally:
         ray.shutdown()
 
-    outputs = updater.evaluate(generation.name, {generation.name: None})
+    outputs = updater.evaluator.evaluate(generation.name, {generation.name: None})
     assert outputs["evaluated_items"] == SAMPLE and outputs["gallery_items"] == 539
     assert outputs["items_by_generation"] == {generation.name: SAMPLE}
     assert outputs["search"]["map"] is None and "whole gallery" in outputs["search"]["skipped"]

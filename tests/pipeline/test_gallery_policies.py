@@ -65,10 +65,10 @@ def updater_for(config: PipelineConfig, tmp_path) -> tuple[GalleryUpdater, Linea
 
 
 def serve(updater: GalleryUpdater, store: LineageStore, generation) -> None:
-    key = plan_key(updater.name, generation.name)
+    key = plan_key(updater.ctx.name, generation.name)
     store.start_step(key)
-    updater.plan(generation, key)
-    updater.execute(updater.committed_plan(generation.name), generation.name)
+    updater.planner.plan(generation, key)
+    updater.executor.execute(updater.planner.committed_plan(generation.name), generation.name)
 
 
 def items_by_shard(store: LineageStore) -> dict[int, tuple[str, np.ndarray]]:
@@ -94,7 +94,7 @@ def test_none_full_and_partial_policies_move_the_planned_shards(local_ray, tmp_p
     assert np.array_equal(np.sort(np.concatenate([ids for _, ids in first.values()])), all_ids)
 
     serve(updater, store, g1)  # none: nothing moves
-    assert updater.committed_plan("g1").entries == ()
+    assert updater.planner.committed_plan("g1").entries == ()
     assert {i: (g, ids.tolist()) for i, (g, ids) in items_by_shard(store).items()} == \
         {i: (g, ids.tolist()) for i, (g, ids) in first.items()}
 
@@ -113,7 +113,7 @@ def test_none_full_and_partial_policies_move_the_planned_shards(local_ray, tmp_p
     after_g3 = items_by_shard(store)
     moved = {int(i) for g, ids in after_g3.values() if g == "g3" for i in ids}
     assert moved == most_uncertain
-    assert len(after_g3) == 4 + len(updater.committed_plan("g3").entries)
+    assert len(after_g3) == 4 + len(updater.planner.committed_plan("g3").entries)
 
     serve(updater, store, g4)  # full: every shard, none left behind
     final = items_by_shard(store)
@@ -124,7 +124,7 @@ def test_none_full_and_partial_policies_move_the_planned_shards(local_ray, tmp_p
     assert all(b.status == "committed" for b in store.backfills("digits-test"))
     assert sum(1 for _, _, to in history if to == "g4") == len(final)
 
-    outputs = updater.evaluate("g4", {g.name: g.parent for g in config.generations})
+    outputs = updater.evaluator.evaluate("g4", {g.name: g.parent for g in config.generations})
     # a fully backfilled gallery: the actors' batches differ from the local pass's, so float32 near-ties
     # may swap (the untrained models embed many items almost alike)
     assert outputs["mixed"]["map"] == pytest.approx(outputs["full_backfill"]["map"], abs=1e-5)

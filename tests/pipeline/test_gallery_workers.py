@@ -93,7 +93,7 @@ def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch)
         config, store, updater = first_generation(tmp_path / folder, items_per_shard)
         ours.clear()
         fetched.clear()
-        results = updater.execute(updater.committed_plan("g0-old"), "g0-old")
+        results = updater.executor.execute(updater.planner.committed_plan("g0-old"), "g0-old")
         assert len(results) == len(store.shards("photos")) == -(-539 // items_per_shard)
         assert all(no_items(result) for result in results)
         assert np.array_equal(np.sort(served_rows(store)), np.arange(539))
@@ -148,7 +148,7 @@ def test_workers_killed_mid_update_cost_no_item_and_no_copy(ray_here, tmp_path, 
                                                                                 finish_marker))
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the finish killer reaches workers by value
     try:
-        results = updater.execute(updater.committed_plan("g0-old"), "g0-old")
+        results = updater.executor.execute(updater.planner.committed_plan("g0-old"), "g0-old")
     finally:
         killer.stop.set()
     assert killer.killed is not None and os.path.exists(finish_marker)  # both kills happened

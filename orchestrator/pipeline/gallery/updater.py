@@ -1,4 +1,4 @@
-"""The gallery side of the pipeline: one object for the runner, four parts that each own one job.
+"""The gallery side of the pipeline: four parts that each own one job, built together for the runner.
 
 For every served generation, in order:
 
@@ -19,24 +19,22 @@ What the parts share (the file, the lineage, the source, the models) is one ``Ga
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
-from orchestrator.config import BackfillPolicy, PipelineConfig
+from orchestrator.config import PipelineConfig
 from orchestrator.data import LabeledImages
 from orchestrator.lineage import LineageStore
 from orchestrator.pipeline.gallery.context import GalleryContext
 from orchestrator.pipeline.gallery.evaluate import GalleryEvaluator
 from orchestrator.pipeline.gallery.execute import GalleryExecutor
 from orchestrator.pipeline.gallery.gate import GateMeter
-from orchestrator.pipeline.gallery.plan import GalleryPlan
 from orchestrator.pipeline.gallery.planner import GalleryPlanner
-from orchestrator.pipeline.gate import GateMeasurement
-from orchestrator.shard_update import ShardUpdateResult
 
 
 class GalleryUpdater:
-    """One gallery's updates for a ``PipelineRunner``: the four parts over one shared context
-    (arguments: ``GalleryContext``)."""
+    """One gallery's updates for a ``PipelineRunner``: the four parts built over one shared context
+    (arguments: ``GalleryContext``). Callers ask the part that owns the job: ``planner.plan`` /
+    ``planner.committed_plan``, ``gate.measure_gate``, ``executor.execute``, ``evaluator.evaluate``;
+    the gallery's name is ``ctx.name``."""
 
     def __init__(self, config: PipelineConfig, store: LineageStore, storage: str,
                  normalisation: tuple[tuple[float, ...], tuple[float, ...]], eval_images: Callable[[], LabeledImages],
@@ -46,22 +44,3 @@ class GalleryUpdater:
         self.gate = GateMeter(self.ctx)
         self.executor = GalleryExecutor(self.ctx)
         self.evaluator = GalleryEvaluator(self.ctx, self.planner)
-
-    @property
-    def name(self) -> str:
-        return self.ctx.name
-
-    def plan(self, generation, key: str, policy: BackfillPolicy | None = None) -> GalleryPlan:
-        return self.planner.plan(generation, key, policy)
-
-    def committed_plan(self, generation: str) -> GalleryPlan:
-        return self.planner.committed_plan(generation)
-
-    def measure_gate(self, plan: GalleryPlan, serving: str, parents: dict[str, str | None]) -> GateMeasurement:
-        return self.gate.measure_gate(plan, serving, parents)
-
-    def execute(self, plan: GalleryPlan, generation: str) -> list[ShardUpdateResult]:
-        return self.executor.execute(plan, generation)
-
-    def evaluate(self, generation: str, parents: dict[str, str | None]) -> dict[str, Any]:
-        return self.evaluator.evaluate(generation, parents)
