@@ -27,7 +27,7 @@ from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 
 from orchestrator.data.gallery_sources import GallerySource, MemorySource
-from orchestrator.gallery.shard_files import read_selection, read_shard_rows
+from orchestrator.gallery.shard_files import read_selection, read_shard
 from orchestrator.shard_update.update import ShardUpdate
 
 
@@ -166,7 +166,8 @@ def _read_stored(source_ref, read: StoredItems, block_rows: int) -> Iterator[pa.
 
 def _stored_rows(source: GallerySource, read: StoredItems) -> np.ndarray:
     """The gallery rows of the items to read again: the shard's (or the selection's) items."""
-    ids, rows = read_shard_rows(read.shard_uri, read.shard_sha256)
+    shard = read_shard(read.shard_uri, read.shard_sha256)  # checked against the hash the lineage recorded
+    ids, rows = shard.ids, shard.rows
     if rows is None:  # a shard written before rows were recorded: only an in-memory source can map ids
         if not isinstance(source, MemorySource):
             raise ValueError(f"{read.shard_uri}: the shard file has no row column; re-embed the gallery")

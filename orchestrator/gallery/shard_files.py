@@ -175,13 +175,6 @@ def read_recorded_shard(record: Any, storage_options: Mapping[str, Any] | None =
     return read_shard(record.embeddings_uri, record.sha256, storage_options)
 
 
-def read_shard_rows(uri: str, expected_sha256: str | None = None,
-                    storage_options: Mapping[str, Any] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """(ids (n,), source rows (n,) or None) of a shard file, its sha256 checked when given."""
-    shard = read_shard(uri, expected_sha256, storage_options)
-    return shard.ids, shard.rows
-
-
 def write_selection(uri: str, ids: np.ndarray, storage_options: Mapping[str, Any] | None = None) -> str:
     """Write the sorted item ids a backfill chose from one shard; returns the file's sha256."""
     buffer = io.BytesIO()
