@@ -49,10 +49,10 @@ def test_a_gpu_model_stage_writes_the_cpu_paths_files(ray_with_a_declared_gpu, t
 
     monkeypatch.setattr(gallery_step, "step_dataset", recording_dataset)
     _config, cpu_store, cpu = first_generation(tmp_path / "cpu", items_per_shard=100, concurrency=1)
-    cpu_results = cpu.execute(cpu.committed_plan("g0-old"), "g0-old")
+    cpu_results = cpu.executor.execute(cpu.planner.committed_plan("g0-old"), "g0-old")
     _config, gpu_store, gpu = first_generation(tmp_path / "gpu", items_per_shard=100, concurrency=1, num_gpus=1,
                                                num_cpus=1)
-    gpu_results = gpu.execute(gpu.committed_plan("g0-old"), "g0-old")
+    gpu_results = gpu.executor.execute(gpu.planner.committed_plan("g0-old"), "g0-old")
 
     assert "decode_stage" not in stages[0] and "decode_stage" in stages[1]  # decoded before the GPU stage
     assert len(cpu_results) == len(gpu_results) == 6
