@@ -11,7 +11,11 @@ tried in this order:
   generation's space, then both sides keep the first min(widths) coordinates
   (``truncate_to_common``, §2.8). Decision: for an ancestor two or more updates back the adapters
   are chained; each B_t was fitted to map φ_t into φ_{t−1}'s space, so the chain lands in the
-  ancestor's space (the paper evaluates one step only).
+  ancestor's space (the paper evaluates one step only). An adapter that needs its target
+  generation's embedding of the query as well (``needs_target_queries``: the spherical
+  interpolation of ``orchestrator.methods.posthoc.Slerp``) is handed it from
+  ``queries_by_generation`` (``ComparisonPath.query_generations`` names whose it needs); the
+  gallery side is untouched.
 - ``forward``: the gallery generation is an ancestor of the query generation and every generation
   on the way down (query generation included, gallery generation excluded) carries a forward map
   F and NO backward adapter (FCT: trained independently, then F: φ_{t−1} → φ_t fitted by MSE).
@@ -40,12 +44,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import nn
 
 from orchestrator.errors import UsageError
 from orchestrator.geometry.spaces import Space
-from orchestrator.models.adapters import BACKWARD_ADAPTER, FORWARD_ADAPTER, ChartMap, truncate_to_common
+from orchestrator.models.adapters import (
+    BACKWARD_ADAPTER,
+    FORWARD_ADAPTER,
+    ChartMap,
+    QueryInterpolation,
+    truncate_to_common,
+)
 from orchestrator.models.bundle import CompatibleModel
 
 
@@ -57,6 +68,17 @@ class IncomparableGenerations(UsageError, ValueError):
         self.query, self.gallery, self.reason = query, gallery, reason
 
 
+class MissingQueryEmbeddings(UsageError, ValueError):
+    """A path whose adapter interpolates with ``needed``'s embedding of the queries was not given a
+    usable one (``detail`` says what was wrong)."""
+
+    def __init__(self, query: str, gallery: str, needed: str, detail: str):
+        super().__init__(f"generation {query!r} searches generation {gallery!r}'s embeddings by interpolating with "
+                         f"generation {needed!r}'s embeddings of the same queries: {detail}")
+        self.query, self.gallery, self.needed, self.detail = query, gallery, needed, detail
+
+
+
 @dataclass(frozen=True)
 class ComparisonPath:
     """How queries of ``query`` are compared with the gallery embeddings of ``gallery``.
@@ -65,6 +87,7 @@ class ComparisonPath:
     space, curv: the space (and curvature magnitude) the distance is measured in: the gallery's,
               except on a ``forward`` path, where it is the query's (the gallery is mapped there).
     adapters: the backward adapters applied to the queries, first to last (``adapter`` only).
+    hops:     the generation each of ``adapters`` maps into (its parent), in the same order.
     gallery_maps: the forward maps applied to the gallery, first to last, i.e. F_{gallery+1} …
               F_query (``forward`` only).
     """
@@ -76,6 +99,15 @@ class ComparisonPath:
     curv: float
     adapters: tuple[nn.Module, ...] = ()
     gallery_maps: tuple[nn.Module, ...] = ()
+    hops: tuple[str, ...] = ()
+
+    @property
+    def query_generations(self) -> tuple[str, ...]:
+        """The generations whose embeddings of the same queries this path needs besides the query
+        generation's: the target of every adapter that interpolates with its target's query
+        (``needs_target_queries``); empty on every other path."""
+        return tuple(hop for module, hop in zip(self.adapters, self.hops)
+                     if getattr(module, "needs_target_queries", False))
 
     @property
     def note(self) -> str:
@@ -107,9 +139,47 @@ class ComparisonPath:
         return mapped.to(vectors.device)
 
     @torch.no_grad()
-    def _adapted(self, queries: torch.Tensor) -> torch.Tensor:
-        """(N_q, D_q) → the queries mapped by the backward adapter chain (``adapter`` paths)."""
-        return self._chain(self.adapters, queries)
+    def _adapted(self, queries: torch.Tensor,
+                 queries_by_generation: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """(N_q, D_q) → the queries mapped by the backward adapter chain (``adapter`` paths); an
+        adapter that ``needs_target_queries`` also gets its target generation's (N_q, D_target)
+        embeddings of the same queries from ``queries_by_generation`` (``check_query_generations``)."""
+        if not self.query_generations:
+            return self._chain(self.adapters, queries)
+        given = self.check_query_generations(queries, queries_by_generation)
+        mapped = queries
+        for module, hop in zip(self.adapters, self.hops):
+            if getattr(module, "needs_target_queries", False):
+                parameter = next(module.parameters(), None)
+                if parameter is not None:
+                    mapped = mapped.to(device=parameter.device, dtype=parameter.dtype)
+                aligned = module.align(mapped)
+                if aligned.shape[-1] != given[hop].shape[-1]:
+                    raise MissingQueryEmbeddings(self.query, self.gallery, hop, f"they have {given[hop].shape[-1]} "
+                                                 f"values per query; generation {hop!r} embeds {aligned.shape[-1]}")
+                mapped = module(mapped, given[hop].to(device=mapped.device, dtype=mapped.dtype))
+            else:
+                mapped = self._chain((module,), mapped)
+        return mapped.to(queries.device)
+
+    def check_query_generations(self, queries: torch.Tensor,
+                                queries_by_generation: Mapping[str, torch.Tensor | np.ndarray] | None
+                                ) -> dict[str, torch.Tensor]:
+        """The embeddings of the (N_q, ·) ``queries`` by each of ``query_generations``, taken from
+        ``queries_by_generation`` (generation → (N_q, D) embeddings of the same queries);
+        ``MissingQueryEmbeddings`` naming the generation when one is absent or is not one row per
+        query (a wrong width is refused where the adapter meets it, ``_adapted``)."""
+        given: dict[str, torch.Tensor] = {}
+        for hop in self.query_generations:
+            found = None if queries_by_generation is None else queries_by_generation.get(hop)
+            if found is None:
+                raise MissingQueryEmbeddings(self.query, self.gallery, hop, "none were given")
+            found = torch.as_tensor(found)
+            if found.ndim != 2 or found.shape[0] != queries.shape[0]:
+                raise MissingQueryEmbeddings(self.query, self.gallery, hop, f"got shape {tuple(found.shape)}, "
+                                             f"expected one row per query ({queries.shape[0]})")
+            given[hop] = found
+        return given
 
     @torch.no_grad()
     def map_gallery(self, gallery: torch.Tensor) -> torch.Tensor:
@@ -121,14 +191,17 @@ class ComparisonPath:
         return self._chain(self.gallery_maps, gallery)
 
     @torch.no_grad()
-    def align(self, queries: torch.Tensor, gallery: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def align(self, queries: torch.Tensor, gallery: torch.Tensor,
+              queries_by_generation: Mapping[str, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(N_q, D_q) query embeddings of ``query`` and (N_g, D_g) gallery embeddings of
         ``gallery`` → both in the space the distance is measured in, with one width: the
         gallery's (queries mapped by B on an ``adapter`` path, prefix-truncated), or the query's
         on a ``forward`` path (gallery mapped by F). IncomparableGenerations when the widths
-        differ on a path that does not truncate. The mapped side takes the other side's dtype."""
+        differ on a path that does not truncate. The mapped side takes the other side's dtype.
+        ``queries_by_generation``: the same queries embedded by the ``query_generations``."""
         if self.kind == "adapter":
-            return truncate_to_common(self._adapted(queries).to(device=gallery.device, dtype=gallery.dtype), gallery)
+            adapted = self._adapted(queries, queries_by_generation)
+            return truncate_to_common(adapted.to(device=gallery.device, dtype=gallery.dtype), gallery)
         gallery = self.map_gallery(gallery).to(device=queries.device, dtype=queries.dtype)
         if queries.shape[-1] != gallery.shape[-1]:
             raise IncomparableGenerations(self.query, self.gallery,
@@ -136,14 +209,16 @@ class ComparisonPath:
         return queries, gallery
 
     @torch.no_grad()
-    def map_queries(self, queries: torch.Tensor, gallery_dim: int) -> torch.Tensor:
+    def map_queries(self, queries: torch.Tensor, gallery_dim: int,
+                    queries_by_generation: Mapping[str, torch.Tensor] | None = None) -> torch.Tensor:
         """(N_q, D_q) queries of ``query`` → (N_q, gallery_dim) queries to search an index of
         width ``gallery_dim``: one over the gallery's stored embeddings at full width, or, on a
         ``forward`` path, one over ``map_gallery`` of them (the queries are then unchanged). As
         ``align``, except that the gallery side cannot be truncated, so an adapter path whose
-        mapped queries are narrower than the gallery raises IncomparableGenerations."""
+        mapped queries are narrower than the gallery raises IncomparableGenerations.
+        ``queries_by_generation``: the same queries embedded by the ``query_generations``."""
         if self.kind == "adapter":
-            mapped = self._adapted(queries)
+            mapped = self._adapted(queries, queries_by_generation)
             if mapped.shape[-1] < gallery_dim:
                 raise IncomparableGenerations(
                     self.query, self.gallery, f"the adapted queries have {mapped.shape[-1]} coordinates but the "
@@ -171,7 +246,8 @@ def comparison_path(query: str, gallery: str, models: Mapping[str, CompatibleMod
         return ComparisonPath(query, gallery, "same", gallery_model.space, gallery_model.curv)
     chain = _backward_chain(query, gallery, models, parents)
     if chain is not None:
-        return ComparisonPath(query, gallery, "adapter", gallery_model.space, gallery_model.curv, chain)
+        hops = tuple(parents[name] or "" for name in _descent(query, gallery, parents) or ())
+        return ComparisonPath(query, gallery, "adapter", gallery_model.space, gallery_model.curv, chain, hops=hops)
     forward = _forward_chain(query, gallery, models, parents)
     if forward is not None:
         return ComparisonPath(query, gallery, "forward", query_model.space, query_model.curv, gallery_maps=forward)
@@ -198,9 +274,9 @@ def has_lone_forward_map(model: CompatibleModel) -> bool:
 
 def trained_apart_from_parent(model: CompatibleModel) -> bool:
     """Whether ``model``'s encoder was trained without its parent and reaches it through a map only:
-    a lone forward map F (FCT) or a post-hoc backward ``ChartMap`` (a given encoder)."""
+    a lone forward map F (FCT) or a post-hoc backward ``ChartMap`` or ``QueryInterpolation`` (a given encoder)."""
     backward = model.adapters[BACKWARD_ADAPTER] if BACKWARD_ADAPTER in model.adapters else None
-    return has_lone_forward_map(model) or isinstance(backward, ChartMap)
+    return has_lone_forward_map(model) or isinstance(backward, (ChartMap, QueryInterpolation))
 
 
 def _ancestry(name: str, parents: Mapping[str, str | None]) -> list[str]:

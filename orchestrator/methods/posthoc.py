@@ -18,6 +18,10 @@ y_i ∈ R^m the parent's. Every map g minimises the squared error of the fit
   right singular vectors of the fitted values X_c W₀ᵀ, b = ȳ − W x̄.
 - ``residual_mlp``: g(x) = R x + W₂ relu(W₁ x + b₁) + b₂, R the Procrustes map (fixed), the MLP
   fitted by AdamW from zero output (so it starts at Procrustes).
+- ``slerp`` (training-free spherical interpolation, miccunifi/SLERP_backward_compatibility): the
+  Procrustes rotation aligns the new query, which is then interpolated on the unit sphere with the
+  OLD model's embedding of the same query, weight t (``Slerp``'s docstring gives the equations);
+  no parameter is trained, and each query costs one more forward pass of the old model.
 
 The fitted g goes in a ``ChartMap`` (new space → parent's space) as the generation's ``backward``
 adapter: the comparison rules' adapter path maps the new queries into the parent's space, so the
@@ -34,6 +38,7 @@ import torch
 from torch import nn
 from torch.utils.data import Subset
 
+from orchestrator.geometry.spaces import Space
 from orchestrator.methods.base import TrainContext, embed_dataset
 from orchestrator.methods.common import SupervisedMethod
 from orchestrator.methods.posthoc_descriptions import (
@@ -42,9 +47,10 @@ from orchestrator.methods.posthoc_descriptions import (
     ProcrustesDescription,
     ResidualMLPDescription,
     ResidualMLPParams,
+    SlerpDescription,
 )
 from orchestrator.methods.registry import register_method
-from orchestrator.models.adapters import BACKWARD_ADAPTER, AffineAdapter, ChartMap
+from orchestrator.models.adapters import BACKWARD_ADAPTER, AffineAdapter, ChartMap, QueryInterpolation
 from orchestrator.models.adapters.posthoc import LowRankAffineAdapter, ResidualMLPAdapter, to_chart
 from orchestrator.models.outputs import ModelOutput
 
@@ -137,12 +143,17 @@ class PostHocMethod(SupervisedMethod):
              ctx: TrainContext) -> dict[str, torch.Tensor]:
         raise RuntimeError(f"{self.name} trains no encoder: it has no training loss")
 
+    def check_spaces(self, ctx: TrainContext) -> None:
+        """ValueError when the map cannot join the given encoder's space to the parent's (every
+        chart space can be mapped: nothing to check here)."""
+
     def fit_map(self, source: torch.Tensor, target: torch.Tensor) -> tuple[nn.Module, list[float]]:
         """The fitted map g (source chart (N, n) → target chart (N, m)) and L after each fit epoch
         (one value for a closed form)."""
         raise NotImplementedError
 
     def on_train_end(self, ctx: TrainContext) -> None:
+        self.check_spaces(ctx)
         old, new = paired_sample(ctx, self.params)
         source = to_chart(new, ctx.new_model.space, ctx.new_model.curv)
         target = to_chart(old, ctx.old_model.space, ctx.old_model.curv)
@@ -151,8 +162,23 @@ class PostHocMethod(SupervisedMethod):
         ctx.state[FIT_SECONDS] = time.perf_counter() - started
         ctx.state[HISTORY] = [{"epoch": float(i), "loss": loss}
                               for i, loss in enumerate([mean_map_error(target.double()), *losses])]
-        ctx.new_model.adapters[BACKWARD_ADAPTER] = ChartMap(fitted.to(ctx.device), ctx.new_model.space,
-                                                            ctx.new_model.curv, ctx.old_model.space, ctx.old_model.curv)
+        ctx.new_model.adapters[BACKWARD_ADAPTER] = self.backward_adapter(
+            ChartMap(fitted.to(ctx.device), ctx.new_model.space, ctx.new_model.curv, ctx.old_model.space,
+                     ctx.old_model.curv))
+
+    def backward_adapter(self, chart_map: ChartMap) -> nn.Module:
+        """The ``backward`` adapter stored for the fitted map: the ``ChartMap`` itself."""
+        return chart_map
+
+
+def procrustes_adapter(source: torch.Tensor, target: torch.Tensor) -> tuple[nn.Module, list[float]]:
+    """An ``AffineAdapter`` without bias holding s Q = ``procrustes_matrix(source, target)`` (float32)
+    and [L] of it on the sample: source (N, n), target (N, m)."""
+    matrix = procrustes_matrix(source, target).float()
+    adapter = AffineAdapter(source.shape[1], target.shape[1], bias=False)
+    with torch.no_grad():
+        adapter.linear.weight.copy_(matrix)
+    return adapter.eval(), [fit_error(source.double() @ matrix.double().T, target.double())]
 
 
 @register_method
@@ -161,11 +187,40 @@ class Procrustes(ProcrustesDescription, PostHocMethod):
     without bias holding s Q."""
 
     def fit_map(self, source: torch.Tensor, target: torch.Tensor) -> tuple[nn.Module, list[float]]:
-        matrix = procrustes_matrix(source, target).float()
-        adapter = AffineAdapter(source.shape[1], target.shape[1], bias=False)
-        with torch.no_grad():
-            adapter.linear.weight.copy_(matrix)
-        return adapter.eval(), [fit_error(source.double() @ matrix.double().T, target.double())]
+        return procrustes_adapter(source, target)
+
+
+@register_method
+class Slerp(SlerpDescription, PostHocMethod):
+    """Training-free spherical interpolation (miccunifi/SLERP_backward_compatibility). With both
+    spaces cosine, x = φ_new(q)/‖φ_new(q)‖ and y = φ_old(q)/‖φ_old(q)‖ the two models' unit
+    embeddings of one query q:
+
+        a = R x / ‖R x‖,  R = Q the orthogonal Procrustes rotation fitted on the paired sample
+            (``procrustes_matrix``: Q = U Vᵀ for the thin SVD Yᵀ X = U Σ Vᵀ; the scale s drops out
+            in the normalisation)
+        θ = arccos⟨a, y⟩
+        q̂ = slerp(a, y; t) = sin((1 − t) θ) / sin θ · a + sin(t θ) / sin θ · y
+
+    t = ``params.weight`` ∈ [0, 1]: 0 searches with the aligned new query alone (Procrustes), 1 with
+    the old model's query alone. The gallery stays the parent's, untouched: only queries move. The
+    stored ``backward`` adapter is a ``QueryInterpolation`` around the Procrustes ``ChartMap``; it
+    takes the parent's embedding of the query as a second input, which the comparison rules hand
+    it (the router embeds an image query with both generations; evaluation passes the parent's
+    embeddings of the same items)."""
+
+    def check_spaces(self, ctx: TrainContext) -> None:
+        spaces = {"given encoder": self.space, "parent": ctx.old_model.space if ctx.old_model is not None else None}
+        wrong = {who: space for who, space in spaces.items() if space not in (None, Space.COSINE)}
+        if wrong:
+            raise ValueError(f"slerp interpolates on the unit sphere: both generations must embed in cosine space, "
+                             f"got {', '.join(f'{who} {space.value}' for who, space in wrong.items())}")
+
+    def fit_map(self, source: torch.Tensor, target: torch.Tensor) -> tuple[nn.Module, list[float]]:
+        return procrustes_adapter(source, target)
+
+    def backward_adapter(self, chart_map: ChartMap) -> nn.Module:
+        return QueryInterpolation(chart_map, self.params.weight)
 
 
 @register_method

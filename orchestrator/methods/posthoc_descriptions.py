@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from orchestrator import limits
 from orchestrator.geometry.spaces import Space
@@ -55,6 +55,21 @@ class ResidualMLPParams(PostHocParams):
     weight_decay: float = Field(1e-4, ge=0)
 
 
+class SlerpParams(PostHocParams):
+    """weight: t of slerp(a, y; t), how far the aligned new query a moves on the unit sphere towards
+    the old model's query y (0: a alone, 1: y alone); a tunable parameter (``orchestrator tune``).
+    space: cosine only (both generations must embed in cosine space)."""
+
+    weight: float = Field(0.5, ge=0.0, le=1.0)
+
+    @field_validator("space")
+    @classmethod
+    def _on_the_sphere(cls, space: str) -> str:
+        if space != "cosine":
+            raise ValueError(f"slerp interpolates on the unit sphere: the given encoder's space must be cosine, got {space!r}")
+        return space
+
+
 class PostHocDescription(MethodDescription):
     """A method that fits a map to the parent and trains no encoder (module docstring)."""
 
@@ -85,8 +100,15 @@ class ResidualMLPDescription(PostHocDescription):
     Params = ResidualMLPParams
 
 
+class SlerpDescription(PostHocDescription):
+    name = "slerp"
+    summary = ("given encoder, frozen; queries: Procrustes-aligned new query interpolated on the sphere with the "
+               "parent's query (weight t), training-free")
+    Params = SlerpParams
+
+
 # name -> (description, the module whose import registers the method)
 POSTHOC: dict[str, tuple[type[MethodDescription], str]] = {
     description.name: (description, "orchestrator.methods.posthoc")
-    for description in (ProcrustesDescription, LowRankAffineDescription, ResidualMLPDescription)
+    for description in (ProcrustesDescription, LowRankAffineDescription, ResidualMLPDescription, SlerpDescription)
 }

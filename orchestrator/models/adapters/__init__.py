@@ -11,7 +11,13 @@ from orchestrator.models.adapters.layers import (
     lambda_orthogonality_penalty,
     truncate_to_common,
 )
-from orchestrator.models.adapters.posthoc import ChartMap, LowRankAffineAdapter, ResidualMLPAdapter
+from orchestrator.models.adapters.posthoc import (
+    ChartMap,
+    LowRankAffineAdapter,
+    QueryInterpolation,
+    ResidualMLPAdapter,
+    spherical_interpolation,
+)
 from orchestrator.models.adapters.registry import (
     BACKWARD_ADAPTER,
     FORWARD_ADAPTER,
@@ -32,6 +38,7 @@ __all__ = [
     "LowRankAffineAdapter",
     "MLPAdapter",
     "OrthogonalAdapter",
+    "QueryInterpolation",
     "ResidualMLPAdapter",
     "adapter_class",
     "adapter_spec",
@@ -40,5 +47,6 @@ __all__ = [
     "gram_deviation",
     "lambda_orthogonality_penalty",
     "register_adapter",
+    "spherical_interpolation",
     "truncate_to_common",
 ]

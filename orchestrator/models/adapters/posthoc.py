@@ -8,6 +8,9 @@ interpolation, miccunifi/SLERP_backward_compatibility).
   comparison rules' adapter path, the gate and serving apply it as any other backward map.
 - ``LowRankAffineAdapter``: g(x) = U (Vᵀ x) + b, rank r.
 - ``ResidualMLPAdapter``: g(x) = R x + W₂ relu(W₁ x + b₁) + b₂ around a fixed linear map R.
+- ``QueryInterpolation``: slerp(align(x), y; t), the aligned new query interpolated on the unit
+  sphere with the parent's embedding y of the same query (``spherical_interpolation``); it takes
+  two inputs, so the comparison rules hand it the parent's query embeddings.
 
 The orthogonal Procrustes map is an ``AffineAdapter`` without bias holding the fitted matrix.
 """
@@ -153,3 +156,59 @@ class ResidualMLPAdapter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x @ self.base.T + self.output(torch.relu(self.hidden(x)))
+
+
+#: Below this sin θ the two directions are taken as parallel and interpolated linearly (the limit θ → 0).
+SLERP_PARALLEL_EPS = 1e-7
+
+
+def spherical_interpolation(start: torch.Tensor, end: torch.Tensor, weight: float) -> torch.Tensor:
+    """slerp(a, b; t) = sin((1 − t) θ) / sin θ · a + sin(t θ) / sin θ · b with θ = arccos⟨a, b⟩,
+    a = start / ‖start‖, b = end / ‖end‖, row by row: the point a fraction t of the way along the
+    great circle from a to b (t = 0: a, t = 1: b; unit norm for every t). Where sin θ falls below
+    ``SLERP_PARALLEL_EPS`` (a ≈ ±b) the normalised linear interpolation ((1 − t) a + t b) / ‖·‖, the
+    limit θ → 0. start, end (N, D); computed in float64, returned (N, D) in ``start``'s dtype."""
+    if start.shape != end.shape:
+        raise ValueError(f"spherical interpolation needs two (N, D) matrices of one shape, got "
+                         f"{tuple(start.shape)} and {tuple(end.shape)}")
+    a = F.normalize(start.double(), dim=-1)
+    b = F.normalize(end.double().to(a.device), dim=-1)
+    theta = torch.arccos((a * b).sum(dim=-1, keepdim=True).clamp(-1.0, 1.0))
+    sin_theta = torch.sin(theta)
+    parallel = sin_theta < SLERP_PARALLEL_EPS
+    safe = torch.where(parallel, torch.ones_like(sin_theta), sin_theta)
+    arc = (torch.sin((1.0 - weight) * theta) * a + torch.sin(weight * theta) * b) / safe
+    linear = F.normalize((1.0 - weight) * a + weight * b, dim=-1)
+    return torch.where(parallel, linear, arc).to(start.dtype)
+
+
+@register_adapter
+class QueryInterpolation(nn.Module):
+    """x (N, D_new) and the parent's embeddings y (N, D_old) of the same queries →
+    slerp(align(x), y; t) (N, D_old) (``spherical_interpolation``): the new model's query aligned
+    into the parent's space, then moved a fraction t = ``weight`` of the way towards the parent's own
+    query on the unit sphere (training-free backward compatibility, miccunifi/
+    SLERP_backward_compatibility). ``align`` is any registered adapter kind into the parent's
+    space (the spherical interpolation method stores a ``ChartMap`` of the Procrustes rotation).
+
+    Unlike the other adapters it needs the target generation's embedding of the query itself
+    (``needs_target_queries``): the comparison rules pass it (``orchestrator.comparison``)."""
+
+    kind = "slerp"
+    needs_target_queries = True
+
+    def __init__(self, align: nn.Module, weight: float):
+        super().__init__()
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError(f"QueryInterpolation: weight t must be in [0, 1], got {weight!r}")
+        self.align, self.weight = align, float(weight)
+
+    def forward(self, x: torch.Tensor, target_queries: torch.Tensor) -> torch.Tensor:
+        return spherical_interpolation(self.align(x), target_queries, self.weight)
+
+    def to_spec(self) -> dict[str, Any]:
+        return {"align": adapter_spec(self.align), "weight": self.weight}
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any]) -> QueryInterpolation:
+        return cls(build_adapter(spec["align"]), float(spec["weight"]))
