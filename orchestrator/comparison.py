@@ -113,6 +113,9 @@ class ComparisonPath:
     def note(self) -> str:
         if self.kind == "adapter":
             hops = "adapter" if len(self.adapters) == 1 else f"chain of {len(self.adapters)} adapters"
+            if self.query_generations:
+                return (f"queries mapped by the backward {hops}, interpolated with "
+                        f"{', '.join(self.query_generations)}'s embeddings of them (slerp)")
             return f"queries mapped by the backward {hops}"
         if self.kind == "forward":
             hops = "map F" if len(self.gallery_maps) == 1 else f"chain of {len(self.gallery_maps)} maps F"
@@ -264,6 +267,24 @@ def comparison_path(query: str, gallery: str, models: Mapping[str, CompatibleMod
             "(it has only a forward map F, e.g. fct, or a post-hoc map B to its parent), so raw embeddings on either "
             "side of it are not comparable; only through its map is it searchable")
     return ComparisonPath(query, gallery, "direct", gallery_model.space, gallery_model.curv)
+
+
+def query_generations_of(query: str, models: Mapping[str, CompatibleModel],
+                         parents: Mapping[str, str | None]) -> tuple[str, ...]:
+    """The generations whose embeddings of ``query``'s queries some adapter path from ``query`` to
+    an ancestor needs (``ComparisonPath.query_generations``): the parent of every generation on its
+    chain of backward adapters whose adapter interpolates with its target's query; usually none."""
+    needed: list[str] = []
+    seen, current = {query}, query
+    while True:
+        parent, model = parents.get(current), models.get(current)
+        if parent is None or model is None or BACKWARD_ADAPTER not in model.adapters or parent in seen:
+            break
+        if getattr(model.adapters[BACKWARD_ADAPTER], "needs_target_queries", False):
+            needed.append(parent)
+        seen.add(parent)
+        current = parent
+    return tuple(needed)
 
 
 def has_lone_forward_map(model: CompatibleModel) -> bool:

@@ -139,6 +139,8 @@ def compare_generations(
               needed for every generation whose row or column is computed.
     parents:  generation name → parent name; used for the adapter path of λ-orthogonality and the
               forward path of FCT (``models`` supplies the adapters and spaces; nothing is embedded).
+              A spherical interpolation path (``slerp``) takes the parent's embeddings of the same
+              items as the parent's query embeddings, as the router takes them for a query.
     queries:  the query generations whose rows are computed (default: all); every gallery
               generation k ≤ t of such a row t is compared.
     """
@@ -161,7 +163,9 @@ def compare_generations(
             gallery_name = names[k]
             try:
                 path = comparison_path(query_name, gallery_name, models, parents)
-                aligned = path.align(embedded[query_name].embedding, embedded[gallery_name].embedding)
+                aligned = path.align(embedded[query_name].embedding, embedded[gallery_name].embedding,
+                                     {name: embedded[name].embedding for name in path.query_generations
+                                      if name in embedded})
             except IncomparableGenerations as reason:
                 notes[(query_name, gallery_name)] = reason.reason
                 continue

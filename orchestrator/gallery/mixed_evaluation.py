@@ -73,6 +73,7 @@ def evaluate_mixed_gallery(
     models: Mapping[str, CompatibleModel],
     parents: Mapping[str, str | None],
     ks: Sequence[int] = (1, 5),
+    queries_by_generation: Mapping[str, torch.Tensor] | None = None,
 ) -> MixedGalleryResult:
     """Rank every gallery item (all ``shards``) for each query of the ``serving`` generation.
 
@@ -80,6 +81,8 @@ def evaluate_mixed_gallery(
     query_ids:   (N_q,) ids for leave-one-out when the queries are gallery items, else None.
     shards:      the gallery's shard files (any generations); models must hold each of their
                  generations (and any generation on an adapter path) and ``serving``.
+    queries_by_generation: the same queries embedded by the generations a spherical
+                 interpolation path needs (``query_generations_of``), as the router takes them.
     """
     if not shards:
         raise ValueError("evaluate_mixed_gallery: the gallery has no shards")
@@ -91,7 +94,7 @@ def evaluate_mixed_gallery(
     for generation, members in groups.items():
         gallery = torch.from_numpy(np.concatenate([s.embeddings for s in members]))
         path = comparison_path(serving, generation, models, parents)
-        aligned_queries, aligned_gallery = path.align(queries, gallery)
+        aligned_queries, aligned_gallery = path.align(queries, gallery, queries_by_generation)
         parts.append((path, aligned_queries.double(), aligned_gallery.double()))
         labels.append(np.concatenate([s.labels for s in members]))
         ids.append(np.concatenate([s.ids for s in members]))

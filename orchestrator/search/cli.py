@@ -58,12 +58,12 @@ def search_command(args: argparse.Namespace) -> int:
 
     service = service_for_pipeline(config, args.serving, metric=args.criterion_metric,
                                    on_incompatible="skip" if args.skip_incompatible else "refuse")
-    embeddings, labels, ids, names = _queries(args, config, service)
-    answer = search_answer(service, embeddings, args.k)
+    embeddings, others, labels, ids, names = _queries(args, config, service)
+    answer = search_answer(service, embeddings, args.k, others)
     report: dict[str, Any] = {"serving": answer["serving"], "gallery": config.gallery.name, "k": args.k,
                               **answer, "queries": names}
     if args.evaluate:
-        report["evaluation"] = _evaluate(args, config, service, embeddings, labels, ids)
+        report["evaluation"] = _evaluate(args, config, service, embeddings, others, labels, ids)
     text = json.dumps(report, indent=2)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as handle:
@@ -72,9 +72,11 @@ def search_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _queries(args, config, service) -> tuple[Any, np.ndarray | None, np.ndarray | None, list[str] | None]:
-    """(embeddings (N, D), labels or None, gallery item ids or None, query names or None) of the
-    requested queries."""
+def _queries(args, config, service) -> tuple[Any, dict[str, Any], np.ndarray | None, np.ndarray | None,
+                                            list[str] | None]:
+    """(embeddings (N, D), the same queries by the generations a spherical interpolation path needs
+    (``SearchService.encode_for_search``; none for given embeddings), labels or None, gallery item ids
+    or None, query names or None) of the requested queries."""
     from orchestrator.data import load_source
     from orchestrator.search.queries import read_query_file
 
@@ -85,19 +87,20 @@ def _queries(args, config, service) -> tuple[Any, np.ndarray | None, np.ndarray 
 
             images = images.subset(np.arange(min(args.limit, len(images))))
         same_items = config.gallery.source is None and args.split == config.gallery.split
-        return service.encode(images.images), images.labels, images.ids if same_items else None, None
+        return *service.encode_for_search(images.images), images.labels, images.ids if same_items else None, None
     batch = read_query_file(args.queries, service.image_size)
     stop = len(batch) if args.limit is None else min(args.limit, len(batch))
+    others: dict[str, Any] = {}
     if batch.embeddings is not None:
         embeddings = batch.embeddings[:stop]
     else:
-        embeddings = service.encode(batch.images[:stop])
+        embeddings, others = service.encode_for_search(batch.images[:stop])
     labels = None if batch.labels is None else batch.labels[:stop]
     ids = None if batch.ids is None else batch.ids[:stop]
-    return embeddings, labels, ids, None if batch.names is None else list(batch.names[:stop])
+    return embeddings, others, labels, ids, None if batch.names is None else list(batch.names[:stop])
 
 
-def _evaluate(args, config, service, embeddings, labels, ids) -> dict[str, Any]:
+def _evaluate(args, config, service, embeddings, others, labels, ids) -> dict[str, Any]:
     from orchestrator.data import load_source
     from orchestrator.data.registry import STREAMED_SOURCES
     from orchestrator.search.router_evaluation import evaluate_search
@@ -109,7 +112,8 @@ def _evaluate(args, config, service, embeddings, labels, ids) -> dict[str, Any]:
         raise ValueError(f"--evaluate ranks the whole gallery in memory; gallery {config.gallery.name!r} is streamed "
                          f"from {source}: the pipeline's gallery-eval step scores a labelled sample of it instead")
     gallery = load_source(source, **kwargs)
-    evaluation = evaluate_search(service.router, embeddings, labels, gallery.ids, gallery.labels, args.eval_k, query_ids=ids)
+    evaluation = evaluate_search(service.router, embeddings, labels, gallery.ids, gallery.labels, args.eval_k, query_ids=ids,
+                                 queries_by_generation=others)
     return evaluation.as_row()
 
 

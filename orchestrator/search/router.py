@@ -5,8 +5,11 @@ comparison path its generation needs (``orchestrator.comparison``):
 
 - ``same``: the shard was embedded by the serving generation;
 - ``direct``: an older generation in the same space, compatible by training (BCT, HBCT, …);
-- ``adapter``: an older generation reached through backward adapters B (λ-orthogonality), the
-  queries being mapped once per generation, not once per shard;
+- ``adapter``: an older generation reached through backward adapters B (λ-orthogonality, the
+  post-hoc maps), the queries being mapped once per generation, not once per shard; a spherical
+  interpolation adapter (``slerp``) also takes the old generation's embeddings of the same queries
+  (``RoutePlan.query_generations`` names the generations whose embeddings a search needs besides
+  the serving one's; ``search(queries, k, queries_by_generation)`` takes them);
 - ``forward``: an older generation reached through forward maps F (FCT): its stored index holds
   the old space, which the serving queries cannot search, so when the router is built the shard's
   stored embeddings (its Parquet file, checksum checked, or its rows' raw embeddings in a gallery
@@ -120,6 +123,13 @@ class RoutePlan:
         """Generation → how its shards are searched (``same``, ``direct``, ``queries mapped by …``,
         ``gallery mapped by …; in-memory flat index …``)."""
         return {shard.generation: route_note(path) for shard, path in self.admitted}
+
+    @property
+    def query_generations(self) -> tuple[str, ...]:
+        """The generations whose embeddings of the queries a search needs besides the serving
+        generation's (the targets of the admitted paths' interpolating adapters), sorted; usually
+        none."""
+        return tuple(sorted({name for _shard, path in self.admitted for name in path.query_generations}))
 
     def result(self, distances: np.ndarray, ids: np.ndarray, shards: np.ndarray) -> "SearchResult":
         """The ``SearchResult`` of merged (Q, k) distances, ids and shard indexes over this plan."""
@@ -318,15 +328,22 @@ class ShardHits:
         self.sources += other.sources
 
 
-def search_shards(routes: Sequence[ShardRoute], queries: torch.Tensor, k: int) -> ShardHits:
+#: Generation → (Q, D_generation) embeddings of the same Q queries by another generation than the
+#: serving one, for the paths that interpolate with them (``RoutePlan.query_generations``).
+QueriesByGeneration = Mapping[str, torch.Tensor]
+
+
+def search_shards(routes: Sequence[ShardRoute], queries: torch.Tensor, k: int,
+                  queries_by_generation: QueriesByGeneration | None = None) -> ShardHits:
     """The top-``k`` of each of the (Q, D) serving-generation ``queries`` in each route's index,
-    the queries mapped along each route's path once per (generation, index width)."""
+    the queries mapped along each route's path once per (generation, index width) (an
+    interpolating path with ``queries_by_generation``, ``ComparisonPath.map_queries``)."""
     mapped: dict[tuple[str, int], np.ndarray] = {}
     hits = ShardHits()
     for route in routes:
         key = (route.shard.generation, int(route.index.dim))
         if key not in mapped:
-            mapped[key] = route.path.map_queries(queries, key[1]).double().numpy()
+            mapped[key] = route.path.map_queries(queries, key[1], queries_by_generation).double().numpy()
         found_distances, found_ids = route.index.search(mapped[key], min(k, max(route.index.ntotal, 1)))
         hits.distances.append(found_distances)
         hits.ids.append(found_ids)
@@ -335,21 +352,25 @@ def search_shards(routes: Sequence[ShardRoute], queries: torch.Tensor, k: int) -
 
 
 def search_merged(queries: torch.Tensor | np.ndarray, k: int, n_routes: int,
-                  search_chunk: Callable[[torch.Tensor], ShardHits]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                  search_chunk: Callable[[torch.Tensor, dict[str, torch.Tensor]], ShardHits],
+                  queries_by_generation: Mapping[str, torch.Tensor | np.ndarray] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The global top-``k`` (distances, ids, shards; each (Q, k)) of the (Q, D) ``queries`` over
     ``n_routes`` shards: the queries in chunks small enough for the merge buffers, each chunk's
-    per-shard lists (``search_chunk``: ``search_shards`` here or in the processes holding the
-    shards) merged by ``merge_top_k``."""
+    per-shard lists (``search_chunk(chunk, the same rows of queries_by_generation)``:
+    ``search_shards`` here or in the processes holding the shards) merged by ``merge_top_k``."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int, got {k!r}")
     queries = torch.as_tensor(queries)
     if queries.ndim != 2:
         raise ValueError(f"queries must be a (Q, D) matrix of serving-generation embeddings, got shape "
                          f"{tuple(queries.shape)}")
+    others = {name: torch.as_tensor(found) for name, found in (queries_by_generation or {}).items()}
     chunk = max(1, min(MAX_QUERY_CHUNK, MERGE_BUDGET_BYTES // (24 * k * max(n_routes, 1))))
     parts = []
     for start in range(0, len(queries), chunk):
-        hits = search_chunk(queries[start:start + chunk])
+        hits = search_chunk(queries[start:start + chunk],
+                            {name: found[start:start + chunk] for name, found in others.items()})
         parts.append(merge_top_k(hits.distances, hits.ids, hits.sources, k))
     if not parts:
         parts = [(np.zeros((0, k)), np.zeros((0, k), dtype=np.int64), np.zeros((0, k), dtype=np.int64))]
@@ -408,7 +429,15 @@ class SearchRouter:
         """Generation → how its shards are searched (``RoutePlan.paths``)."""
         return self.plan.paths()
 
-    def search(self, queries: torch.Tensor | np.ndarray, k: int) -> SearchResult:
-        """Global top-``k`` of each of the (Q, D) serving-generation query embeddings."""
-        return self.plan.result(*search_merged(queries, k, len(self.routes),
-                                               lambda chunk: search_shards(self.routes, chunk, k)))
+    @property
+    def query_generations(self) -> tuple[str, ...]:
+        """``RoutePlan.query_generations``: whose embeddings of the queries ``search`` needs too."""
+        return self.plan.query_generations
+
+    def search(self, queries: torch.Tensor | np.ndarray, k: int,
+               queries_by_generation: Mapping[str, torch.Tensor | np.ndarray] | None = None) -> SearchResult:
+        """Global top-``k`` of each of the (Q, D) serving-generation query embeddings;
+        ``queries_by_generation``: the same queries embedded by each of ``query_generations``."""
+        return self.plan.result(*search_merged(
+            queries, k, len(self.routes), lambda chunk, others: search_shards(self.routes, chunk, k, others),
+            queries_by_generation))

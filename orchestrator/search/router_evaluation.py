@@ -9,7 +9,7 @@ hides count as misses rather than shrinking the denominator.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,17 +40,19 @@ class SearchEvaluation:
 
 def evaluate_search(router: SearchRouter, queries: torch.Tensor | np.ndarray, query_labels: np.ndarray,
                     gallery_ids: np.ndarray, gallery_labels: np.ndarray, k: int | None = None,
-                    query_ids: np.ndarray | None = None, ks: Sequence[int] = (1, 5)) -> SearchEvaluation:
+                    query_ids: np.ndarray | None = None, ks: Sequence[int] = (1, 5),
+                    queries_by_generation: Mapping[str, torch.Tensor | np.ndarray] | None = None) -> SearchEvaluation:
     """Search ``queries`` (N_q, D) and score the top-``k`` lists (None: the whole gallery).
 
     gallery_ids, gallery_labels: (N_g,) every gallery item's id and label (all shards).
     query_ids: (N_q,) when the queries are gallery items: each query's own hit is removed
                (leave-one-out), so ``k + 1`` items are fetched.
+    queries_by_generation: the same queries embedded by the router's ``query_generations``.
     """
     gallery_ids, gallery_labels = np.asarray(gallery_ids, dtype=np.int64), np.asarray(gallery_labels, dtype=np.int64)
     query_labels = np.asarray(query_labels, dtype=np.int64)
     depth = len(gallery_ids) if k is None else k
-    fetched = router.search(queries, depth + (query_ids is not None))
+    fetched = router.search(queries, depth + (query_ids is not None), queries_by_generation)
     hit_ids = fetched.ids
     if query_ids is not None:
         hit_ids = _drop_own_hit(hit_ids, np.asarray(query_ids, dtype=np.int64))

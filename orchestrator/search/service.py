@@ -105,14 +105,33 @@ class SearchService:
     @functools.cached_property
     def width(self) -> int:
         """D, the width of the serving generation's embeddings (of one blank image, encoded)."""
-        return int(self.encode(np.zeros((1, self.image_size, self.image_size, 3), dtype=np.uint8)).shape[1])
+        return self.width_of(self.serving)
 
-    def encode(self, images: np.ndarray) -> torch.Tensor:
-        """(N, H, W, 3) uint8 images → (N, D) embeddings of the serving generation."""
+    @property
+    def query_generations(self) -> tuple[str, ...]:
+        """The generations whose embeddings of a query a search needs besides the serving one's
+        (``SearchRouter.query_generations``: spherical interpolation paths); usually none."""
+        return self.router.query_generations
+
+    def width_of(self, generation: str) -> int:
+        """The width of ``generation``'s embeddings (the serving one or one of ``query_generations``)."""
+        blank = np.zeros((1, self.image_size, self.image_size, 3), dtype=np.uint8)
+        return int(self.encode(blank, None if generation == self.serving else generation).shape[1])
+
+    def encode(self, images: np.ndarray, generation: str | None = None) -> torch.Tensor:
+        """(N, H, W, 3) uint8 images → (N, D) embeddings of the serving generation, or of
+        ``generation`` (one of the router's models: a generation of ``query_generations``)."""
         from orchestrator.search.queries import encode_images
 
         mean, std = self.normalisation
-        return encode_images(self.router.model, images, self.image_size, mean, std)
+        model = self.router.model if generation is None else self.router.models[generation]
+        return encode_images(model, images, self.image_size, mean, std)
+
+    def encode_for_search(self, images: np.ndarray) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(N, H, W, 3) uint8 images → (the serving generation's (N, D) embeddings, {generation: its
+        (N, D_g) embeddings} for each of ``query_generations``): what ``search`` takes. An image
+        query is embedded by a second generation only when a path interpolates with it."""
+        return self.encode(images), {name: self.encode(images, name) for name in self.query_generations}
 
     @property
     def serving(self) -> str:
@@ -120,11 +139,13 @@ class SearchService:
         return self.router.serving
 
     def search_images(self, images: np.ndarray, k: int) -> SearchResult:
-        return self.router.search(self.encode(images), k)
+        queries, others = self.encode_for_search(images)
+        return self.router.search(queries, k, others)
 
-    def answer(self, embeddings: torch.Tensor | np.ndarray, k: int) -> dict[str, Any]:
+    def answer(self, embeddings: torch.Tensor | np.ndarray, k: int,
+               queries_by_generation: Mapping[str, torch.Tensor | np.ndarray] | None = None) -> dict[str, Any]:
         """``search_answer`` of this service (what a server's snapshot answers a request with)."""
-        return search_answer(self, embeddings, k)
+        return search_answer(self, embeddings, k, queries_by_generation)
 
     def item_attributes(self, shard_index: int, ids: np.ndarray) -> list[dict[str, Any]]:
         """Per item of ``ids`` (n,) of a searched shard, {"uri": …, metadata…} (``ItemColumns.rows``),
@@ -139,11 +160,13 @@ class SearchService:
         return self.item_columns[key]
 
 
-def search_answer(service: SearchService, embeddings: torch.Tensor | np.ndarray, k: int) -> dict[str, Any]:
-    """The top-``k`` hits of the (Q, D) serving-generation ``embeddings`` as ``orchestrator search
-    --json`` and the server's ``POST /search`` return them (``answer_document``)."""
-    return answer_document(service.router.search(embeddings, k), service.router.searchable_items,
-                           service.item_attributes)
+def search_answer(service: SearchService, embeddings: torch.Tensor | np.ndarray, k: int,
+                  queries_by_generation: Mapping[str, torch.Tensor | np.ndarray] | None = None) -> dict[str, Any]:
+    """The top-``k`` hits of the (Q, D) serving-generation ``embeddings`` (and the same queries by
+    the router's ``query_generations``) as ``orchestrator search --json`` and the server's ``POST
+    /search`` return them (``answer_document``)."""
+    return answer_document(service.router.search(embeddings, k, queries_by_generation),
+                           service.router.searchable_items, service.item_attributes)
 
 
 def answer_document(result: SearchResult, searchable_items: int,

@@ -114,8 +114,9 @@ class ShardSearcher:
     def prepare(self, key: str, admitted: Sequence[tuple[ShardRecord, ComparisonPath]]) -> list[tuple[int, str]]:
         return self.share.prepare(key, admitted)
 
-    def search(self, key: str, queries: np.ndarray, k: int) -> tuple[ShardHits, dict[int, ItemColumns]] | None:
-        return self.share.search(key, queries, k)
+    def search(self, key: str, queries: np.ndarray, k: int, others: dict[str, np.ndarray] | None = None
+               ) -> tuple[ShardHits, dict[int, ItemColumns]] | None:
+        return self.share.search(key, queries, k, others)
 
 
 class Reply(Generic[T]):
@@ -152,9 +153,9 @@ class HandleCalls:
                 ) -> Reply[list[tuple[int, str]]]:
         return Reply(self.share_handles[share].prepare.remote(key, admitted))
 
-    def search(self, share: int, key: str, queries: np.ndarray, k: int
+    def search(self, share: int, key: str, queries: np.ndarray, k: int, others: dict[str, np.ndarray]
                ) -> Reply[tuple[ShardHits, dict[int, ItemColumns]] | None]:
-        return Reply(self.share_handles[share].search.remote(key, queries, k))
+        return Reply(self.share_handles[share].search.remote(key, queries, k, others))
 
 
 @serve.deployment(name="gallery", max_ongoing_requests=INGRESS_MAX_ONGOING,

@@ -11,7 +11,7 @@ for them (``serving.model_cache``): a snapshot whose generations did not change 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,11 +28,15 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class EncoderPlan:
     """A snapshot's route plan (``search.router.RoutePlan``) for one searching generation, the key
-    of that generation's model (``ModelCache.key``) and the width D of its embeddings."""
+    of that generation's model (``ModelCache.key``) and the width D of its embeddings; the same
+    for every generation whose embeddings of a query the plan needs too (``model_keys``,
+    ``widths``: the plan's ``query_generations``)."""
 
     plan: Any
     model_key: ModelKey
     width: int
+    model_keys: dict[str, ModelKey] = field(default_factory=dict)
+    widths: dict[str, int] = field(default_factory=dict)
 
 
 class QueryEncoders:
@@ -58,10 +62,13 @@ class QueryEncoders:
         plan, _models = open_plan(self.store, config.gallery.name, generation, metric=self.settings.metric,
                                   dataset=config.data.eval_split, on_incompatible=self.settings.on_incompatible,
                                   shards=state.shards, load_model=self.models.load)
-        key = self.models.key(self._record(generation))
-        if key not in self._widths:
-            self._widths[key] = int(self.encode(key, np.zeros((1, self.size, self.size, 3), np.uint8)).shape[1])
-        return EncoderPlan(plan, key, self._widths[key])
+        keys = {name: self.models.key(self._record(name)) for name in (generation, *plan.query_generations)}
+        for key in keys.values():
+            if key not in self._widths:
+                self._widths[key] = int(self.encode(key, np.zeros((1, self.size, self.size, 3), np.uint8)).shape[1])
+        others = [name for name in keys if name != generation]
+        return EncoderPlan(plan, keys[generation], self._widths[keys[generation]],
+                           {name: keys[name] for name in others}, {name: self._widths[keys[name]] for name in others})
 
     def encode(self, model_key: ModelKey, images: np.ndarray) -> np.ndarray:
         """(N, H, W, 3) uint8 images → (N, D) float32 embeddings of the model ``model_key`` names

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.serving.protocols import BuildService, SnapshotService
-from orchestrator.serving.requests import BadRequest, SearchRequest, check_width, decode_queries, one_line, parse_search
+from orchestrator.serving.requests import BadRequest, SearchRequest, decode_queries, keyed_queries, one_line, parse_search
 from orchestrator.serving.settings import ServeSettings, token_sha256
 
 log = logging.getLogger(__name__)
@@ -126,14 +126,14 @@ class GalleryEndpoint:
         answers: list[tuple[int, Any]] = [(0, None)] * len(bodies)
         with self.holder.use() as snapshot:  # the one snapshot these requests are answered from
             services: dict[str, SnapshotService] = {}  # by searching generation
-            groups: dict[tuple[str, int], list[tuple[int, np.ndarray]]] = {}  # by (generation, k)
+            groups: dict[tuple[str, int], list[tuple[int, np.ndarray, dict[str, np.ndarray]]]] = {}  # by (generation, k)
             for number, body in enumerate(bodies):
                 try:
                     request = parse_search(body, self.settings.limits)
                     service = self._service(snapshot, request.generation)
-                    queries = self._queries(request, service)
+                    queries, others = self._queries(request, service)
                     services[service.serving] = service
-                    groups.setdefault((service.serving, request.k), []).append((number, queries))
+                    groups.setdefault((service.serving, request.k), []).append((number, queries, others))
                 except BadRequest as refused:
                     answers[number] = refused.status, {"error": refused.reason}
                 except Exception as error:  # this request failed; the others are answered
@@ -141,14 +141,17 @@ class GalleryEndpoint:
             head = {"snapshot": snapshot.id, "deployment": snapshot.state.deployment_id, "gallery": self.gallery}
             for (generation, k), members in groups.items():
                 try:
-                    document = services[generation].answer(np.concatenate([queries for _number, queries in members]), k)
+                    service = services[generation]
+                    document = service.answer(np.concatenate([queries for _number, queries, _others in members]), k, {
+                        name: np.concatenate([others[name] for _number, _queries, others in members])
+                        for name in service.query_generations})
                 except Exception as error:
                     failed = _failure("POST /search", error)
-                    for number, _queries in members:
+                    for number, _queries, _others in members:
                         answers[number] = failed
                     continue
                 results, start = document.pop("results"), 0
-                for number, queries in members:
+                for number, queries, _others in members:
                     answers[number] = 200, {**head, "k": k, **document, "results": results[start:start + len(queries)]}
                     start += len(queries)
         self.responses.update(status for status, _payload in answers)
@@ -199,16 +202,19 @@ class GalleryEndpoint:
         except ValueError as refused:
             raise BadRequest(400, str(refused)) from None
 
-    def _queries(self, request: SearchRequest, service: SnapshotService) -> np.ndarray:
-        """The (Q, D) float32 serving-generation queries of a request: its embeddings (their width
-        checked), or its images decoded and encoded."""
+    def _queries(self, request: SearchRequest, service: SnapshotService) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The (Q, D) float32 serving-generation queries of a request and the same queries by each
+        generation a spherical interpolation path needs (``service.query_generations``): its
+        embeddings (widths checked, ``keyed_queries``), or its images decoded and encoded by each."""
         from orchestrator.storage import read_bytes
 
-        if request.embeddings is not None:
-            check_width(request.embeddings, service.width, service.serving)
-            return request.embeddings
+        needed = service.query_generations
+        if request.embeddings is not None or request.embeddings_by_generation is not None:
+            return keyed_queries(request, service.serving, needed,
+                                 lambda name: service.width if name == service.serving else service.width_of(name))
         images = decode_queries(request, read_bytes, self._decode, self.settings.read_prefixes)
-        return np.asarray(service.encode(images), dtype=np.float32)
+        return (np.asarray(service.encode(images), dtype=np.float32),
+                {name: np.asarray(service.encode(images, name), dtype=np.float32) for name in needed})
 
 
 #: The route ``search_many`` answers.

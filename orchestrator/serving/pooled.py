@@ -21,7 +21,7 @@ each share.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
@@ -62,7 +62,7 @@ class PoolCalls(Protocol):
     def prepare(self, share: int, key: str, admitted: Sequence[tuple[ShardRecord, ComparisonPath]]
                 ) -> Pending[list[tuple[int, str]]]: ...
 
-    def search(self, share: int, key: str, queries: np.ndarray, k: int
+    def search(self, share: int, key: str, queries: np.ndarray, k: int, others: dict[str, np.ndarray]
                ) -> Pending[tuple[ShardHits, dict[int, ItemColumns]] | None]: ...
 
 
@@ -99,24 +99,36 @@ class PooledService:
     def width(self) -> int:
         return self.planned.width
 
-    def encode(self, images: np.ndarray) -> torch.Tensor:
-        """(N, H, W, 3) uint8 images → (N, D) embeddings, by an encoder replica."""
-        return torch.from_numpy(self.calls.encode(self.planned.model_key, images).result())
+    @property
+    def query_generations(self) -> tuple[str, ...]:
+        return self.planned.plan.query_generations
 
-    def answer(self, embeddings: torch.Tensor | np.ndarray, k: int) -> dict[str, Any]:
-        """The answer document of the (Q, D) serving-generation ``embeddings``' top-``k``."""
+    def width_of(self, generation: str) -> int:
+        return self.planned.widths[generation]
+
+    def encode(self, images: np.ndarray, generation: str | None = None) -> torch.Tensor:
+        """(N, H, W, 3) uint8 images → (N, D) embeddings of the serving generation (or of
+        ``generation``, one of ``query_generations``), by an encoder replica."""
+        key = self.planned.model_key if generation is None else self.planned.model_keys[generation]
+        return torch.from_numpy(self.calls.encode(key, images).result())
+
+    def answer(self, embeddings: torch.Tensor | np.ndarray, k: int,
+               queries_by_generation: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
+        """The answer document of the (Q, D) serving-generation ``embeddings``' top-``k``
+        (``queries_by_generation``: the same queries by the ``query_generations``)."""
         plan = self.planned.plan
         columns: dict[int, list[ItemColumns]] = {}  # by shard: the columns of its hits, per chunk
 
-        def search_chunk(chunk: torch.Tensor) -> ShardHits:
+        def search_chunk(chunk: torch.Tensor, other_chunks: dict[str, torch.Tensor]) -> ShardHits:
             queries = chunk.numpy()
-            pending = {share: self.calls.search(share, self.key, queries, k) for share in self.by_share}
+            others = {name: np.asarray(found) for name, found in other_chunks.items()}
+            pending = {share: self.calls.search(share, self.key, queries, k, others) for share in self.by_share}
             hits = ShardHits()
             for share, answer in pending.items():
                 found = answer.result()
                 if found is None:  # the share no longer holds this snapshot: hand it the routes again
                     self.calls.prepare(share, self.key, self.by_share[share]).result()
-                    found = self.calls.search(share, self.key, queries, k).result()
+                    found = self.calls.search(share, self.key, queries, k, others).result()
                     if found is None:
                         raise RuntimeError(f"shard share {share} dropped snapshot {self.key} again while asked to search it")
                 share_hits, share_columns = found
@@ -130,6 +142,6 @@ class PooledService:
             held = parts[0] if len(parts) == 1 else ItemColumns.joined(parts)
             return held.rows(ids)
 
-        result = plan.result(*search_merged(embeddings, k, len(plan.admitted), search_chunk))
+        result = plan.result(*search_merged(embeddings, k, len(plan.admitted), search_chunk, queries_by_generation))
         return answer_document(result, plan.searchable_items, attributes)
 

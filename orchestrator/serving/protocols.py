@@ -7,7 +7,7 @@ snapshots (``serving.snapshots``) use nothing else of either.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 if TYPE_CHECKING:  # the interface names them; importing it loads neither
@@ -30,13 +30,26 @@ class SnapshotService(Protocol):
         """D, the width of that generation's embeddings (what an ``embeddings`` request must give)."""
         ...
 
-    def encode(self, images: np.ndarray) -> torch.Tensor:
-        """(N, H, W, 3) uint8 images → (N, D) embeddings of the serving generation."""
+    @property
+    def query_generations(self) -> tuple[str, ...]:
+        """The generations whose embeddings of a query a search needs besides the serving one's
+        (spherical interpolation paths, ``search.router.RoutePlan.query_generations``); usually none."""
         ...
 
-    def answer(self, embeddings: torch.Tensor | np.ndarray, k: int) -> dict[str, Any]:
+    def width_of(self, generation: str) -> int:
+        """The width of one of ``query_generations``' embeddings."""
+        ...
+
+    def encode(self, images: np.ndarray, generation: str | None = None) -> torch.Tensor:
+        """(N, H, W, 3) uint8 images → (N, D) embeddings of the serving generation (or of
+        ``generation``, one of ``query_generations``)."""
+        ...
+
+    def answer(self, embeddings: torch.Tensor | np.ndarray, k: int,
+               queries_by_generation: Mapping[str, np.ndarray] | None = None) -> dict[str, Any]:
         """The answer document (``search.service.answer_document``) of the (Q, D) serving-generation
-        ``embeddings``' top-``k``: ``{"serving", "paths", "searched_items", "not_searched", "results"}``,
+        ``embeddings``' top-``k`` (``queries_by_generation``: the same queries by each of
+        ``query_generations``): ``{"serving", "paths", "searched_items", "not_searched", "results"}``,
         ``results`` one list of hits per query, in the order of the rows."""
         ...
 

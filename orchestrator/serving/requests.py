@@ -3,7 +3,10 @@
 A JSON object with exactly one of:
 
 - ``"embeddings"``: a list of Q lists of D numbers, embeddings of the serving generation (D: its
-  embedding width; NaN or infinite values are refused);
+  embedding width; NaN or infinite values are refused); or an object of such lists keyed by
+  generation name, the same Q queries embedded by the serving generation and by each generation a
+  spherical interpolation path needs (``slerp``: the old generation's embedding of the query),
+  exactly those;
 - ``"images"``: a list of Q strings, each an encoded image file (PNG, JPEG, …) in base64;
 - ``"uris"``: a list of Q image locations, each under one of the prefixes the server was started
   with (``--read-prefix``); nothing else is read, so a request cannot make the server fetch an
@@ -80,6 +83,8 @@ class SearchRequest:
     embeddings: np.ndarray | None = None
     images: tuple[bytes, ...] | None = None
     uris: tuple[str, ...] | None = None
+    embeddings_by_generation: dict[str, np.ndarray] | None = None
+    """``embeddings`` given as an object: generation name → (Q, D_g) float32, one row per query."""
 
 
 def parse_search(body: bytes, limits: Limits) -> SearchRequest:
@@ -102,16 +107,13 @@ def parse_search(body: bytes, limits: Limits) -> SearchRequest:
         raise BadRequest(400, f"give exactly one of {list(QUERY_FIELDS)}, got {given or 'none'}")
     name = given[0]
     queries = document[name]
+    if name == "embeddings" and isinstance(queries, dict):
+        return _keyed_embeddings(queries, document, limits)
     if not isinstance(queries, list) or not queries:
         raise BadRequest(400, f"'{name}' must be a non-empty list, got {_describe(queries)}")
     if len(queries) > limits.max_queries:
         raise BadRequest(413, f"'{name}' holds {len(queries)} queries, more than the {limits.max_queries} allowed")
-    k = document.get("k", DEFAULT_K)
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.max_k:
-        raise BadRequest(400, f"'k' must be an integer from 1 to {limits.max_k}, got {_QUOTE.repr(k)}")
-    generation = document.get("generation")
-    if generation is not None and (not isinstance(generation, str) or not 0 < len(generation) <= MAX_NAME):
-        raise BadRequest(400, f"'generation' must be a generation name, got {_describe(generation)}")
+    k, generation = _k_and_generation(document, limits)
     if name == "embeddings":
         return SearchRequest(k, generation, embeddings=_embeddings(queries))
     if not all(isinstance(q, str) for q in queries):
@@ -119,6 +121,65 @@ def parse_search(body: bytes, limits: Limits) -> SearchRequest:
     if name == "images":
         return SearchRequest(k, generation, images=tuple(_base64(q, n) for n, q in enumerate(queries)))
     return SearchRequest(k, generation, uris=tuple(queries))
+
+
+def _k_and_generation(document: dict, limits: Limits) -> tuple[int, str | None]:
+    k = document.get("k", DEFAULT_K)
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= limits.max_k:
+        raise BadRequest(400, f"'k' must be an integer from 1 to {limits.max_k}, got {_QUOTE.repr(k)}")
+    generation = document.get("generation")
+    if generation is not None and (not isinstance(generation, str) or not 0 < len(generation) <= MAX_NAME):
+        raise BadRequest(400, f"'generation' must be a generation name, got {_describe(generation)}")
+    return k, generation
+
+
+def _keyed_embeddings(keyed: dict, document: dict, limits: Limits) -> SearchRequest:
+    """The request of an ``embeddings`` object (generation name → Q lists of numbers)."""
+    if not keyed or len(keyed) > limits.max_queries:
+        raise BadRequest(400, f"'embeddings' as an object must map 1 to {limits.max_queries} generation names to "
+                              f"lists of embeddings, got {len(keyed)} entries")
+    by_generation = {}
+    for name, queries in keyed.items():
+        if not 0 < len(name) <= MAX_NAME:
+            raise BadRequest(400, f"'embeddings' keys must be generation names, got {_QUOTE.repr(name)}")
+        if not isinstance(queries, list) or not queries:
+            raise BadRequest(400, f"'embeddings'[{name!r}] must be a non-empty list, got {_describe(queries)}")
+        if len(queries) > limits.max_queries:
+            raise BadRequest(413, f"'embeddings'[{name!r}] holds {len(queries)} queries, more than the "
+                                  f"{limits.max_queries} allowed")
+        by_generation[name] = _embeddings(queries)
+    rows = {name: len(array) for name, array in by_generation.items()}
+    if len(set(rows.values())) != 1:
+        raise BadRequest(400, f"'embeddings' must give every generation the same queries, got rows {rows}")
+    k, generation = _k_and_generation(document, limits)
+    return SearchRequest(k, generation, embeddings_by_generation=by_generation)
+
+
+def keyed_queries(request: SearchRequest, serving: str, needed: Sequence[str], widths: Callable[[str], int]
+                  ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(the serving generation's (Q, D) queries, {generation: (Q, D_g)} for each of ``needed``) of
+    an ``embeddings`` request, each width checked (``widths``: generation → its width); BadRequest
+    400 when one is missing, has the wrong width, or is not used by this search."""
+    if request.embeddings is not None:
+        if needed:
+            raise BadRequest(400, f"'embeddings' holds generation {serving!r}'s only, but its search interpolates with "
+                                  f"generation(s) {list(needed)}'s embeddings of the same queries (slerp): give "
+                                  f"'embeddings' as an object keyed by generation, {[serving, *needed]}")
+        check_width(request.embeddings, widths(serving), serving)
+        return request.embeddings, {}
+    keyed = request.embeddings_by_generation or {}
+    expected = [serving, *needed]
+    missing = [name for name in expected if name not in keyed]
+    if missing:
+        raise BadRequest(400, f"'embeddings' has no entry for generation(s) {missing}; this search takes "
+                              f"{expected}")
+    unused = sorted(set(keyed) - set(expected))
+    if unused:
+        raise BadRequest(400, f"'embeddings' has entries for generation(s) {unused} this search does not use; it "
+                              f"takes {expected}")
+    for name in expected:
+        check_width(keyed[name], widths(name), name)
+    return keyed[serving], {name: keyed[name] for name in needed}
 
 
 def check_width(embeddings: np.ndarray, width: int, generation: str) -> None:

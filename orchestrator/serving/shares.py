@@ -87,10 +87,12 @@ class ShardShare:
         routes = held[0]
         return [(route.shard.index, route.index.kind) for route in routes]
 
-    def search(self, key: str, queries: np.ndarray, k: int) -> tuple[ShardHits, dict[int, ItemColumns]] | None:
+    def search(self, key: str, queries: np.ndarray, k: int, others: dict[str, np.ndarray] | None = None
+               ) -> tuple[ShardHits, dict[int, ItemColumns]] | None:
         """(``ShardHits`` of the (Q, D) serving-generation ``queries`` in this share's shards of
         snapshot ``key``, {shard index: the ``ItemColumns`` of the items found there}), or None
-        when ``key`` is not held."""
+        when ``key`` is not held. ``others``: the same queries embedded by the generations an
+        interpolating path needs (``RoutePlan.query_generations``)."""
         import torch
 
         from orchestrator.search.router import search_shards
@@ -100,7 +102,8 @@ class ShardShare:
         if held is None:
             return None
         routes, columns = held
-        hits = search_shards(routes, torch.from_numpy(np.asarray(queries)), k)
+        hits = search_shards(routes, torch.from_numpy(np.asarray(queries)), k,
+                             {name: torch.from_numpy(np.asarray(found)) for name, found in (others or {}).items()})
         return hits, {shard: columns[shard].subset(ids) for shard, ids in zip(hits.sources, hits.ids)}
 
     def _columns_of(self, shard: ShardRecord) -> ItemColumns:

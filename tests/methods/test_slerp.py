@@ -135,3 +135,28 @@ def test_comparison_path_hands_the_parents_query_embeddings_to_slerp():
 def test_a_plain_adapter_path_needs_no_other_queries():
     chart_map = ChartMap(AffineAdapter(3, 3, bias=False), "cosine", 1.0, "cosine", 1.0)
     assert not getattr(chart_map, "needs_target_queries", False)
+
+
+def test_the_cross_test_scores_slerp_queries_made_from_the_parents_embeddings_of_the_same_items():
+    """``compare_generations`` (the compatibility matrices the gate reads): the new row's old-gallery
+    cell ranks the parent's gallery with slerp queries built from the parent's own embeddings of the
+    query items, recomputed here by numpy."""
+    from orchestrator.evaluation.generations import SplitEmbeddings, compare_generations
+    from orchestrator.metrics import retrieval_metrics
+
+    _method, parent, new, images = _fitted(0.4)
+    labels, ids = torch.arange(200) % 4, torch.arange(200)
+    with torch.no_grad():
+        embedded = {"old": SplitEmbeddings(parent(images).embedding, labels, ids),
+                    "new": SplitEmbeddings(new(images).embedding, labels, ids)}
+    report = compare_generations({"old": parent, "new": new}, embedded, {"new": "old", "old": None})
+    rotation = new.adapters[BACKWARD_ADAPTER].align.map.linear.weight.detach().double().numpy()
+    qn = embedded["new"].embedding.double().numpy()
+    moved = numpy_slerp((qn / np.linalg.norm(qn, axis=1, keepdims=True)) @ rotation.T,
+                        embedded["old"].embedding.double().numpy(), 0.4)
+    expected = retrieval_metrics(torch.from_numpy(moved), embedded["old"].embedding.double(), labels, labels, "cosine",
+                                 query_ids=ids, gallery_ids=ids)
+    assert report.value("new", "old", "map") == pytest.approx(expected.mean_ap, abs=1e-6)
+    assert report.value("new", "old", "cmc@1") == pytest.approx(expected.cmc[1], abs=1e-6)
+    assert report.notes[("new", "old")] == ("queries mapped by the backward adapter, interpolated with old's "
+                                            "embeddings of them (slerp)")

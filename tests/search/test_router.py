@@ -128,7 +128,8 @@ def test_shards_searched_in_separate_shares_and_merged_equal_the_brute_force_ran
     shares = [[load_route(shard, path, ShardIndex.load) for shard, path in plan.admitted if shard.index % 2 == share]
               for share in (0, 1)]
 
-    def search_chunk(chunk):
+    def search_chunk(chunk, others):
+        assert others == {}  # no path here interpolates with another generation's queries
         hits = ShardHits()
         for routes in shares[::-1]:  # the shares answer in any order
             hits.extend(search_shards(routes, chunk, 6))
@@ -350,3 +351,117 @@ def test_shards_whose_indexes_return_different_units_are_not_merged(tmp_path):
     router = SearchRouter("g1", models, parents,
                           [exact, ShardRecord("gallery", 1, len(ids1), "g1", None, hnsw_uri, None, NOW)], None, load_index)
     assert router.searchable_items == 60
+
+
+def numpy_slerp(a, b, t):
+    """Row-wise slerp by the textbook formula (independent of the code under test)."""
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    theta = np.arccos(np.clip(np.sum(a * b, axis=1, keepdims=True), -1, 1))
+    return (np.sin((1 - t) * theta) * a + np.sin(t * theta) * b) / np.sin(theta)
+
+
+def test_a_slerp_path_searches_the_old_shards_with_the_interpolated_query_and_equals_numpy(tmp_path):
+    """g1 (a given encoder, 8 wide) reaches g0's untouched gallery (5 wide) by slerp: the Procrustes
+    rotation R of its query, interpolated on the sphere with g0's own embedding of the query."""
+    from orchestrator.comparison import MissingQueryEmbeddings
+    from orchestrator.models.adapters import AffineAdapter, ChartMap, QueryInterpolation
+
+    rng = np.random.default_rng(7)
+    ids = np.arange(30) * 2 + 3
+    old = rng.normal(size=(20, 5)).astype(np.float32)
+    new = rng.normal(size=(10, 8)).astype(np.float32)
+    rotation = np.linalg.qr(rng.normal(size=(8, 8)))[0][:5]  # (5, 8), orthonormal rows
+    align = AffineAdapter(8, 5, bias=False)
+    with torch.no_grad():
+        align.linear.weight.copy_(torch.from_numpy(rotation))
+    models = {"g0": vector_model(create_method("l2", {}), 6, 5, 3, seed=0), "g1": model(seed=1)}
+    models["g1"].adapters["backward"] = QueryInterpolation(ChartMap(align, "cosine", 1.0, "cosine", 1.0), 0.35)
+    parents = {"g0": None, "g1": "g0"}
+    shards = [shard_record(tmp_path, 0, "g0", ids[:12], old[:12]), shard_record(tmp_path, 1, "g0", ids[12:20], old[12:]),
+              shard_record(tmp_path, 2, "g1", ids[20:], new)]
+    router = SearchRouter("g1", models, parents, shards, None, ShardIndex.load)
+    assert router.query_generations == ("g0",)
+    queries_new = rng.normal(size=(6, 8)).astype(np.float32)
+    queries_old = rng.normal(size=(6, 5)).astype(np.float32)
+    result = router.search(torch.from_numpy(queries_new), 9, {"g0": torch.from_numpy(queries_old)})
+
+    unit_new = queries_new / np.linalg.norm(queries_new, axis=1, keepdims=True)
+    moved = numpy_slerp(unit_new.astype(np.float64) @ rotation.T, queries_old.astype(np.float64), 0.35)
+
+    def cosine_distance(q, g):
+        return 1 - (q / np.linalg.norm(q, axis=1, keepdims=True)) @ (g / np.linalg.norm(g, axis=1, keepdims=True)).T
+
+    distances = np.concatenate([cosine_distance(moved, old.astype(np.float64)),
+                                cosine_distance(queries_new.astype(np.float64), new.astype(np.float64))], axis=1)
+    expected_d, expected_ids = brute_force_top_k(distances, ids, 9)
+    np.testing.assert_array_equal(result.ids, expected_ids)
+    np.testing.assert_allclose(result.distances, expected_d, rtol=1e-5, atol=1e-6)
+    with pytest.raises(MissingQueryEmbeddings, match="'g0''s embeddings of the same queries: none were given"):
+        router.search(torch.from_numpy(queries_new), 9)
+    # a router whose paths need no other generation's queries takes none
+    assert SearchRouter("g0", models, parents, shards[:2], None, ShardIndex.load).query_generations == ()
+
+
+def test_an_image_query_is_embedded_by_the_old_generation_only_for_a_slerp_path(tmp_path):
+    """``SearchService.encode_for_search``: the serving generation's embeddings, and the old
+    generation's of the same images only when a path interpolates with them (the router's hits then
+    equal those of the two embeddings searched directly)."""
+    from orchestrator.models.adapters import AffineAdapter, ChartMap, QueryInterpolation
+    from orchestrator.search.service import SearchService
+
+    def image_model(method, width, seed):
+        built = vector_model(create_method(method, {}), 12, width, 3, seed=seed)  # 2×2 RGB images, flattened
+        built.encoder.proj = nn.Sequential(nn.Flatten(), built.encoder.proj)
+        return built
+
+    models = {"g0": image_model("l2", 5, 0), "g1": image_model("independent", 8, 1)}
+    models["g1"].adapters["backward"] = QueryInterpolation(
+        ChartMap(AffineAdapter(8, 5, bias=False), "cosine", 1.0, "cosine", 1.0), 0.5)
+    parents = {"g0": None, "g1": "g0"}
+    rng = np.random.default_rng(3)
+    shards = [shard_record(tmp_path, 0, "g0", np.arange(10), rng.normal(size=(10, 5)).astype(np.float32))]
+    service = SearchService(SearchRouter("g1", models, parents, shards, None, ShardIndex.load), 2,
+                            ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)))
+    images = rng.integers(0, 256, size=(4, 2, 2, 3), dtype=np.uint8)
+    queries, others = service.encode_for_search(images)
+    assert queries.shape == (4, 8) and list(others) == ["g0"] and others["g0"].shape == (4, 5)
+    pixels = torch.from_numpy((images / 255.0 - 0.5) / 0.25).permute(0, 3, 1, 2).float()
+    with torch.no_grad():
+        torch.testing.assert_close(others["g0"], models["g0"](pixels).embedding)
+        torch.testing.assert_close(queries, models["g1"](pixels).embedding)
+    assert service.width == 8 and service.width_of("g0") == 5
+    found = service.search_images(images, 4)
+    np.testing.assert_array_equal(found.ids, service.router.search(queries, 4, others).ids)
+    plain = SearchService(SearchRouter("g0", models, parents, shards, None, ShardIndex.load), 2,
+                          ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)))
+    assert plain.encode_for_search(images)[1] == {}
+
+
+def test_a_slerp_search_evaluation_equals_the_mixed_gallery_evaluation_with_the_old_queries(tmp_path):
+    """The gallery evaluation (mixed galleries) and the router take the old generation's query
+    embeddings the same way, so over the whole gallery both rank alike."""
+    from orchestrator.models.adapters import AffineAdapter, ChartMap, QueryInterpolation
+
+    rng = np.random.default_rng(5)
+    n = 40
+    ids, labels = np.arange(n) + 100, rng.integers(0, 4, n)
+    old = rng.normal(size=(n, 5)).astype(np.float32)
+    new = rng.normal(size=(n, 8)).astype(np.float32)
+    align = AffineAdapter(8, 5, bias=False)
+    models = {"g0": vector_model(create_method("l2", {}), 6, 5, 3, seed=0), "g1": model(seed=2)}
+    models["g1"].adapters["backward"] = QueryInterpolation(ChartMap(align, "cosine", 1.0, "cosine", 1.0), 0.7)
+    parents = {"g0": None, "g1": "g0"}
+    first, second = np.arange(0, 25), np.arange(25, n)
+    shards = [shard_record(tmp_path, 0, "g0", ids[first], old[first]),
+              shard_record(tmp_path, 1, "g1", ids[second], new[second])]
+    router = SearchRouter("g1", models, parents, shards, None, ShardIndex.load)
+    others = {"g0": torch.from_numpy(old)}  # the old generation's embeddings of the same items (the queries)
+    searched = evaluate_search(router, torch.from_numpy(new), labels, ids, labels, query_ids=ids, ks=(1, 5),
+                               queries_by_generation=others)
+    as_files = [ShardEmbeddings(ids[p], labels[p], e[p], np.full(len(p), np.nan, np.float32), g, "cosine", 1.0)
+                for p, e, g in ((first, old, "g0"), (second, new, "g1"))]
+    expected = evaluate_mixed_gallery("g1", torch.from_numpy(new), labels, ids, as_files, models, parents, ks=(1, 5),
+                                      queries_by_generation=others)
+    assert searched.result.cmc == pytest.approx(expected.cmc)
+    assert searched.result.mean_ap == pytest.approx(expected.mean_ap)

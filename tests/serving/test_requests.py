@@ -9,7 +9,15 @@ import pytest
 from PIL import Image
 
 from orchestrator.search.queries import decode_image
-from orchestrator.serving.requests import MAX_REASON, BadRequest, allowed_uri, check_width, decode_queries, parse_search
+from orchestrator.serving.requests import (
+    MAX_REASON,
+    BadRequest,
+    allowed_uri,
+    check_width,
+    decode_queries,
+    keyed_queries,
+    parse_search,
+)
 from orchestrator.serving.settings import Limits
 
 LIMITS = Limits(max_body_bytes=4096, max_queries=3, max_k=50, max_pixels=64 * 64)
@@ -67,7 +75,8 @@ def test_bad_bodies_are_refused_with_a_one_line_reason(payload, status, words):
     (b'{"embeddings": [[1.0]], "k": ' + b"9" * 4000 + b"}", "got 999999999999999999...9999999999999999999"),
     (b'{"embeddings": [[1.0]]' + b"\xff}", "not JSON: 'utf-8' codec can't decode"),
     (json.dumps({"embeddings": [[1.0]], "generation": "g" * 257}).encode(), "must be a generation name, got str 'gggg"),
-    (b'{"embeddings": {"a": ' + b"[" * 500 + b"]" * 500 + b"}}", "non-empty list, got dict {'a': [[...]]}"),
+    (b'{"embeddings": {"a": {"b": ' + b"[" * 500 + b"]" * 500 + b"}}}",
+     "'embeddings'['a'] must be a non-empty list, got dict {'b': [[...]]}"),
 ], ids=["nesting", "k of 5000 digits", "an embedding of 4000 digits", "k 1e400", "k of 4000 digits", "invalid UTF-8",
         "a long name", "a deep list quoted"])
 def test_hostile_bodies_are_refused_with_a_short_one_line_reason(payload, words):
@@ -130,3 +139,43 @@ def test_uris_are_read_only_below_the_configured_prefixes(tmp_path):
     with pytest.raises(BadRequest, match=r"'uris'\[0\]: no file at") as refused:
         decode_queries(missing, read, decode, (allowed,))
     assert refused.value.status == 404
+
+
+def test_embeddings_keyed_by_generation_give_a_slerp_search_both_generations_queries():
+    new, old = np.ones((2, 4), np.float32), np.full((2, 3), 0.5, np.float32)
+    request = parse_search(body(embeddings={"g1": new.tolist(), "g0": old.tolist()}, k=4), LIMITS)
+    assert request.embeddings is None and request.k == 4
+    widths = {"g1": 4, "g0": 3}.__getitem__
+    queries, others = keyed_queries(request, "g1", ("g0",), widths)
+    np.testing.assert_array_equal(queries, new)
+    assert list(others) == ["g0"] and np.array_equal(others["g0"], old)
+    # a search without an interpolating path takes the plain list, and the list form of a slerp search is refused
+    plain = parse_search(body(embeddings=new.tolist()), LIMITS)
+    assert keyed_queries(plain, "g1", (), widths)[1] == {}
+    with pytest.raises(BadRequest, match=r"holds generation 'g1''s only, but its search interpolates with "
+                                         r"generation\(s\) \['g0'\]'s embeddings"):
+        keyed_queries(plain, "g1", ("g0",), widths)
+
+
+@pytest.mark.parametrize("embeddings, words", [
+    ({"g1": [[1.0] * 4]}, "no entry for generation(s) ['g0']; this search takes ['g1', 'g0']"),
+    ({"g1": [[1.0] * 4], "g0": [[1.0] * 2]}, "'embeddings' have 2 values per query; generation 'g0' embeds 3"),
+    ({"g1": [[1.0] * 4], "g0": [[1.0] * 3], "g7": [[1.0]]}, "entries for generation(s) ['g7'] this search does not use"),
+])
+def test_a_missing_or_wrong_old_generation_embedding_is_a_one_line_400(embeddings, words):
+    request = parse_search(body(embeddings=embeddings), LIMITS)
+    with pytest.raises(BadRequest) as refused:
+        keyed_queries(request, "g1", ("g0",), {"g1": 4, "g0": 3, "g7": 1}.__getitem__)
+    assert refused.value.status == 400 and words in refused.value.reason and "\n" not in refused.value.reason
+
+
+@pytest.mark.parametrize("payload, status, words", [
+    (body(embeddings={}), 400, "must map 1 to 3 generation names"),
+    (body(embeddings={"g1": [[1.0]], "g0": [[1.0], [2.0]]}), 400, "the same queries, got rows {'g1': 1, 'g0': 2}"),
+    (body(embeddings={"g1": [[1.0]] * 4}), 413, "'embeddings'['g1'] holds 4 queries"),
+    (body(embeddings={"g1": [[float("nan")]]}), 400, "NaN"),
+])
+def test_bad_keyed_embeddings_are_refused(payload, status, words):
+    with pytest.raises(BadRequest) as refused:
+        parse_search(payload, LIMITS)
+    assert refused.value.status == status and words in refused.value.reason

@@ -16,6 +16,6 @@ from protocol_checks import accepts, protocol_methods
 def test_both_services_have_the_protocols_methods_and_properties(service):
     for name, declared in protocol_methods(SnapshotService).items():
         assert accepts(inspect.signature(getattr(service, name)), declared), (service.__name__, name)
-    for name in ("serving", "width"):  # read-only attributes: a property or a cached one
+    for name in ("serving", "width", "query_generations"):  # read-only attributes: a property or a cached one
         assert hasattr(inspect.getattr_static(service, name), "__get__"), (service.__name__, name)
-    assert set(protocol_methods(SnapshotService)) == {"encode", "answer"}
+    assert set(protocol_methods(SnapshotService)) == {"encode", "answer", "width_of"}

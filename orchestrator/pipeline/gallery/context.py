@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from orchestrator.comparison import query_generations_of
 from orchestrator.config import PipelineConfig
 from orchestrator.data import ImageTensorDataset, LabeledImages, load_source
 from orchestrator.data.gallery_sources import GallerySource, MemorySource
@@ -103,6 +104,14 @@ class GalleryContext:
         size = self.config.data.image_size or int(images.images.shape[1])
         out, labels, _ids = embed_dataset_with_ids(self.model(generation), ImageTensorDataset(images, size, self.mean, self.std))
         return out.embedding, labels.numpy(), None
+
+    def other_queries(self, generation: str, items: LabeledImages, parents: dict[str, str | None]
+                      ) -> dict[str, torch.Tensor]:
+        """The queries of ``queries(generation, …)`` (``items`` when they are the gallery's own)
+        embedded by each generation that ``generation``'s spherical interpolation paths take them
+        from too (``comparison.query_generations_of``; usually none), as the router takes them."""
+        needed = query_generations_of(generation, self.models_for(parents), parents)
+        return {name: self.queries(name, self.embed_locally(name, items))[0] for name in needed}
 
     def embed_locally(self, generation: str, items: LabeledImages) -> ShardEmbeddings:
         """``items`` (the evaluation's labelled sample) embedded by ``generation`` in this process."""

@@ -54,14 +54,18 @@ class GalleryEvaluator:
             self.ctx.model(name)
         full_shard = self.ctx.embed_locally(generation, sample)
         queries, query_labels, query_ids = self.ctx.queries(generation, full_shard)
+        others = self.ctx.other_queries(generation, sample, parents)
         models = self.ctx.models_for(parents)
         stored, incomparable = self._comparable(generation, stored, models, parents)
         if not stored:  # nothing the serving generation can search: every query retrieves nothing
             raise RuntimeError(f"gallery-eval {self.ctx.name} as {generation}: no stored item can be compared with "
                                f"{generation}'s queries ({'; '.join(incomparable.values())})")
-        mixed = evaluate_mixed_gallery(generation, queries, query_labels, query_ids, stored, models, parents)
-        full = evaluate_mixed_gallery(generation, queries, query_labels, query_ids, [full_shard], models, parents)
-        search = (self._search_quality(generation, sample, queries, query_labels, query_ids, models, parents, shards)
+        mixed = evaluate_mixed_gallery(generation, queries, query_labels, query_ids, stored, models, parents,
+                                       queries_by_generation=others)
+        full = evaluate_mixed_gallery(generation, queries, query_labels, query_ids, [full_shard], models, parents,
+                                      queries_by_generation=others)
+        search = (self._search_quality(generation, sample, queries, query_labels, query_ids, models, parents, shards,
+                                       others)
                   if whole else {**{m: None for m in METRICS}, "k": self.ctx.config.search.eval_k, "searched_items": 0,
                                  "gallery_items": total, "skipped": "measured on the whole gallery only", "paths": {}})
         outputs: dict[str, Any] = {"serving": generation, "mixed": mixed.as_row(), "full_backfill": full.as_row(),
@@ -71,7 +75,7 @@ class GalleryEvaluator:
                                    "same_generation": self._previous_full_backfill(generation)}
         plan = self.planner.committed_plan(generation)
         if self.ctx.config.evaluation.backfill_curves and whole and any(b.generation for b in plan.before):
-            outputs["curve"] = self._curve(plan, full_shard, queries, query_labels, query_ids, models, parents)
+            outputs["curve"] = self._curve(plan, full_shard, queries, query_labels, query_ids, models, parents, others)
         return outputs
 
     def _comparable(self, generation: str, shards: list[ShardEmbeddings], models: dict[str, Any],
@@ -84,7 +88,7 @@ class GalleryEvaluator:
 
     def _search_quality(self, generation: str, gallery: LabeledImages, queries: torch.Tensor, query_labels: np.ndarray,
                         query_ids: np.ndarray | None, models: dict[str, Any], parents: dict[str, str | None],
-                        shards: list[ShardRecord]) -> dict[str, Any]:
+                        shards: list[ShardRecord], others: dict[str, torch.Tensor]) -> dict[str, Any]:
         """What serving actually returns: the router over the shards' stored indexes, older shards
         admitted by the compatibility criterion (refused ones skipped and listed), top-k merged."""
         criterion = CompatibilityCriterion.from_records(
@@ -103,7 +107,7 @@ class GalleryEvaluator:
         for skipped in router.skipped:
             self.ctx.say(f"search {self.ctx.name} as {generation}: not searched: {skipped.describe()}")
         evaluation = evaluate_search(router, queries, query_labels, gallery.ids, gallery.labels,
-                                     self.ctx.config.search.eval_k, query_ids)
+                                     self.ctx.config.search.eval_k, query_ids, queries_by_generation=others)
         return {**evaluation.as_row(), "paths": router.paths()}
 
     def _previous_full_backfill(self, generation: str) -> dict[str, Any] | None:
@@ -119,7 +123,7 @@ class GalleryEvaluator:
         return {"generation": served[position - 1], **outputs["full_backfill"]}
 
     def _curve(self, plan: GalleryPlan, full: ShardEmbeddings, queries, query_labels, query_ids, models,
-               parents) -> dict[str, Any]:
+               parents, others: dict[str, torch.Tensor]) -> dict[str, Any]:
         """mAP of the served gallery when the first ⌊β·N⌋ items of the plan's priority order hold
         the new generation and the rest what they held before the plan (λ-orth §2.11)."""
         before = [read_recorded_shard(b) for b in plan.before if b.n_items]
@@ -131,7 +135,8 @@ class GalleryEvaluator:
             shards = [s for s in shards if len(s)]
             if moved.size:
                 shards.append(full.take(np.flatnonzero(np.isin(full.ids, moved))))
-            result = evaluate_mixed_gallery(plan.generation, queries, query_labels, query_ids, shards, models, parents)
+            result = evaluate_mixed_gallery(plan.generation, queries, query_labels, query_ids, shards, models, parents,
+                                            queries_by_generation=others)
             points.append((beta, result.mean_ap))
         files = write_backfill_curve(join_uri(self.ctx.reports, f"backfill-{self.ctx.name}-{plan.generation}"), points,
                                      metric="map", title=f"{plan.generation}: {plan.policy['order']} order")

@@ -66,12 +66,13 @@ class GateMeter:
         for name in {s.generation for s in stored} | {serving}:
             self.ctx.model(name)
         queries, query_labels, query_ids = self.ctx.queries(serving, self.ctx.embed_locally(serving, sample))
+        others = self.ctx.other_queries(serving, sample, parents)
         models = self.ctx.models_for(parents)
         gallery, _left_out = comparable_shards(serving, stored, models, parents)
         if not gallery:  # nothing it can search: every query retrieves nothing
             return np.zeros(len(query_labels))
         return evaluate_mixed_gallery(serving, queries, query_labels, query_ids, gallery, models,
-                                      parents).average_precisions
+                                      parents, queries_by_generation=others).average_precisions
 
     def _predicted_quality(self, plan: GalleryPlan, before: list[tuple[int, ShardEmbeddings]],
                            sample: LabeledImages, admitted: set[str],
@@ -100,13 +101,14 @@ class GateMeter:
         for name in {s.generation for s in shards}:
             self.ctx.model(name)
         queries, query_labels, query_ids = self.ctx.queries(generation, full)
+        others = self.ctx.other_queries(generation, sample, parents)
         models = self.ctx.models_for(parents)
 
         def served(gallery: list[ShardEmbeddings]) -> np.ndarray:
             if not gallery:
                 return np.zeros(len(query_labels))
             return evaluate_mixed_gallery(generation, queries, query_labels, query_ids, gallery, models,
-                                          parents).average_precisions
+                                          parents, queries_by_generation=others).average_precisions
 
         return served(shards), served([full]), served(unchanged)
 
