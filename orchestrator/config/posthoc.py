@@ -1,5 +1,5 @@
 """The rules of a generation that trains no encoder (a post-hoc method: ``procrustes``,
-``low_rank_affine``, ``residual_mlp``; ``orchestrator.methods.posthoc``).
+``low_rank_affine``, ``residual_mlp``, ``slerp``; ``orchestrator.methods.posthoc``).
 
 Its encoder is given and frozen: backbone, projection, lift and head come unchanged from
 ``encoder_from`` (a generation of the file) or ``model.pretrained`` (a local file); only a map to
@@ -37,7 +37,7 @@ def generation_problems(gen) -> list[dict[str, Any]]:
     if trains_encoder(gen):
         if gen.encoder_from is not None:
             return [problem(("encoder_from",), f"takes a generation's encoder unchanged, for a method that trains "
-                            f"no encoder (procrustes, low_rank_affine, residual_mlp), not {method!r}; to start "
+                            f"no encoder (procrustes, low_rank_affine, residual_mlp, slerp), not {method!r}; to start "
                             "training from a generation's weights use init_from_parent", gen.encoder_from)]
         return []
     problems = []
@@ -75,6 +75,9 @@ def lineage_problems(generations: list, gallery_source: str | None) -> list[dict
         if parent is not None and _space(parent) is Space.POINCARE:
             problems.append(problem((*where, "parent"), f"method {gen.method.name!r} maps into its parent's space: "
                                     "cosine, euclidean or lorentz, not the Poincaré ball", gen.parent))
+        elif parent is not None and gen.method.name == "slerp" and _space(parent) not in (None, Space.COSINE):
+            problems.append(problem((*where, "parent"), "method 'slerp' interpolates on the unit sphere: the parent must "
+                                    f"embed in cosine space, not {_space(parent).value}", gen.parent))
         if gen.method.params.get("pairs_from") == "gallery" and gallery_source is not None:
             problems.append(problem((*where, "method", "params", "pairs_from"), "the paired sample is drawn from the "
                                     "gallery's split of data.source; a gallery with its own source is not supported "

@@ -35,6 +35,9 @@ Decisions:
   directory (``orchestrator tune pipelines/tune.yaml`` runs from the project root).
 - The candidate trains for its own ``training.epochs``; that is ASHA's ``max_t``, so the best
   configuration pasted back into the pipeline trains exactly as its trial did.
+- A post-hoc candidate (``orchestrator.methods.posthoc``: a given encoder, frozen, and a fitted
+  map; e.g. the weight t of ``slerp``) trains no epoch: each trial fits its map once and reports
+  once (``trial_reports``), so ASHA has nothing to stop early (a ``grace_period`` above 1 is refused).
 - ``algorithm: random`` is Tune's variant generator: ``grid`` entries are crossed in full and
   repeated ``num_samples`` times, the other entries sampled once per trial. Optuna (TPE) samples
   every entry, so it takes ``choice`` but not ``grid``.
@@ -78,6 +81,12 @@ _KINDS_OF_RANGE = ("grid", "choice", "uniform", "loguniform")
 
 class TuneFileError(PipelineConfigError):
     """A tune file that cannot be used; ``str(error)`` is one line per problem (file: field: ...)."""
+
+
+def trial_reports(candidate: GenerationSpec) -> int:
+    """How often a trial of ``candidate`` reports: once per training epoch, or once for a post-hoc
+    method, which fits its map without training an epoch."""
+    return candidate.training.epochs if posthoc.trains_encoder(candidate) else 1
 
 
 class ParameterRange(StrictModel):
@@ -286,9 +295,6 @@ class TuneSpec(StrictModel):
             return [problem(where, "a sweep tunes an update: the candidate needs a parent generation", name)]
         if name == pipeline.evaluation.reference:
             return [problem(where, "the evaluation reference φ_* is unaligned, not an update to tune", name)]
-        if not posthoc.trains_encoder(candidate):
-            return [problem(where, f"method {candidate.method.name!r} trains no encoder (a post-hoc map, no epochs): "
-                                   "a sweep tunes a training epoch by epoch, so it is not a candidate", name)]
         if self.transition.parent not in (None, candidate.parent):
             return [problem(("transition", "parent"), f"{name!r} has the parent {candidate.parent!r} in "
                                                       f"{self.pipeline}", self.transition.parent)]
@@ -296,7 +302,12 @@ class TuneSpec(StrictModel):
 
     def _check_scheduler(self, candidate: GenerationSpec) -> list[dict[str, Any]]:
         scheduler = self.scheduler
-        if scheduler.kind == "asha" and scheduler.grace_period > candidate.training.epochs:
+        if scheduler.kind == "asha" and scheduler.grace_period > trial_reports(candidate):
+            if not posthoc.trains_encoder(candidate):
+                return [problem(("scheduler", "grace_period"), f"the candidate's method {candidate.method.name!r} trains "
+                                                                "no encoder: each trial fits its map and reports once, so "
+                                                                "the grace period can be 1 at most (or use kind: fifo)",
+                                scheduler.grace_period)]
             return [problem(("scheduler", "grace_period"), f"longer than the candidate's training "
                                                             f"({candidate.training.epochs} epochs)", scheduler.grace_period)]
         return []
@@ -355,6 +366,11 @@ class TuneFile:
     @property
     def candidate(self) -> GenerationSpec:
         return self.pipeline.generation(self.spec.transition.candidate)
+
+    @property
+    def reports(self) -> int:
+        """``trial_reports`` of the candidate: ASHA's ``max_t``."""
+        return trial_reports(self.candidate)
 
     @property
     def parent(self) -> GenerationSpec:

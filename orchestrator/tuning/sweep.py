@@ -150,7 +150,8 @@ def _sweep(tune_file: TuneFile, runner: PipelineRunner, say: Progress, started: 
     if dashboard:
         say(dashboard_message(dashboard))
     candidate = tune_file.candidate
-    needed = _ancestors(tune_file, candidate.parent) + ([pipeline.evaluation.reference] if pipeline.evaluation.reference else [])
+    needed = (_ancestors(tune_file, candidate.parent) + ([pipeline.evaluation.reference] if pipeline.evaluation.reference else [])
+              + ([candidate.encoder_from] if candidate.encoder_from else []))  # a post-hoc candidate's given encoder
     runner.train_generations(needed)
 
     sweep_uri = join_uri(runner.storage, "tune", spec.name)
@@ -171,7 +172,7 @@ def _sweep(tune_file: TuneFile, runner: PipelineRunner, say: Progress, started: 
         raise RuntimeError(f"sweep {spec.name} interrupted with {len(grid) - grid.num_terminated - grid.num_errors} "
                            f"trial(s) unfinished; run the same command again to resume it")
 
-    rows = _rows(grid, list(spec.space), candidate.training.epochs, setup.candidates_uri)
+    rows = _rows(grid, list(spec.space), tune_file.reports, setup.candidates_uri)
     best = outputs.mark_front_and_best(rows, spec.objective)
     files = outputs.write_results(sweep_uri, tune_file, rows, best)
     outputs.record_candidates(runner.store, tune_file, rows)
@@ -227,7 +228,7 @@ def _tuner(tune_file: TuneFile, setup: TrialSetup, sweep_uri: str, experiment: s
                              f"stopped while Ray Tune copied its state there), so it cannot resume; remove "
                              f"{experiment} to run the sweep afresh")
         return tune.Tuner.restore(experiment, trainable=trainable, resume_unfinished=True, restart_errored=True), True
-    epochs = tune_file.candidate.training.epochs
+    epochs = tune_file.reports
     concurrent = spaces.max_concurrent_trials(spec.resources, spec.max_concurrent_trials, ray.cluster_resources())
     tuner = tune.Tuner(
         trainable,

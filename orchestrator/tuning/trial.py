@@ -122,13 +122,14 @@ def run_trial(config: dict[str, Any], setup: dict[str, Any]) -> None:
     session = GenerationTraining(job)       # the session seeds it, as a Ray Train worker does
     session.watch_health()
     session.start()
-    epochs = session.training.epochs
-    for epoch in range(epochs):
-        stats = session.train_epoch(epoch)
-        stop = session.check_health(epoch, stats)
-        last = epoch == epochs - 1 and stop is None
+    epochs = session.epochs  # 0 for a post-hoc method: its map is fitted once, and reported once
+    for epoch in range(max(epochs, 1)):
+        stats = session.train_epoch(epoch) if epochs else {"lr": 0.0}
+        stop = session.check_health(epoch, stats) if epochs else None
+        last = epoch == max(epochs, 1) - 1 and stop is None
         if last:
             session.finish()
+            stats = {**stats, **session.fit_metrics()}  # a post-hoc map's loss: its fit's
             stop = session.check_health_at_end()
             last = stop is None
         metrics = evaluate(session.model)
