@@ -10,25 +10,46 @@ parent's gallery), the criterion (cross > the parent's own), backfill saved at 0
 ((cross − parent self) / (given self − parent self)) on CMC@1 and mAP, the fit's seconds and the
 map's parameters. Every row fits on the same models; a row is one seed of one upgrade, so
 differences of a point or two are within the digits' noise (one query of 539 is 0.0019).
+
+    python3 benchmarks/posthoc_maps.py --query-cost            # no run needed
+
+The added cost per query of each map (``query_cost``): the seconds of the comparison path's
+``map_queries`` (what the router, the evaluation, serving and tune all call) per query, in a batch
+and alone, on random 32-d cosine embeddings; for ``slerp`` also the old encoder's own forward pass
+of an image query (``test_resnet``, 32×32), which only a spherical interpolation path needs.
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
+import torch
+from torch import nn
+
+from orchestrator.comparison import ComparisonPath
 from orchestrator.config import load_pipeline
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_source
 from orchestrator.evaluation import evaluate_generations
+from orchestrator.geometry.spaces import Space
 from orchestrator.lineage import LineageStore
 from orchestrator.methods import create_method
 from orchestrator.methods.base import TrainContext
 from orchestrator.methods.loading import load_generation
 from orchestrator.metrics import KEY_METRICS
-from orchestrator.models.adapters import BACKWARD_ADAPTER
+from orchestrator.models.adapters import (
+    BACKWARD_ADAPTER,
+    AffineAdapter,
+    ChartMap,
+    LowRankAffineAdapter,
+    QueryInterpolation,
+    ResidualMLPAdapter,
+)
+from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.loop import freeze
 
 MAPS: dict[str, dict[str, Any]] = {"procrustes": {}, "low_rank_affine": {"rank": 16}, "residual_mlp": {}}
@@ -97,12 +118,75 @@ def format_rows(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def query_maps(dim: int = 32) -> dict[str, nn.Module]:
+    """Each post-hoc map's backward adapter between two ``dim``-wide cosine spaces (rank 16), weights random
+    (the cost does not depend on them): what a fitted generation stores."""
+    def chart(module: nn.Module) -> ChartMap:
+        return ChartMap(module, Space.COSINE, 1.0, Space.COSINE, 1.0)
+
+    return {"procrustes": chart(AffineAdapter(dim, dim, bias=False)),
+            "low_rank_affine": chart(LowRankAffineAdapter(dim, dim, min(16, dim))),
+            "residual_mlp": chart(ResidualMLPAdapter(dim, dim, 256)),
+            "slerp": QueryInterpolation(chart(AffineAdapter(dim, dim, bias=False)), 0.5)}
+
+
+def _seconds(call: Callable[[], Any], repeats: int) -> float:
+    """The median wall time of ``call`` over ``repeats`` calls (after one warm-up call)."""
+    call()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+@torch.no_grad()
+def query_cost(batch: int = 256, dim: int = 32, repeats: int = 200, image_size: int = 32) -> list[dict[str, Any]]:
+    """Rows {"what", "batch_us", "single_us"}: microseconds per query of each map's query path
+    (``ComparisonPath.map_queries``) in a batch of ``batch`` queries and for one query alone, and
+    of the old encoder's forward pass of an image query (what ``slerp`` adds besides its map)."""
+    torch.manual_seed(0)
+    def path_cost(path: ComparisonPath, n: int) -> float:
+        queries, old = torch.randn(n, dim), torch.randn(n, dim)
+        others = {"old": old} if path.query_generations else None
+        return _seconds(lambda: path.map_queries(queries, dim, others), repeats) / n * 1e6
+
+    rows = []
+    for name, adapter in query_maps(dim).items():
+        path = ComparisonPath("new", "old", "adapter", Space.COSINE, 1.0, (adapter.eval(),), hops=("old",))
+        rows.append({"what": f"{name}: map_queries", "batch_us": path_cost(path, batch), "single_us": path_cost(path, 1)})
+    encoder = EncoderConfig(arch="test_resnet", embed_dim=dim, small_input=False)
+    old_model = create_method("independent", {}).build_model(encoder, 10, range(10)).eval()
+    def encoder_cost(n: int) -> float:
+        images = torch.randn(n, 3, image_size, image_size)
+        return _seconds(lambda: old_model(images), max(repeats // 10, 3)) / n * 1e6
+    rows.append({"what": "slerp: the old encoder's pass of an image query (test_resnet, 32x32)",
+                 "batch_us": encoder_cost(batch), "single_us": encoder_cost(1)})
+    return rows
+
+
+def format_cost(rows: Sequence[dict[str, Any]], batch: int) -> str:
+    """Markdown: ``query_cost``'s rows, microseconds per query."""
+    lines = [f"| per query | in a batch of {batch} | alone |", "|---|---|---|"]
+    lines += [f"| {row['what']} | {row['batch_us']:.2f} µs | {row['single_us']:.1f} µs |" for row in rows]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="The post-hoc maps side by side on one posthoc.yaml run.")
-    parser.add_argument("storage", help="the storage of an `orchestrator run pipelines/posthoc.yaml`")
+    parser.add_argument("storage", nargs="?", help="the storage of an `orchestrator run pipelines/posthoc.yaml`")
     parser.add_argument("--pairs", type=int, nargs="+", default=[100, 500, 1257],
                         help="paired sample sizes (training items; more than there are means all)")
+    parser.add_argument("--query-cost", action="store_true",
+                        help="measure the added cost per query of each map instead (no run needed)")
+    parser.add_argument("--batch", type=int, default=256, help="queries per batch of the cost measurement")
     args = parser.parse_args(argv)
+    if args.query_cost:
+        print(format_cost(query_cost(args.batch), args.batch))
+        return 0
+    if args.storage is None:
+        parser.error("give the storage of a posthoc.yaml run, or --query-cost")
     print(format_rows(measure(args.storage, args.pairs)))
     return 0
 

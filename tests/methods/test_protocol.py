@@ -30,7 +30,7 @@ FIRST_TIER = {
 }
 SECOND_TIER = {"lce", "unibct", "advbct", "fct"}
 METHODS = FIRST_TIER | SECOND_TIER  # they train their encoder
-POSTHOC = {"procrustes", "low_rank_affine", "residual_mlp"}  # a given encoder, a fitted map (tests/methods/test_posthoc.py)
+POSTHOC = {"procrustes", "low_rank_affine", "residual_mlp", "slerp"}  # a given encoder, a fitted map (tests/methods/test_posthoc.py)
 NUM_CLASSES = 4
 EMBED_DIM = 8  # dsimplex: K = embed_dim + 1 = 9 >= 4 classes; binary_hyperbolic: 8 >= 4 - 1
 
@@ -282,7 +282,8 @@ def test_requires_embed_dim_at_least_parents_is_whether_a_narrower_child_can_sea
         with pytest.raises(IncomparableGenerations, match="the gallery's index holds 24"):
             path.map_queries(queries, 24)
     elif not method_class(name).trains_encoder:  # a post-hoc map writes the parent's 24 coordinates
-        assert path.kind == "adapter" and path.map_queries(queries, 24).shape == (3, 24)
+        parents_queries = {"parent": torch.randn(3, 24)} if path.query_generations else None  # slerp takes them too
+        assert path.kind == "adapter" and path.map_queries(queries, 24, parents_queries).shape == (3, 24)
     else:  # fct: the parent's gallery is mapped by F into the child's 16 coordinates
         gallery = path.map_gallery(torch.randn(5, 24))
         assert gallery.shape == (5, 16) and path.map_queries(queries, gallery.shape[-1]).shape == (3, 16)
