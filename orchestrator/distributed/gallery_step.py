@@ -237,7 +237,7 @@ def run_shard_updates(source: GallerySource, updates: Sequence[ShardUpdate], mod
     if not updates:
         return
     by_entry = dict(enumerate(updates))
-    finishes = _Finishes(model, target, finisher_actors(resources), on_lost)
+    finishes = _Finishes(model, target, min(finisher_actors(resources), len(updates)), on_lost)
     parts: dict[int, dict[str, int]] = {entry: {} for entry in by_entry}
     try:
         for batch in _batches(step_dataset(source, updates, model, target, resources, uuid.uuid4().hex[:12])):
@@ -274,14 +274,20 @@ class Finisher:
 
 
 class _Finishes:
-    """The finish calls of the updates whose parts are complete, on at most ``at_once`` finisher
-    actors (the rest wait in order); a call lost with its actor is handed to ``on_lost`` and the
-    actor replaced."""
+    """The finish calls of the updates whose parts are complete, on ``at_once`` finisher actors
+    (the rest wait in order); a call lost with its actor is handed to ``on_lost`` and the actor
+    replaced. The actors start with the step, warm by the first finish, each on the next live node
+    that offers CPUs (``NodeAffinitySchedulingStrategy``; Ray's ``SPREAD`` put two of them on one
+    node of three in one try of three, and a soft affinity moved them off a node whose CPUs the
+    embedding actors held: measured), and take turns: an update goes to the
+    actor idle longest, so a step whose finishes come one at a time still writes its shards on
+    every finisher's node, not all on the first one's."""
 
     def __init__(self, model: GenerationModel, target: ShardTarget, at_once: int,
                  on_lost: Callable[[ShardUpdate, BaseException], ShardUpdate | None]):
         self.model, self.target, self.at_once, self.on_lost = model, target, at_once, on_lost
-        self.idle: list[Any] = []
+        self.started = 0
+        self.idle: list[Any] = [self._new_actor() for _ in range(at_once)]
         self.running: dict[Any, tuple[Any, ShardUpdate, list[str]]] = {}
         self.waiting: list[tuple[ShardUpdate, list[str]]] = []
 
@@ -293,12 +299,18 @@ class _Finishes:
         self._start()
 
     def _actor(self):
-        import ray
+        return self.idle.pop(0) if self.idle else self._new_actor()
 
-        if self.idle:
-            return self.idle.pop()
+    def _new_actor(self):
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = _nodes_with_cpus()  # asked again for a replacement: a lost actor's node may be gone
+        node = nodes[self.started % len(nodes)] if nodes else None
+        self.started += 1
+        strategy = "SPREAD" if node is None else NodeAffinitySchedulingStrategy(node, soft=False)
         return (ray.remote(Finisher).options(num_cpus=0, max_restarts=0, max_task_retries=0,
-                                             scheduling_strategy="SPREAD").remote(finish_task))
+                                             scheduling_strategy=strategy).remote(finish_task))
 
     def _start(self) -> None:
         while self.waiting and len(self.running) < self.at_once:
@@ -335,6 +347,14 @@ class _Finishes:
         for actor in self.idle + [actor for actor, _update, _uris in self.running.values()]:
             ray.kill(actor)
         self.idle, self.running = [], {}
+
+
+def _nodes_with_cpus() -> list[str]:
+    """The ids of the live nodes that offer CPUs (a head started with ``--num-cpus=0`` runs no
+    finisher), in Ray's order."""
+    import ray
+
+    return [node["NodeID"] for node in ray.nodes() if node.get("Alive") and node.get("Resources", {}).get("CPU", 0) > 0]
 
 
 class _Lost(Exception):

@@ -59,7 +59,7 @@ from ray.util.state import list_actors
 ray.init(address=os.environ["GCS"], log_to_driver=False)
 nodes = {}
 for actor in list_actors(address=os.environ["DASHBOARD"], limit=10000, detail=True):
-    for kind in ("RayTrainWorker", "EmbedAndStage"):
+    for kind in ("RayTrainWorker", "EmbedAndStage", "Finisher"):
         # node_id is None for an actor that was never placed (e.g. requested by the pool, then cancelled)
         if kind in actor.class_name and actor.node_id is not None:
             nodes.setdefault(kind, set()).add(actor.node_id)
@@ -92,8 +92,9 @@ def test_training_workers_and_embedding_actors_span_nodes(tmp_path):
         store = LineageStore(f"sqlite:///{tmp_path / 'run' / 'lineage.db'}")
         assert [s.generation for s in store.shards("digits-test")] == ["g0-old"] * 4
         keys = [shard_update_key(StepKind.EMBED, "digits-test", k, "g0-old") for k in range(4)]
-        writers = {store.committed_outputs(key)["node"].split(":")[1] for key in keys}
-        assert len(writers) >= 2, writers  # the shards were written on several nodes, not by the driver alone
+        written_on = [store.committed_outputs(key)["node"] for key in keys]
+        writers = {node.split(":")[1] for node in written_on}
+        assert len(writers) >= 2, (written_on, nodes.get("Finisher"))  # the shards were written on several nodes, not by the driver alone
         store.close()
     finally:
         down = subprocess.run(["bash", str(SCRIPT), "down"], env=script_env, capture_output=True, text=True, timeout=120)
