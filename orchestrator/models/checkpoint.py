@@ -38,7 +38,7 @@ from orchestrator.storage.filesystem import (
     exists,
     join_uri,
     read_bytes,
-    read_json,
+    read_versioned_json,
     redact_uri,
     remove,
     write_bytes_atomic,
@@ -254,16 +254,7 @@ def checkpoint_exists(uri: str, storage_options: Mapping[str, Any] | None = None
 def load_card(uri: str, storage_options: Mapping[str, Any] | None = None) -> CheckpointCard:
     """The card of the checkpoint at ``uri``. FileNotFoundError naming ``uri`` if there is none;
     ValueError for a card of a newer format or with invalid fields."""
-    try:
-        raw = read_json(join_uri(uri, CARD_FILE), storage_options)
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(f"no checkpoint card ({CARD_FILE}) at {redact_uri(uri)}") from exc
-    version = raw.get("format_version") if isinstance(raw, dict) else None
-    if not isinstance(version, int) or version > CARD_FORMAT_VERSION:
-        raise ValueError(
-            f"{redact_uri(join_uri(uri, CARD_FILE))}: unsupported card format_version {version!r} "
-            f"(this code reads up to {CARD_FORMAT_VERSION})"
-        )
+    raw = read_versioned_json(uri, CARD_FILE, "checkpoint card", CARD_FORMAT_VERSION, storage_options)
     return CheckpointCard.model_validate(raw)
 
 

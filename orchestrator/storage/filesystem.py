@@ -348,6 +348,24 @@ def read_json(uri: str, storage_options: Mapping[str, Any] | None = None) -> Any
         raise ValueError(f"{redact_uri(uri)} is not valid JSON: {exc}") from exc
 
 
+def read_versioned_json(folder: str, name: str, what: str, newest: int,
+                        storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The JSON document ``name`` under ``folder``, a ``what`` (a checkpoint card, a training state)
+    whose integer ``format_version`` this code reads (at most ``newest``). FileNotFoundError naming
+    ``what`` and ``folder`` when there is none; ValueError naming the file and the version
+    otherwise (a newer writer's, or none)."""
+    uri = join_uri(folder, name)
+    try:
+        document = read_json(uri, storage_options)
+    except FileNotFoundError as exc:
+        raise FileNotFoundError(f"no {what} ({name}) at {redact_uri(folder)}") from exc
+    version = document.get("format_version") if isinstance(document, dict) else None
+    if not isinstance(version, int) or version > newest:
+        raise ValueError(f"{redact_uri(uri)}: unsupported {what} format_version {version!r} (this code reads up to "
+                         f"{newest})")
+    return document
+
+
 def remove(uri: str, recursive: bool = False, missing_ok: bool = False,
            storage_options: Mapping[str, Any] | None = None) -> None:
     """Delete the file at ``uri`` (a directory / prefix with ``recursive=True``).

@@ -26,7 +26,15 @@ import safetensors.torch
 import torch
 
 from orchestrator.models.checkpoint import cpu_copy
-from orchestrator.storage.filesystem import join_uri, read_bytes, read_json, redact_uri, remove, write_bytes_atomic, write_json_atomic
+from orchestrator.storage.filesystem import (
+    join_uri,
+    read_bytes,
+    read_versioned_json,
+    redact_uri,
+    remove,
+    write_bytes_atomic,
+    write_json_atomic,
+)
 from orchestrator.storage.hashing import ChecksumMismatch, sha256_hex
 
 TRAINING_STATE_FORMAT_VERSION = 1
@@ -121,13 +129,8 @@ def load_training_state(
 ) -> TrainingState:
     """Read what ``save_training_state`` wrote at ``uri`` (tensors on ``map_location``).
     FileNotFoundError naming ``uri`` if absent; ChecksumMismatch if the tensors file was altered."""
-    try:
-        document = read_json(join_uri(uri, TRAINING_STATE_FILE), storage_options)
-    except FileNotFoundError as exc:
-        raise FileNotFoundError(f"no training state ({TRAINING_STATE_FILE}) at {redact_uri(uri)}") from exc
-    version = document.get("format_version") if isinstance(document, dict) else None
-    if not isinstance(version, int) or version > TRAINING_STATE_FORMAT_VERSION:
-        raise ValueError(f"{redact_uri(uri)}: unsupported training state format_version {version!r}")
+    document = read_versioned_json(uri, TRAINING_STATE_FILE, "training state", TRAINING_STATE_FORMAT_VERSION,
+                                   storage_options)
     tensors_uri = join_uri(uri, document["tensors_file"])
     try:
         data = read_bytes(tensors_uri, storage_options)

@@ -1,6 +1,7 @@
 """orchestrator.storage.filesystem: URIs, atomic writes, JSON, listing, removal, redaction (local)."""
 import logging
 import os
+import re
 
 import pytest
 
@@ -189,3 +190,19 @@ def test_an_object_store_that_does_not_answer_is_one_line_naming_the_uri_and_end
         assert "not-shown-secret" not in message and "AKIDNOTSHOWN" not in message
         assert caught.value.exit_code == ExitCode.UNREACHABLE
         assert type(caught.value.__cause__).__module__.startswith("botocore")  # the client's own error, chained
+
+
+def test_a_versioned_document_is_read_up_to_the_newest_version_this_code_knows(tmp_path):
+    from orchestrator.storage.filesystem import read_versioned_json
+
+    folder = str(tmp_path / "gen0")
+    with pytest.raises(FileNotFoundError, match=f"^no checkpoint card \\(card.json\\) at {re.escape(folder)}$"):
+        read_versioned_json(folder, "card.json", "checkpoint card", 2)
+    for version in (1, 2):
+        write_json_atomic(join_uri(folder, "card.json"), {"format_version": version, "x": 1})
+        assert read_versioned_json(folder, "card.json", "checkpoint card", 2) == {"format_version": version, "x": 1}
+    for document, shown in (({"format_version": 3}, "3"), ({"format_version": "2"}, "'2'"), ([2], "None")):
+        write_json_atomic(join_uri(folder, "card.json"), document)
+        with pytest.raises(ValueError, match=f"^{re.escape(folder)}/card.json: unsupported checkpoint card format_version "
+                                             f"{shown} \\(this code reads up to 2\\)$"):
+            read_versioned_json(folder, "card.json", "checkpoint card", 2)
