@@ -12,6 +12,7 @@ map's parameters. Every row fits on the same models; a row is one seed of one up
 differences of a point or two are within the digits' noise (one query of 539 is 0.0019).
 
     python3 benchmarks/posthoc_maps.py --query-cost            # no run needed
+    python3 benchmarks/posthoc_maps.py RUN --pipeline FILE --slerp-weights 0 0.25 0.5 0.75   # cosine runs
 
 The added cost per query of each map (``query_cost``): the seconds of the comparison path's
 ``map_queries`` (what the router, the evaluation, serving and tune all call) per query, in a batch
@@ -52,13 +53,23 @@ from orchestrator.models.adapters import (
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.loop import freeze
 
-MAPS: dict[str, dict[str, Any]] = {"procrustes": {}, "low_rank_affine": {"rank": 16}, "residual_mlp": {}}
+#: Row label → (post-hoc method, its parameters).
+MAPS: dict[str, tuple[str, dict[str, Any]]] = {"procrustes": ("procrustes", {}),
+                                               "low_rank_affine": ("low_rank_affine", {"rank": 16}),
+                                               "residual_mlp": ("residual_mlp", {})}
 PIPELINE = Path(__file__).resolve().parents[1] / "pipelines" / "posthoc.yaml"
 
 
-def measure(storage: str, pairs: Sequence[int], maps: dict[str, dict[str, Any]] = MAPS) -> list[dict[str, Any]]:
-    """The rows (module docstring) for the run stored under ``storage``."""
-    config = load_pipeline(str(PIPELINE), {"storage": storage})
+def slerp_maps(weights: Sequence[float]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """``slerp`` rows at each weight t (cosine generations only)."""
+    return {f"slerp t={t:g}": ("slerp", {"weight": t}) for t in weights}
+
+
+def measure(storage: str, pairs: Sequence[int], maps: dict[str, tuple[str, dict[str, Any]]] = MAPS,
+            pipeline: str | Path = PIPELINE) -> list[dict[str, Any]]:
+    """The rows (module docstring) for the run of ``pipeline`` stored under ``storage`` (its
+    generation with ``encoder_from``, its parent and given encoder)."""
+    config = load_pipeline(str(pipeline), {"storage": storage})
     posthoc = next(g for g in config.generations if g.encoder_from is not None)
     store = LineageStore(config.lineage)
     try:
@@ -71,9 +82,9 @@ def measure(storage: str, pairs: Sequence[int], maps: dict[str, dict[str, Any]] 
     mean, std = channel_statistics(train)
     size = config.data.image_size
     train_data, test_data = ImageTensorDataset(train, size, mean, std), ImageTensorDataset(test, size, mean, std)
-    lift = {k: posthoc.method.params[k] for k in ("space", "curv", "clip")}
+    lift = {k: posthoc.method.params[k] for k in ("space", "curv", "clip") if k in posthoc.method.params}
     rows = []
-    for name, params in maps.items():
+    for label, (name, params) in maps.items():
         for count in pairs:
             method = create_method(name, {**lift, **params, "pairs": count})
             model = copy.deepcopy(given)
@@ -85,7 +96,7 @@ def measure(storage: str, pairs: Sequence[int], maps: dict[str, dict[str, Any]] 
             seconds = time.perf_counter() - started
             report = evaluate_generations({"parent": parent, "new": model}, test_data, parents={"new": "parent"})
             summaries = {m: report.update_summary("parent", "new", m) for m in KEY_METRICS}
-            rows.append({"adapter": name, "pairs": min(count, len(train_data)), "seconds": seconds,
+            rows.append({"adapter": label, "pairs": min(count, len(train_data)), "seconds": seconds,
                          "parameters": sum(p.numel() for p in model.adapters[BACKWARD_ADAPTER].parameters()),
                          **summaries})
     return rows
@@ -181,13 +192,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--query-cost", action="store_true",
                         help="measure the added cost per query of each map instead (no run needed)")
     parser.add_argument("--batch", type=int, default=256, help="queries per batch of the cost measurement")
+    parser.add_argument("--pipeline", default=str(PIPELINE), help="the pipeline file of the run (default posthoc.yaml)")
+    parser.add_argument("--slerp-weights", type=float, nargs="+",
+                        help="measure slerp at these weights t instead of the three maps (cosine generations only)")
     args = parser.parse_args(argv)
     if args.query_cost:
         print(format_cost(query_cost(args.batch), args.batch))
         return 0
     if args.storage is None:
         parser.error("give the storage of a posthoc.yaml run, or --query-cost")
-    print(format_rows(measure(args.storage, args.pairs)))
+    maps = slerp_maps(args.slerp_weights) if args.slerp_weights else MAPS
+    print(format_rows(measure(args.storage, args.pairs, maps, args.pipeline)))
     return 0
 
 
