@@ -1,0 +1,105 @@
+"""Training-free spherical interpolation through the whole pipeline: ``pipelines/posthoc.yaml`` with
+cosine generations (``independent`` for the old model and the other architecture) and a ``slerp``
+generation (weight 0.5), run through the CLI in the driver. The pipeline's evaluation, gallery
+evaluation, gate and ``orchestrator search`` compute the slerp queries as the router does:
+
+- the recorded cross-test equals numpy's slerp of the stored Procrustes rotation of the new
+  queries with g0-old's own embeddings of the same images;
+- the gallery evaluation's search (the router over the stored indexes) equals its mixed-gallery
+  ranking, and its backfilling curve at 0 % re-embedded equals the cross-test's backfill saved;
+- ``orchestrator search`` serves g0-old's untouched shards along the slerp path.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from cli_runs import cli, cli_in_process
+from orchestrator.config import load_pipeline
+from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
+from orchestrator.lineage import LineageStore
+from orchestrator.methods.base import embed_dataset_with_ids
+from orchestrator.methods.loading import load_generation
+from orchestrator.metrics import retrieval_metrics
+from orchestrator.models.adapters import BACKWARD_ADAPTER, QueryInterpolation
+
+pytestmark = pytest.mark.e2e
+
+REPO = Path(__file__).resolve().parents[2]
+SLERP_PATH = "queries mapped by the backward adapter, interpolated with g0-old's embeddings of them (slerp)"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = tmp_path_factory.mktemp("slerp")
+    config = yaml.safe_load((REPO / "pipelines" / "posthoc.yaml").read_text())
+    old, independent, candidate = config["generations"]
+    old["method"] = independent["method"] = {"name": "independent", "params": {}}
+    candidate.update(name="g1-slerp", method={"name": "slerp", "params": {"weight": 0.5, "pairs": 2000}})
+    pipeline = root / "slerp.yaml"
+    pipeline.write_text(yaml.safe_dump(config, sort_keys=False))
+    run = cli("run", str(pipeline), "--storage", str(root / "run"), "--set", "ray.num_workers=0", cwd=root)
+    assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    loaded = load_pipeline(str(pipeline), {"storage": str(root / "run")})
+    store = LineageStore(loaded.lineage)
+    yield root, pipeline, loaded, store
+    store.close()
+
+
+def _model(store, name: str):
+    record = store.get_generation(name)
+    return load_generation(record.checkpoint_uri, expected_sha256=record.sha256)[0]
+
+
+def numpy_slerp(a: np.ndarray, b: np.ndarray, t: float) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    theta = np.arccos(np.clip(np.sum(a * b, axis=1, keepdims=True), -1, 1))
+    return (np.sin((1 - t) * theta) * a + np.sin(t * theta) * b) / np.sin(theta)
+
+
+def test_the_recorded_cross_test_is_numpys_slerp_of_the_two_models_queries(served):
+    _root, _pipeline, config, store = served
+    new, old = _model(store, "g1-slerp"), _model(store, "g0-old")
+    backward = new.adapters[BACKWARD_ADAPTER]
+    assert isinstance(backward, QueryInterpolation) and backward.weight == 0.5
+    mean, std = channel_statistics(load_digits("train"))
+    data = ImageTensorDataset(load_digits("test"), 32, mean, std)
+    queries, labels, ids = embed_dataset_with_ids(new, data)
+    gallery, _, _ = embed_dataset_with_ids(old, data)
+    rotation = backward.align.map.linear.weight.detach().double().numpy()
+    unit = queries.embedding.double().numpy()
+    unit = unit / np.linalg.norm(unit, axis=1, keepdims=True)
+    moved = numpy_slerp(unit @ rotation.T, gallery.embedding.double().numpy(), 0.5)
+    cross = retrieval_metrics(torch.from_numpy(moved), gallery.embedding.double(), labels, labels, "cosine", ks=(1,),
+                              query_ids=ids, gallery_ids=ids)
+    recorded = {(v.query, v.gallery, v.metric): v.value for v in store.compatibility_values("test")}
+    assert recorded["g1-slerp", "g0-old", "map"] == pytest.approx(cross.mean_ap, abs=1e-5)
+    assert recorded["g1-slerp", "g0-old", "cmc@1"] == pytest.approx(cross.cmc[1], abs=1e-5)
+
+
+def test_the_gallery_evaluation_and_the_router_rank_slerp_queries_alike(served):
+    root, _pipeline, config, _store = served
+    rows = json.loads((root / "run" / "reports" / f"gallery-{config.gallery.name}.json").read_text())
+    row = next(r for r in rows if r["serving"] == "g1-slerp")
+    assert row["search map"] == pytest.approx(row["mixed map"], abs=1e-9)  # router over the stored indexes
+    compatibility = json.loads((root / "run" / "reports" / "compatibility.json").read_text())
+    saved = compatibility["updates"]["g0-old → g1-slerp"]["map"]["backfill_saved"]
+    assert row["curve backfill saved (map)"][0] == [0.0, pytest.approx(saved, abs=1e-5)]  # float32 vs float64 ranks
+
+
+def test_search_serves_the_old_shards_along_the_slerp_path(served):
+    root, pipeline, _config, store = served
+    out = root / "hits.json"
+    run = cli_in_process("search", str(pipeline), "--storage", str(root / "run"), "--split", "test", "--limit", "20",
+                         "-k", "5", "--json", "--output", str(out), cwd=root)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert store.current_deployment().generation == "g1-slerp" == report["serving"]
+    assert report["paths"] == {"g0-old": SLERP_PATH, "g1-slerp": "same"} and report["searched_items"] == 539
+    assert any(hit["generation"] == "g0-old" for hits in report["results"] for hit in hits)
