@@ -167,8 +167,8 @@ class InProcessCalls:
         self.prepared.append((share, key))
         return Done(self.share_objects[share].prepare(key, admitted))
 
-    def search(self, share, key, queries, k):
-        return Done(self.share_objects[share].search(key, queries, k))
+    def search(self, share, key, queries, k, others=None):
+        return Done(self.share_objects[share].search(key, queries, k, others))
 
 
 def test_the_replica_pools_answer_as_orchestrator_search_and_reload_only_what_changed(copy_g0_run, tmp_path):
