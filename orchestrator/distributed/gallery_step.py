@@ -279,15 +279,18 @@ class _Finishes:
     replaced. The actors start with the step, warm by the first finish, each on the next live node
     that offers CPUs (``NodeAffinitySchedulingStrategy``; Ray's ``SPREAD`` put two of them on one
     node of three in one try of three, and a soft affinity moved them off a node whose CPUs the
-    embedding actors held: measured), and take turns: an update goes to the
-    actor idle longest, so a step whose finishes come one at a time still writes its shards on
-    every finisher's node, not all on the first one's."""
+    embedding actors held: measured), and take turns: an update goes to the actor idle longest, so
+    a step whose finishes come one at a time still writes its shards on every finisher's node, not
+    all on the first one's. A step that ends well leaves its actors idle for the driver's next step
+    (``_KEPT_FINISHERS``): each new one is a Python interpreter importing torch, pyarrow and FAISS,
+    about 3 s of a core, and a run of three generations would start six of them."""
 
     def __init__(self, model: GenerationModel, target: ShardTarget, at_once: int,
                  on_lost: Callable[[ShardUpdate, BaseException], ShardUpdate | None]):
         self.model, self.target, self.at_once, self.on_lost = model, target, at_once, on_lost
-        self.started = 0
-        self.idle: list[Any] = [self._new_actor() for _ in range(at_once)]
+        self.started, self.kept_as = 0, _kept_key()
+        kept = _KEPT_FINISHERS.pop(self.kept_as, [])
+        self.idle: list[Any] = kept + [self._new_actor() for _ in range(at_once - len(kept))]
         self.running: dict[Any, tuple[Any, ShardUpdate, list[str]]] = {}
         self.waiting: list[tuple[ShardUpdate, list[str]]] = []
 
@@ -341,12 +344,26 @@ class _Finishes:
         self._start()
 
     def close(self) -> None:
-        """End the finisher actors (the step is over, or failed)."""
+        """Keep the idle finisher actors for the driver's next step; end those still running (the
+        step failed: their calls' outcome is unknown)."""
         import ray
 
-        for actor in self.idle + [actor for actor, _update, _uris in self.running.values()]:
+        for actor, _update, _uris in self.running.values():
             ray.kill(actor)
+        _KEPT_FINISHERS.setdefault(self.kept_as, []).extend(self.idle)
         self.idle, self.running = [], {}
+
+
+#: Idle finisher actors a step left for the next, by (Ray session, job, finish function): a new
+#: cluster or driver starts afresh, and a test's stand-in ``finish_task`` gets actors of its own.
+_KEPT_FINISHERS: dict[tuple[str, str, Callable[..., ShardUpdateResult]], list[Any]] = {}
+
+
+def _kept_key() -> tuple[str, str, Callable[..., ShardUpdateResult]]:
+    import ray
+
+    context = ray.get_runtime_context()
+    return context.get_session_name(), context.get_job_id(), finish_task
 
 
 def _nodes_with_cpus() -> list[str]:
