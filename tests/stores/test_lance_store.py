@@ -15,12 +15,17 @@ from orchestrator.index import build_index
 from orchestrator.integrity import IntegrityError
 from orchestrator.storage.overwrite import UnknownArtefact
 from orchestrator.stores import StoreLocation, store_at
+from orchestrator.stores import lance as lance_store
 from orchestrator.stores.lance import LanceStore
 from test_pgvector_store import points, recall_at_10, shard, spread_points
 
 
+@pytest.mark.parametrize("batch_scan_rows", [600, 599], ids=["one-scan-per-batch", "one-scan-per-query"])
 @pytest.mark.parametrize("space", ["lorentz", "euclidean", "cosine", "poincare"])
-def test_exact_search_returns_the_flat_shard_index_hits_and_distances(tmp_path, space):
+def test_exact_search_returns_the_flat_shard_index_hits_and_distances(tmp_path, space, batch_scan_rows, monkeypatch):
+    """Either way a shard without an approximate index is searched (its 600 rows read once for
+    the batch, or scanned per query): the flat FAISS index's hits and distances."""
+    monkeypatch.setattr(lance_store, "BATCH_SCAN_ROWS", batch_scan_rows)
     store = LanceStore(str(tmp_path / "lance"))
     rows = shard(space)
     uri, record = store.write_shard(3, rows, "embed:test/3:g1", first_attempt=True)
