@@ -11,8 +11,6 @@ same ``num_prototypes``, ``prototype_radius`` and ``curv`` pulls class y towards
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,6 +18,7 @@ from torch import nn
 from orchestrator.geometry import poincare
 from orchestrator.geometry.spaces import Space
 from orchestrator.methods.base import CompatibilityMethod, TrainContext
+from orchestrator.methods.common import check_parent_geometry
 from orchestrator.methods.descriptions import BinaryHyperbolicDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.bundle import CompatibleModel
@@ -72,16 +71,7 @@ class BinaryHyperbolic(BinaryHyperbolicDescription, CompatibilityMethod):
 
     def check_parent(self, old_model: CompatibleModel, new_model: CompatibleModel) -> None:
         """Raise ValueError unless the parent shares the space, the curvature and the class anchors."""
-        if old_model.space is not Space.POINCARE:
-            raise ValueError(
-                f"binary_hyperbolic: the parent generation must live in the {Space.POINCARE.value} space, "
-                f"got {old_model.space.value}"
-            )
-        if not math.isclose(old_model.curv, self.params.curv, rel_tol=1e-6, abs_tol=0.0):
-            raise ValueError(
-                f"binary_hyperbolic: the parent's curvature must equal this generation's: "
-                f"parent curv={old_model.curv!r}, new curv={self.params.curv!r}"
-            )
+        check_parent_geometry("binary_hyperbolic", old_model, Space.POINCARE, self.params.curv)
         old_protos = getattr(old_model.head, "prototypes", None)
         new_protos = new_model.head.prototypes
         if old_protos is None or old_protos.shape[1] != new_protos.shape[1]:

@@ -94,6 +94,18 @@ def require_parent(ctx_old: ModelOutput | None, method_name: str) -> ModelOutput
     return ctx_old
 
 
+def check_parent_geometry(method_name: str, old_model: CompatibleModel, space: Space, curv: float) -> None:
+    """Raise ValueError unless the parent generation lives in ``space`` with curvature ``curv``
+    (relative tolerance 1e-6): a method that compares the two generations' embeddings directly
+    in one space (HBCT's entailment cones, the binary hyperbolic codes) needs both."""
+    if old_model.space is not space:
+        raise ValueError(f"{method_name}: the parent generation must live in the {space.value} space "
+                         f"(this generation: {space.value}), got {old_model.space.value}")
+    if not math.isclose(old_model.curv, curv, rel_tol=1e-6, abs_tol=0.0):
+        raise ValueError(f"{method_name}: the parent's curvature must equal this generation's: "
+                         f"parent curv={old_model.curv!r}, new curv={curv!r}")
+
+
 def arcface_logits(
     embeddings: torch.Tensor,
     weights: torch.Tensor,

@@ -21,6 +21,7 @@ from torch import nn
 from orchestrator.geometry import lorentz
 from orchestrator.geometry.spaces import Space
 from orchestrator.methods.base import CompatibilityMethod, TrainContext
+from orchestrator.methods.common import check_parent_geometry
 from orchestrator.methods.descriptions import Distance, HBCTDescription
 from orchestrator.methods.registry import register_method
 from orchestrator.models.bundle import CompatibleModel
@@ -183,16 +184,7 @@ class HBCT(HBCTDescription, CompatibilityMethod):
 
     def check_parent(self, old_model: CompatibleModel) -> None:
         """Raise ValueError unless the parent is a Lorentz model with this method's curvature K."""
-        if old_model.space is not Space.LORENTZ:
-            raise ValueError(
-                f"hbct: the parent generation must live in the {Space.LORENTZ.value} space "
-                f"(this generation: {Space.LORENTZ.value}), got {old_model.space.value}"
-            )
-        if not math.isclose(old_model.curv, self.params.curv, rel_tol=1e-6, abs_tol=0.0):
-            raise ValueError(
-                f"hbct: the parent's curvature must equal this generation's: parent curv={old_model.curv!r}, "
-                f"new curv={self.params.curv!r}"
-            )
+        check_parent_geometry("hbct", old_model, Space.LORENTZ, self.params.curv)
 
     def on_train_start(self, ctx: TrainContext) -> None:
         if ctx.old_model is not None:

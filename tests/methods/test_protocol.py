@@ -360,3 +360,21 @@ def test_binary_hyperbolic_reference_and_parent_leave_the_alignment_term_off():
     method = create_method("binary_hyperbolic", {"lam": 0.3, "curv": 0.2, "num_prototypes": 12})
     for other in (references.reference_method(method), references.parent_method(method)):
         assert other.params == create_method("binary_hyperbolic", {"curv": 0.2, "num_prototypes": 12}).params
+
+
+@pytest.mark.parametrize("name, space", [("hbct", Space.LORENTZ), ("binary_hyperbolic", Space.POINCARE)])
+def test_a_method_comparing_embeddings_in_one_space_refuses_a_parent_of_another_space_or_curvature(name, space):
+    """HBCT and the binary hyperbolic codes compare the two generations' embeddings directly: the
+    parent must live in the same space with the same curvature (``methods.common.check_parent_geometry``)."""
+    method = create_method(name, {})
+    assert method.space is space
+    new_model = [_build(method, seed=2)] if name == "binary_hyperbolic" else []  # it checks the anchors too
+
+    def check(parent_method) -> None:
+        method.check_parent(_build(parent_method, seed=1), *new_model)
+
+    with pytest.raises(ValueError, match=f"^{name}: the parent generation must live in the {space.value} space"):
+        check(create_method("bct", {}))
+    with pytest.raises(ValueError, match=rf"^{name}: the parent's curvature must equal this generation's: parent curv="):
+        check(create_method(name, {"curv": 2.0 * method.params.curv}))
+    check(create_method(name, {}))
