@@ -1,6 +1,6 @@
-"""Training-free spherical interpolation through the whole pipeline: ``pipelines/posthoc.yaml`` with
-cosine generations (``independent`` for the old model and the other architecture) and a ``slerp``
-generation (weight 0.5), run through the CLI in the driver. The pipeline's evaluation, gallery
+"""Training-free spherical interpolation through the whole pipeline: ``pipelines/posthoc_slerp.yaml``
+(posthoc.yaml's upgrade with cosine generations, ``independent`` for the old model and the other
+architecture, and a ``slerp`` generation of weight 0.5), run through the CLI in the driver. The pipeline's evaluation, gallery
 evaluation, gate and ``orchestrator search`` compute the slerp queries as the router does:
 
 - the recorded cross-test equals numpy's slerp of the stored Procrustes rotation of the new
@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 
 from cli_runs import cli, cli_in_process
 from orchestrator.config import load_pipeline
@@ -37,12 +36,7 @@ SLERP_PATH = "queries mapped by the backward adapter, interpolated with g0-old's
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("slerp")
-    config = yaml.safe_load((REPO / "pipelines" / "posthoc.yaml").read_text())
-    old, independent, candidate = config["generations"]
-    old["method"] = independent["method"] = {"name": "independent", "params": {}}
-    candidate.update(name="g1-slerp", method={"name": "slerp", "params": {"weight": 0.5, "pairs": 2000}})
-    pipeline = root / "slerp.yaml"
-    pipeline.write_text(yaml.safe_dump(config, sort_keys=False))
+    pipeline = REPO / "pipelines" / "posthoc_slerp.yaml"
     run = cli("run", str(pipeline), "--storage", str(root / "run"), "--set", "ray.num_workers=0", cwd=root)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     loaded = load_pipeline(str(pipeline), {"storage": str(root / "run")})
