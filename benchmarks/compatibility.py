@@ -19,6 +19,11 @@ Issue 28 added: every registered method as the default rows (``DEFAULT_METHODS``
 table's rows as a JSON line, report stored tables without training); ``--by-class-age`` (every
 update measured again on the classes the old model saw and on the others); rows that fine-tune
 the new model from its old model.
+
+Issue 39 added ``--upgrade cross-arch`` (``benchmarks/cross_arch.py``): the old and the new encoder of
+two architectures (``--new-arch``) trained independently, each post-hoc map fitted on the same
+pairs against λ-orthogonality and FCT; ``--from-rows`` then prints (``--readme``: rewrites) the
+README section of the stored records.
 """
 from __future__ import annotations
 
@@ -37,6 +42,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+from benchmarks import cross_arch
+from benchmarks.harness import rewrite_section
 from orchestrator.data import LabeledImages, load_shapes
 from orchestrator.evaluation import CompatibilityReport, evaluate_generations
 from orchestrator.evaluation.update_experiment import ExperimentSettings, UpdateExperiment, run_update_experiment
@@ -512,7 +519,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="tables (dataset, budget, seed) measured at once, each in its own process")
     parser.add_argument("--from-rows", type=Path, nargs="+", default=None,
                         help="train nothing: report the tables of these --rows-out files (seeds run apart)")
+    parser.add_argument("--upgrade", choices=("extended-class", cross_arch.UPGRADE), default="extended-class",
+                        help="cross-arch: independently trained encoders of two architectures, post-hoc maps "
+                             "against lambda_orth and fct (benchmarks/cross_arch.py; --methods is not used)")
+    parser.add_argument("--new-arch", default=cross_arch.NEW_ARCH,
+                        help="with --upgrade cross-arch: the new encoder's architecture (the old one's is test_resnet)")
+    parser.add_argument("--readme", type=Path, default=None,
+                        help="with --upgrade cross-arch --from-rows: rewrite the generated section of this file")
     args = parser.parse_args(argv)
+    if args.upgrade == cross_arch.UPGRADE:
+        return _cross_arch_main(args)
 
     def emit(text: str) -> None:
         print(text, flush=True)
@@ -545,6 +561,47 @@ def main(argv: list[str] | None = None) -> int:
                        for part, table in class_age_tables(rows)))
     for dataset, epochs in dict.fromkeys((d, e) for d, e, _ in tables_of):
         emit(report(dataset, epochs, [measured[key] for key in tables_of if key[:2] == (dataset, epochs)], args.seeds))
+    return 0
+
+
+def read_cross_arch(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """The records of ``--upgrade cross-arch --rows-out`` files (``json_lines``: a line without one
+    of the record's fields, or of another upgrade, is an error naming its file and line)."""
+    def parse(record: dict[str, Any]) -> dict[str, Any]:
+        if record["upgrade"] != cross_arch.UPGRADE:
+            raise ValueError(f"upgrade is {record['upgrade']!r}")
+        for key in ("dataset", "epochs", "seed", "old_arch", "new_arch", "rows"):
+            record[key]  # noqa: B018  (a KeyError names the missing field)
+        return record
+
+    return json_lines(paths, "a --upgrade cross-arch record", parse)
+
+
+def _cross_arch_main(args: argparse.Namespace) -> int:
+    """``--upgrade cross-arch``: measure (one table per dataset, budget and seed, each stored as it
+    comes with ``--rows-out``) or, with ``--from-rows``, print (and ``--readme``: rewrite) the section."""
+    if args.from_rows is not None:
+        text = cross_arch.section(read_cross_arch(args.from_rows))
+        if args.readme is not None:
+            rewrite_section(args.readme, text, cross_arch.BEGIN, cross_arch.END)
+        print(text)
+        return 0
+    for dataset in args.datasets.split(","):
+        for epochs in map(int, args.epochs.split(",")):
+            for seed in map(int, args.seeds.split(",")):
+                experiment = experiment_for(dataset, epochs, seed, args.test_per_class, args.device)
+                experiment.settings = experiment.settings.model_copy(update={"new_arch": args.new_arch})
+                started = time.perf_counter()
+                rows = cross_arch.measure(experiment, args.workers)
+                seconds = time.perf_counter() - started
+                record = {"upgrade": cross_arch.UPGRADE, "dataset": dataset, "epochs": epochs, "seed": seed,
+                          "old_arch": experiment.settings.arch, "new_arch": args.new_arch,
+                          "seconds": round(seconds, 1), "device": args.device, "rows": rows}
+                if args.rows_out is not None:
+                    with open(args.rows_out, "a", encoding="utf-8") as handle:
+                        handle.write(json.dumps(record) + "\n")
+                print(f"### {dataset}, {epochs} epochs, seed {seed} ({seconds:.0f} s)\n\n"
+                      + cross_arch.format_table([rows]) + "\n", flush=True)
     return 0
 
 
