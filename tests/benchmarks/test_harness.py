@@ -4,10 +4,14 @@ import argparse
 import json
 import os
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from benchmarks.harness import checkout_commit, parse_sizes, replace_section, rewrite_section, write_results
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_sizes_parse_from_scientific_notation_ascending_and_once_each():
@@ -67,3 +71,30 @@ def test_results_are_written_as_json_into_a_new_folder_and_announced(tmp_path, c
     assert json.loads(path.read_text()) == {"rows": [1, 2.5], "note": "é"}
     assert path.read_text().endswith("}\n")
     assert capsys.readouterr().out == f"\nresults written to {path}\n"
+
+
+def test_every_benchmark_that_imports_benchmarks_puts_the_checkout_on_the_path_first():
+    """``python benchmarks/X.py`` (the README's commands) has only ``benchmarks/`` on the path: a
+    script that imports ``benchmarks.*`` must insert the checkout before it (compatibility.py did
+    not, and `--from-rows` failed with ModuleNotFoundError)."""
+    import re
+
+    missing = []
+    for script in sorted((REPO / "benchmarks").glob("*.py")):
+        text = script.read_text()
+        first_import = re.search(r"^(?:from benchmarks[. ]|import benchmarks)", text, re.MULTILINE)
+        if first_import is None or script.name == "__init__.py":
+            continue
+        guard = text.find("sys.path.insert(0, str(Path(__file__).resolve().parents[1]))")
+        if guard == -1 or guard > first_import.start():
+            missing.append(script.name)
+    assert missing == []
+
+
+def test_the_compatibility_benchmark_runs_as_the_readme_runs_it(tmp_path):
+    """From another folder, as a script: its ``--help`` answers (the imports resolve)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "compatibility.py"), "--help"], cwd=tmp_path,
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "--upgrade" in done.stdout
