@@ -173,16 +173,27 @@ class LanceStore:
                       f"there after {_COMMIT_TRIES} appends (concurrent writers replacing the dataset?)")
 
     def _create_empty(self, name: str, schema) -> None:
-        """Create dataset ``name`` with ``schema`` and no rows, unless a concurrent writer just did."""
+        """Create dataset ``name`` with ``schema`` and no rows unless it exists. On a local (or
+        shared POSIX) folder the check and the creation hold a lock file beside the datasets: a
+        creation that raced rows appended meanwhile replaced them (measured under load: 3 writers'
+        rows of 6 lost). On object storage Lance's own commit decides, and the count read back
+        after each append (``_append``) catches a loss that happens before it."""
         import lance
 
-        if "://" not in self.path:
-            os.makedirs(self.path, exist_ok=True)
-        try:
-            lance.write_dataset(schema.empty_table(), self._uri(name), mode="create")
-        except OSError as error:
-            if "already exists" not in str(error).lower():
-                raise
+        if "://" in self.path:
+            try:
+                lance.write_dataset(schema.empty_table(), self._uri(name), mode="create")
+            except OSError as error:
+                if "already exists" not in str(error).lower():
+                    raise
+            return
+        import fcntl
+
+        os.makedirs(self.path, exist_ok=True)
+        with open(os.path.join(self.path, f".{name}.create-lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self._open(name) is None:
+                lance.write_dataset(schema.empty_table(), self._uri(name), mode="create")
 
     def _maybe_index(self, name: str, space: str, force: bool = False) -> None:
         """Build the dataset's vector index once it holds ``MIN_INDEX_ROWS`` rows (``force``: rebuild now)."""
