@@ -3,16 +3,19 @@ reference the first sweep trains through the pipeline's steps; later sweeps on t
 reuse them (their ``train:`` steps are committed)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import ray
+import ray.tune
 import yaml
 
 from benchmarks import tune_asha_vs_grid
 from local_ray import start_local_ray
 from orchestrator.distributed.runtime import WORKER_ENV_VARS
+from orchestrator.tuning.trial import TrialSetup, run_trial
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,3 +57,20 @@ def small(tmp_path_factory, bench, ray_address) -> SmallPipeline:
     config["ray"]["num_workers"] = 0
     pipeline.write_text(yaml.safe_dump(config, sort_keys=False))
     return SmallPipeline(folder, pipeline, folder / "run")
+
+
+@pytest.fixture
+def trial_here(monkeypatch):
+    """``trial_here(job, candidates_uri, config)``: one Tune trial of ``job`` (a ``GenerationJob``)
+    run in this process by ``run_trial``, its objective the cross-test mAP on 100 test digits;
+    returns the metrics it reported, in order (``ray.tune.report`` captured)."""
+    def run(job, candidates_uri: str, config: dict) -> list[dict]:
+        setup = TrialSetup(job=asdict(job), eval_source="digits", eval_options={"split": "test"}, image_size=32,
+                           reference_self=None, objective={"maximize": "cross_map"},
+                           candidates_uri=candidates_uri, eval_sample=100)
+        reports: list[dict] = []
+        monkeypatch.setattr(ray.tune, "report", lambda metrics: reports.append(metrics))
+        monkeypatch.setattr(ray.tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: "t1"))
+        run_trial(config, asdict(setup))
+        return reports
+    return run

@@ -3,12 +3,9 @@ spherical interpolation) is searchable by ``orchestrator tune``: a tune file ove
 pipeline with a slerp candidate, and a trial fits the map once, with the trial's t, and reports once."""
 from __future__ import annotations
 
-from dataclasses import asdict
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
-import ray.tune
 import torch
 import yaml
 
@@ -21,7 +18,6 @@ from orchestrator.models.encoder import EncoderConfig
 from orchestrator.training.generation import GenerationJob
 from orchestrator.tuning.config import TuneFileError, load_tune_file, trial_reports
 from orchestrator.tuning.space import param_space
-from orchestrator.tuning.trial import TrialSetup, run_trial
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -76,7 +72,7 @@ def _saved(tmp_path, name: str, seed: int) -> tuple[str, str]:
     return str(tmp_path / name), card.sha256
 
 
-def test_a_slerp_trial_fits_once_with_the_trials_weight_and_reports_once(tmp_path, monkeypatch):
+def test_a_slerp_trial_fits_once_with_the_trials_weight_and_reports_once(tmp_path, trial_here):
     torch.set_num_threads(1)
     parent_uri, parent_sha = _saved(tmp_path, "old", 1)
     given_uri, given_sha = _saved(tmp_path, "given", 2)
@@ -88,13 +84,7 @@ def test_a_slerp_trial_fits_once_with_the_trials_weight_and_reports_once(tmp_pat
                         output_uri=str(tmp_path / "new"), data_options={"split": "train"}, mean=tuple(mean),
                         std=tuple(std), train_ids=train.ids.tolist(), parent_name="old", parent_uri=parent_uri,
                         parent_sha256=parent_sha, encoder_uri=given_uri, encoder_sha256=given_sha, seed=5)
-    setup = TrialSetup(job=asdict(job), eval_source="digits", eval_options={"split": "test"}, image_size=32,
-                       reference_self=None, objective={"maximize": "cross_map"},
-                       candidates_uri=str(tmp_path / "candidates"), eval_sample=100)
-    reports = []
-    monkeypatch.setattr(ray.tune, "report", lambda metrics: reports.append(metrics))
-    monkeypatch.setattr(ray.tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: "t1"))
-    run_trial({"weight": 0.8}, asdict(setup))
+    reports = trial_here(job, str(tmp_path / "candidates"), {"weight": 0.8})
     assert len(reports) == 1 and "collapsed" not in reports[0]
     assert reports[0]["loss"] > 0 and reports[0]["cross_map"] > 0  # the Procrustes fit's error; the old gallery searched
     candidate, _card = load_generation(str(tmp_path / "candidates" / "t1"))

@@ -3,10 +3,8 @@ reports its epoch with ``collapsed`` (the check's one line) and ends, writing no
 table calls it collapsed, and the lineage records it as a stopped candidate with that line."""
 from __future__ import annotations
 
-from dataclasses import asdict
 from types import SimpleNamespace
 
-import ray.tune
 import torch
 
 from orchestrator.data import channel_statistics, load_digits
@@ -17,10 +15,9 @@ from orchestrator.training.config import HealthSpec
 from orchestrator.training.generation import GenerationJob
 from orchestrator.tuning import sweep
 from orchestrator.tuning.results import TrialRow
-from orchestrator.tuning.trial import TrialSetup, run_trial
 
 
-def test_a_trial_that_learns_nothing_is_reported_collapsed_and_ends(tmp_path, monkeypatch):
+def test_a_trial_that_learns_nothing_is_reported_collapsed_and_ends(tmp_path, trial_here):
     torch.set_num_threads(1)
     encoder = EncoderConfig(arch="test_resnet", embed_dim=16)
     torch.manual_seed(0)
@@ -36,13 +33,7 @@ def test_a_trial_that_learns_nothing_is_reported_collapsed_and_ends(tmp_path, mo
                         parent_uri=str(tmp_path / "parent"), parent_sha256=card.sha256, seed=3,
                         health=HealthSpec().model_dump(mode="json"), health_source="digits",
                         health_options={"split": "test"})
-    setup = TrialSetup(job=asdict(job), eval_source="digits", eval_options={"split": "test"}, image_size=32,
-                       reference_self=None, objective={"maximize": "cross_map"},
-                       candidates_uri=str(tmp_path / "candidates"), eval_sample=100)
-    reports = []
-    monkeypatch.setattr(ray.tune, "report", lambda metrics: reports.append(metrics))
-    monkeypatch.setattr(ray.tune, "get_context", lambda: SimpleNamespace(get_trial_id=lambda: "t1"))
-    run_trial({}, asdict(setup))
+    reports = trial_here(job, str(tmp_path / "candidates"), {})
     assert len(reports) == 2 and "collapsed" not in reports[0]  # judged when it ends: 2 epochs < min_epochs
     assert reports[-1]["collapsed"].startswith("c: own CMC@1 ") and " after 2 epochs, chance is 0.098 " in reports[-1]["collapsed"]
     assert not checkpoint_exists(str(tmp_path / "candidates" / "t1"))
