@@ -1,6 +1,6 @@
 """Training-free spherical interpolation through the whole pipeline: ``pipelines/posthoc_slerp.yaml``
 (posthoc.yaml's upgrade with cosine generations, ``independent`` for the old model and the other
-architecture, and a ``slerp`` generation of weight 0.5), run through the CLI in the driver. The pipeline's evaluation, gallery
+architecture, and a ``slerp`` generation of weight 0.5), run through the CLI in the driver (5 epochs). The pipeline's evaluation, gallery
 evaluation, gate and ``orchestrator search`` compute the slerp queries as the router does:
 
 - the recorded cross-test equals numpy's slerp of the stored Procrustes rotation of the new
@@ -30,6 +30,11 @@ from orchestrator.models.adapters import BACKWARD_ADAPTER, QueryInterpolation
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
+# Trained in the driver, 5 epochs instead of the file's 20, the gate forced: every check below compares
+# two computations of the same ranking, whatever the models learnt (tests/pipeline/test_posthoc_pipeline.py
+# runs posthoc.yaml as shipped, through its gate).
+FEWER_EPOCHS = ("--set", "ray.num_workers=0", "--set", "generations.0.training.epochs=5",
+                "--set", "generations.1.training.epochs=5", "--set", "generations.2.gate.action=force")
 SLERP_PATH = "queries mapped by the backward adapter, interpolated with g0-old's embeddings of them (slerp)"
 
 
@@ -37,7 +42,7 @@ SLERP_PATH = "queries mapped by the backward adapter, interpolated with g0-old's
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("slerp")
     pipeline = REPO / "pipelines" / "posthoc_slerp.yaml"
-    run = cli("run", str(pipeline), "--storage", str(root / "run"), "--set", "ray.num_workers=0", cwd=root)
+    run = cli("run", str(pipeline), "--storage", str(root / "run"), *FEWER_EPOCHS, cwd=root)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     loaded = load_pipeline(str(pipeline), {"storage": str(root / "run")})
     store = LineageStore(loaded.lineage)
