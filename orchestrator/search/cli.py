@@ -75,10 +75,11 @@ def search_command(args: argparse.Namespace) -> int:
 def _queries(args, config, service) -> tuple[Any, dict[str, Any], np.ndarray | None, np.ndarray | None,
                                             list[str] | None]:
     """(embeddings (N, D), the same queries by the generations a spherical interpolation path needs
-    (``SearchService.encode_for_search``; none for given embeddings), labels or None, gallery item ids
+    (``SearchService.encode_for_search``, or a query file's ``embeddings@<generation>`` arrays; none for
+    plain given embeddings), labels or None, gallery item ids
     or None, query names or None) of the requested queries."""
     from orchestrator.data import load_source
-    from orchestrator.search.queries import read_query_file
+    from orchestrator.search.queries import KEYED_PREFIX, read_query_file
 
     if args.split is not None:
         images = load_source(config.data.source, **config.data.loader_kwargs(args.split))
@@ -91,7 +92,18 @@ def _queries(args, config, service) -> tuple[Any, dict[str, Any], np.ndarray | N
     batch = read_query_file(args.queries, service.image_size)
     stop = len(batch) if args.limit is None else min(args.limit, len(batch))
     others: dict[str, Any] = {}
-    if batch.embeddings is not None:
+    if batch.embeddings_by_generation is not None:
+        from orchestrator.search.query_generations import split_by_generation
+
+        keyed = {name: found[:stop] for name, found in batch.embeddings_by_generation.items()}
+        embeddings, others = split_by_generation(keyed, service.serving, service.query_generations, service.width_of,
+                                                 f"query file {args.queries[0]} (arrays '{KEYED_PREFIX}<generation>')")
+    elif batch.embeddings is not None:
+        if service.query_generations:
+            expected = ", ".join(f"'{KEYED_PREFIX}{name}'" for name in (service.serving, *service.query_generations))
+            raise ValueError(f"query file {args.queries[0]}: holds generation {service.serving!r}'s embeddings only, "
+                             f"but its search interpolates with generation(s) {list(service.query_generations)}'s "
+                             f"embeddings of the same queries (slerp): give the arrays {expected} instead")
         embeddings = batch.embeddings[:stop]
     else:
         embeddings, others = service.encode_for_search(batch.images[:stop])

@@ -8,7 +8,11 @@ Query files (``read_query_file``):
 - ``.npy``: a uint8 array (N, H, W, 3) or (N, H, W) of images, or a float array (N, D) of
   embeddings of the serving generation;
 - ``.npz``: the same under the key ``images`` or ``embeddings`` (optional ``labels`` (N,) int and
-  ``ids`` (N,) int for evaluation);
+  ``ids`` (N,) int for evaluation); or, instead of ``embeddings``, one float array (N, D_g) per
+  generation named ``embeddings@<generation>``: the same queries embedded by the serving generation
+  and by each generation a spherical interpolation path interpolates with (``slerp``), exactly
+  those (``search.query_generations``, the rule ``POST /search`` applies to its keyed
+  ``embeddings``);
 - ``.png`` / ``.jpg`` / ``.jpeg``: one image per file (any number of files), or a folder of them
   (every image below it, sorted by path); each query is named by its file, and images of other
   sizes are resized to the pipeline's image size (``image_size``).
@@ -29,6 +33,8 @@ from orchestrator.methods.base import embed_dataset_with_ids
 from orchestrator.models.bundle import CompatibleModel
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg")
+#: A query file's array of one generation's embeddings of the queries: ``embeddings@<generation>``.
+KEYED_PREFIX = "embeddings@"
 
 
 @dataclass(frozen=True)
@@ -41,8 +47,12 @@ class QueryBatch:
     labels: np.ndarray | None = None
     ids: np.ndarray | None = None
     names: tuple[str, ...] | None = None
+    embeddings_by_generation: dict[str, np.ndarray] | None = None
+    """Instead of ``embeddings``: generation → (N, D_g) embeddings of the same N queries."""
 
     def __len__(self) -> int:
+        if self.embeddings_by_generation is not None:
+            return len(next(iter(self.embeddings_by_generation.values())))
         return len(self.images if self.images is not None else self.embeddings)
 
 
@@ -96,10 +106,12 @@ def read_query_file(paths: Sequence[str | Path], image_size: int | None = None) 
     with np.load(path, allow_pickle=False) as archive:
         keys = set(archive.files)
         arrays = {key: archive[key] for key in keys}
+    keyed = sorted(key for key in keys if key.startswith(KEYED_PREFIX))
     data_keys = keys & {"images", "embeddings"}
-    if len(data_keys) != 1:
-        raise ValueError(f"{path}: needs exactly one of the arrays 'images' or 'embeddings', has {sorted(keys)}")
-    batch = _batch_from_array(arrays[data_keys.pop()], str(path))
+    if len(data_keys) + bool(keyed) != 1:
+        raise ValueError(f"{path}: needs exactly one of the arrays 'images' or 'embeddings', or arrays "
+                         f"'{KEYED_PREFIX}<generation>' only, has {sorted(keys)}")
+    batch = _keyed_batch(arrays, keyed, str(path)) if keyed else _batch_from_array(arrays[data_keys.pop()], str(path))
     extras = {}
     for key in ("labels", "ids"):
         if key in arrays:
@@ -108,7 +120,26 @@ def read_query_file(paths: Sequence[str | Path], image_size: int | None = None) 
                 raise ValueError(f"{path}: {key!r} must be an integer array of shape ({len(batch)},), "
                                  f"got {values.dtype} {values.shape}")
             extras[key] = values.astype(np.int64)
-    return QueryBatch(batch.images, batch.embeddings, extras.get("labels"), extras.get("ids"))
+    return QueryBatch(batch.images, batch.embeddings, extras.get("labels"), extras.get("ids"),
+                      embeddings_by_generation=batch.embeddings_by_generation)
+
+
+def _keyed_batch(arrays: dict[str, np.ndarray], keys: list[str], where: str) -> QueryBatch:
+    """The ``embeddings@<generation>`` arrays of a query file: each float (N, D_g), one N for all."""
+    by_generation = {}
+    for key in keys:
+        generation = key[len(KEYED_PREFIX):]
+        if not generation:
+            raise ValueError(f"{where}: array {key!r} names no generation ('{KEYED_PREFIX}<generation>')")
+        array = arrays[key]
+        if not np.issubdtype(array.dtype, np.floating) or array.ndim != 2:
+            raise ValueError(f"{where}: array {key!r} must hold float embeddings (N, D), got {array.dtype} "
+                             f"{array.shape}")
+        by_generation[generation] = _batch_from_array(array, f"{where}: array {key!r}").embeddings
+    rows = {name: len(array) for name, array in by_generation.items()}
+    if len(set(rows.values())) != 1:
+        raise ValueError(f"{where}: the '{KEYED_PREFIX}<generation>' arrays must hold the same queries, got rows {rows}")
+    return QueryBatch(embeddings_by_generation=by_generation)
 
 
 def _batch_from_array(array: np.ndarray, where: str) -> QueryBatch:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrator.errors import UsageError
+from orchestrator.search.query_generations import split_by_generation
 from orchestrator.serving.settings import Limits
 
 QUERY_FIELDS = ("embeddings", "images", "uris")
@@ -158,35 +159,18 @@ def _keyed_embeddings(keyed: dict, document: dict, limits: Limits) -> SearchRequ
 def keyed_queries(request: SearchRequest, serving: str, needed: Sequence[str], widths: Callable[[str], int]
                   ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(the serving generation's (Q, D) queries, {generation: (Q, D_g)} for each of ``needed``) of
-    an ``embeddings`` request, each width checked (``widths``: generation → its width); BadRequest
+    an ``embeddings`` request, each width checked (``widths``: generation → its width; the rule is
+    ``search.query_generations``'s, shared with ``orchestrator search``'s query files); BadRequest
     400 when one is missing, has the wrong width, or is not used by this search."""
-    if request.embeddings is not None:
-        if needed:
-            raise BadRequest(400, f"'embeddings' holds generation {serving!r}'s only, but its search interpolates with "
-                                  f"generation(s) {list(needed)}'s embeddings of the same queries (slerp): give "
-                                  f"'embeddings' as an object keyed by generation, {[serving, *needed]}")
-        check_width(request.embeddings, widths(serving), serving)
-        return request.embeddings, {}
-    keyed = request.embeddings_by_generation or {}
-    expected = [serving, *needed]
-    missing = [name for name in expected if name not in keyed]
-    if missing:
-        raise BadRequest(400, f"'embeddings' has no entry for generation(s) {missing}; this search takes "
-                              f"{expected}")
-    unused = sorted(set(keyed) - set(expected))
-    if unused:
-        raise BadRequest(400, f"'embeddings' has entries for generation(s) {unused} this search does not use; it "
-                              f"takes {expected}")
-    for name in expected:
-        check_width(keyed[name], widths(name), name)
-    return keyed[serving], {name: keyed[name] for name in needed}
-
-
-def check_width(embeddings: np.ndarray, width: int, generation: str) -> None:
-    """BadRequest unless the (Q, D) query embeddings have the serving generation's width D."""
-    if embeddings.shape[1] != width:
-        raise BadRequest(400, f"'embeddings' have {embeddings.shape[1]} values per query; generation {generation!r} "
-                              f"embeds {width}")
+    if request.embeddings is not None and needed:
+        raise BadRequest(400, f"'embeddings' holds generation {serving!r}'s only, but its search interpolates with "
+                              f"generation(s) {list(needed)}'s embeddings of the same queries (slerp): give "
+                              f"'embeddings' as an object keyed by generation, {[serving, *needed]}")
+    keyed = request.embeddings_by_generation if request.embeddings is None else {serving: request.embeddings}
+    try:
+        return split_by_generation(keyed or {}, serving, needed, widths, "'embeddings'")
+    except ValueError as refused:
+        raise BadRequest(400, str(refused)) from None
 
 
 def allowed_uri(uri: str, prefixes: Sequence[str]) -> str:

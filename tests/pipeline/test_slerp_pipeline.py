@@ -7,7 +7,8 @@ evaluation, gate and ``orchestrator search`` compute the slerp queries as the ro
   queries with g0-old's own embeddings of the same images;
 - the gallery evaluation's search (the router over the stored indexes) equals its mixed-gallery
   ranking, and its backfilling curve at 0 % re-embedded equals the cross-test's backfill saved;
-- ``orchestrator search`` serves g0-old's untouched shards along the slerp path.
+- ``orchestrator search`` serves g0-old's untouched shards along the slerp path, from test images
+  or from a query file holding both generations' embeddings of them (the same hits).
 """
 from __future__ import annotations
 
@@ -102,3 +103,34 @@ def test_search_serves_the_old_shards_along_the_slerp_path(served):
     assert store.current_deployment().generation == "g1-slerp" == report["serving"]
     assert report["paths"] == {"g0-old": SLERP_PATH, "g1-slerp": "same"} and report["searched_items"] == 539
     assert any(hit["generation"] == "g0-old" for hits in report["results"] for hit in hits)
+
+
+def test_a_query_file_with_both_generations_embeddings_finds_what_the_images_find(served):
+    root, pipeline, _config, store = served
+    mean, std = channel_statistics(load_digits("train"))
+    data = ImageTensorDataset(load_digits("test").subset(np.arange(20)), 32, mean, std)
+    embedded = {name: embed_dataset_with_ids(_model(store, name), data)[0].embedding.numpy()
+                for name in ("g1-slerp", "g0-old")}
+    np.savez(root / "both.npz", **{f"embeddings@{name}": found for name, found in embedded.items()})
+    np.savez(root / "serving-only.npz", embeddings=embedded["g1-slerp"])
+
+    def search(*queries: str) -> dict:
+        out = root / "hits.json"
+        run = cli_in_process("search", str(pipeline), "--storage", str(root / "run"), *queries, "-k", "5", "--json",
+                             "--output", str(out), cwd=root)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+        return json.loads(out.read_text())
+
+    from_images = search("--split", "test", "--limit", "20")
+    from_file = search("--queries", str(root / "both.npz"))
+    assert from_file["paths"] == from_images["paths"] == {"g0-old": SLERP_PATH, "g1-slerp": "same"}
+    for by_file, by_image in zip(from_file["results"], from_images["results"], strict=True):
+        assert [(h["id"], h["generation"]) for h in by_file] == [(h["id"], h["generation"]) for h in by_image]
+        assert [h["distance"] for h in by_file] == pytest.approx([h["distance"] for h in by_image], abs=1e-5)
+
+    refused = cli_in_process("search", str(pipeline), "--storage", str(root / "run"), "--queries",
+                             str(root / "serving-only.npz"), cwd=root)
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert ("holds generation 'g1-slerp''s embeddings only, but its search interpolates with generation(s) "
+            "['g0-old']'s embeddings of the same queries (slerp): give the arrays 'embeddings@g1-slerp', "
+            "'embeddings@g0-old' instead") in refused.stderr

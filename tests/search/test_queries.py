@@ -76,3 +76,26 @@ def test_missing_files_and_mixed_kinds_are_errors(tmp_path):
     (tmp_path / "x.txt").write_text("1")
     with pytest.raises(ValueError, match="give one .npy/.npz file or image files"):
         read_query_file([tmp_path / "x.txt"])
+
+
+def test_npz_embeddings_keyed_by_generation_give_every_generation_the_same_queries(tmp_path):
+    new, old = np.ones((2, 4), np.float32), np.full((2, 3), 0.5, np.float32)
+    np.savez(tmp_path / "q.npz", **{"embeddings@g1": new, "embeddings@g0": old}, ids=np.array([7, 8]))
+    batch = read_query_file([tmp_path / "q.npz"])
+    assert batch.embeddings is None and batch.images is None and len(batch) == 2 and batch.ids.tolist() == [7, 8]
+    assert sorted(batch.embeddings_by_generation) == ["g0", "g1"]
+    np.testing.assert_array_equal(batch.embeddings_by_generation["g0"], old)
+
+
+@pytest.mark.parametrize("arrays, message", [
+    ({"embeddings@g1": np.ones((2, 4)), "embeddings@g0": np.ones((3, 3))}, r"the same queries, got rows \{'g0': 3, 'g1': 2\}"),
+    ({"embeddings@g1": np.ones((2, 4)), "embeddings": np.ones((2, 4))}, "or arrays 'embeddings@<generation>' only"),
+    ({"embeddings@": np.ones((2, 4))}, "array 'embeddings@' names no generation"),
+    ({"embeddings@g1": np.zeros((2, 4), np.uint8)}, "array 'embeddings@g1' must hold float embeddings"),
+    ({"embeddings@g1": np.array([[np.inf, 1.0]])}, "array 'embeddings@g1': the query embeddings contain NaN"),
+])
+def test_bad_keyed_embeddings_name_the_file_and_array(tmp_path, arrays, message):
+    np.savez(tmp_path / "q.npz", **arrays)
+    with pytest.raises(ValueError, match=message) as raised:
+        read_query_file([tmp_path / "q.npz"])
+    assert "q.npz" in str(raised.value) and "\n" not in str(raised.value)

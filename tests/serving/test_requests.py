@@ -13,7 +13,6 @@ from orchestrator.serving.requests import (
     MAX_REASON,
     BadRequest,
     allowed_uri,
-    check_width,
     decode_queries,
     keyed_queries,
     parse_search,
@@ -98,10 +97,12 @@ def test_a_reason_is_one_printable_line_whatever_it_quotes():
 
 
 def test_an_embedding_of_the_wrong_width_names_both_widths():
-    with pytest.raises(BadRequest, match="3 values per query; generation 'g1' embeds 32") as refused:
-        check_width(np.zeros((1, 3), np.float32), 32, "g1")
+    narrow = parse_search(body(embeddings=[[1.0] * 3]), LIMITS)
+    with pytest.raises(BadRequest, match="'embeddings' has 3 values per query for generation 'g1', which embeds 32") as refused:
+        keyed_queries(narrow, "g1", (), {"g1": 32}.__getitem__)
     assert refused.value.status == 400
-    check_width(np.zeros((2, 32), np.float32), 32, "g1")
+    wide = parse_search(body(embeddings=[[1.0] * 32] * 2), LIMITS)
+    assert keyed_queries(wide, "g1", (), {"g1": 32}.__getitem__)[0].shape == (2, 32)
 
 
 def test_images_decode_as_query_files_do_and_undecodable_or_huge_ones_are_refused(tmp_path):
@@ -159,7 +160,7 @@ def test_embeddings_keyed_by_generation_give_a_slerp_search_both_generations_que
 
 @pytest.mark.parametrize("embeddings, words", [
     ({"g1": [[1.0] * 4]}, "no entry for generation(s) ['g0']; this search takes ['g1', 'g0']"),
-    ({"g1": [[1.0] * 4], "g0": [[1.0] * 2]}, "'embeddings' have 2 values per query; generation 'g0' embeds 3"),
+    ({"g1": [[1.0] * 4], "g0": [[1.0] * 2]}, "'embeddings' has 2 values per query for generation 'g0', which embeds 3"),
     ({"g1": [[1.0] * 4], "g0": [[1.0] * 3], "g7": [[1.0]]}, "entries for generation(s) ['g7'] this search does not use"),
 ])
 def test_a_missing_or_wrong_old_generation_embedding_is_a_one_line_400(embeddings, words):
