@@ -155,12 +155,34 @@ def _relative_part(part: str, base: str) -> str:
     return part
 
 
-def _s3_options(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+def s3_endpoint(storage_options: Mapping[str, Any] | None = None) -> str | None:
+    """The S3 endpoint every client of the storage uses: ``storage_options``' ``endpoint_url`` (or
+    its ``client_kwargs``'), else the environment's ``AWS_ENDPOINT_URL_S3`` / ``AWS_ENDPOINT_URL``;
+    None: AWS's default."""
     options = dict(storage_options or {})
-    endpoint = options.pop("endpoint_url", None)
+    return (options.get("endpoint_url") or dict(options.get("client_kwargs") or {}).get("endpoint_url")
+            or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None)
+
+
+def object_store_options(uri: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, str]:
+    """The options Lance's object store (Rust ``object_store``) needs to reach ``uri`` as the fsspec
+    file systems do: for ``s3://`` the same endpoint (``s3_endpoint``) as ``aws_endpoint``, and
+    ``allow_http`` when it is plain http (a local S3 server; Lance refuses http otherwise, "builder
+    error"); credentials stay in the environment, which it reads itself. ``{}`` elsewhere."""
+    if _protocol(str(uri)) not in ("s3", "s3a"):
+        return {}
+    endpoint = s3_endpoint(storage_options)
+    if endpoint is None:
+        return {}
+    return {"aws_endpoint": endpoint, **({"allow_http": "true"} if endpoint.startswith("http://") else {})}
+
+
+def _s3_options(storage_options: Mapping[str, Any] | None) -> dict[str, Any]:
+    endpoint = s3_endpoint(storage_options)
+    options = dict(storage_options or {})
+    options.pop("endpoint_url", None)
     client_kwargs = dict(options.pop("client_kwargs", None) or {})
-    endpoint = endpoint or client_kwargs.pop("endpoint_url", None)
-    endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    client_kwargs.pop("endpoint_url", None)
     if endpoint:
         options["endpoint_url"] = endpoint
     if client_kwargs:
@@ -204,8 +226,7 @@ def s3_unreachable(uri: str, error: BaseException,
     """``error`` of the object store holding ``uri`` as one line: the URI and the endpoint (both
     redacted; ``storage_options``' ``endpoint_url``, else the environment's), what went wrong and
     what to check."""
-    endpoint = (dict(storage_options or {}).get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL_S3")
-                or os.environ.get("AWS_ENDPOINT_URL") or "AWS's default")
+    endpoint = s3_endpoint(storage_options) or "AWS's default"
     return OutsideSystemError("S3", redact_uri(uri), f"{redact_uri(one_line(error))} (endpoint "
                               f"{redact_uri(endpoint)})", "that the endpoint (AWS_ENDPOINT_URL_S3) is up and "
                               "reachable, and the credentials (AWS_ACCESS_KEY_ID / AWS_PROFILE)")

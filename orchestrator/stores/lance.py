@@ -22,12 +22,13 @@ A retry of the same rows deletes the earlier ones first (they were never named).
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import numpy as np
 
@@ -53,6 +54,27 @@ BATCH_SCAN_ROWS = 65536  # an exact shard this small is read once per batch of q
 _COMMIT_TRIES = 5
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def reaching_storage(method: _Method) -> _Method:
+    """``method`` of a ``LanceStore`` with Lance's I/O errors on object storage (a ValueError
+    "LanceError(IO): Generic S3 error: …", measured with Lance 14 against an S3 endpoint that does not
+    answer) raised as the storage's ``OutsideSystemError`` (``storage.filesystem.s3_unreachable``:
+    the location, the endpoint and what to check), as the project's other S3 clients' are."""
+    @functools.wraps(method)
+    def reaching(store: "LanceStore", *args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(store, *args, **kwargs)
+        except (ValueError, OSError) as error:
+            if "://" in store.path and str(error).startswith("LanceError(IO)"):
+                from orchestrator.storage.filesystem import s3_unreachable
+
+                raise s3_unreachable(store.path, error) from error
+            raise
+    return cast(_Method, reaching)
+
+
 def dataset_name(generation: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", generation) + ".lance"
 
@@ -73,6 +95,14 @@ class LanceStore:
     def check_reachable(self) -> None:
         return None  # a folder of the storage (checked before every command) or of the path's filesystem
 
+    @property
+    def _object_store(self) -> dict[str, str]:
+        """Lance's options to reach ``path`` (``storage.filesystem.object_store_options``: on S3 the
+        storage's endpoint; none locally)."""
+        from orchestrator.storage.filesystem import object_store_options
+
+        return object_store_options(self.path)
+
     def _uri(self, name: str) -> str:
         return f"{self.path.rstrip('/')}/{name}"
 
@@ -80,7 +110,7 @@ class LanceStore:
         import lance
 
         try:
-            return lance.dataset(self._uri(name))
+            return lance.dataset(self._uri(name), storage_options=self._object_store)
         except (ValueError, FileNotFoundError, OSError) as error:
             if "not found" in str(error).lower() or "does not exist" in str(error).lower() or isinstance(
                     error, FileNotFoundError):
@@ -97,6 +127,7 @@ class LanceStore:
     def _filter(location: StoreLocation) -> str:
         return f"shard = {int(location.shard)} AND version = '{location.version}'"
 
+    @reaching_storage
     def write_shard(self, shard_index: int, shard, key: str, first_attempt: bool) -> tuple[str, dict[str, Any]]:
         import pyarrow as pa
 
@@ -162,7 +193,7 @@ class LanceStore:
                     return
                 if held:
                     self._open(name).delete(self._filter(location))
-                lance.write_dataset(table, self._uri(name), mode="append")
+                lance.write_dataset(table, self._uri(name), mode="append", storage_options=self._object_store)
                 if self._open(name).count_rows(filter=self._filter(location)) == n:
                     return
             except OSError:
@@ -182,7 +213,8 @@ class LanceStore:
 
         if "://" in self.path:
             try:
-                lance.write_dataset(schema.empty_table(), self._uri(name), mode="create")
+                lance.write_dataset(schema.empty_table(), self._uri(name), mode="create",
+                                    storage_options=self._object_store)
             except OSError as error:
                 if "already exists" not in str(error).lower():
                     raise
@@ -193,7 +225,8 @@ class LanceStore:
         with open(os.path.join(self.path, f".{name}.create-lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if self._open(name) is None:
-                lance.write_dataset(schema.empty_table(), self._uri(name), mode="create")
+                lance.write_dataset(schema.empty_table(), self._uri(name), mode="create",
+                                    storage_options=self._object_store)
 
     def _maybe_index(self, name: str, space: str, force: bool = False) -> None:
         """Build the dataset's vector index once it holds ``MIN_INDEX_ROWS`` rows (``force``: rebuild now)."""
@@ -204,6 +237,7 @@ class LanceStore:
             return
         self.build_index(name, space)
 
+    @reaching_storage
     def build_index(self, name: str, space: str) -> None:
         dataset = self._open(name)
         options = dict(self.index_options)
@@ -219,11 +253,13 @@ class LanceStore:
         else:
             dataset.create_index(column, index_type="IVF_HNSW_SQ", **kwargs)
 
+    @reaching_storage
     def count(self, uri: str) -> int:
         location = self._location(uri)
         dataset = self._open(location.table)
         return 0 if dataset is None else int(dataset.count_rows(filter=self._filter(location)))
 
+    @reaching_storage
     def read_rows(self, uri: str, columns: list[str]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """(ids (N,) int64 ascending, column → its (N, ·) float32 values in that order) of the rows at ``uri``."""
         location = self._location(uri)
@@ -247,6 +283,7 @@ class LanceStore:
     def check_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None) -> None:
         check_stored_rows(self, uri, self._location(uri).describe(), record)
 
+    @reaching_storage
     def add_columns(self, name: str, locations: list[tuple[str, np.ndarray, dict[str, np.ndarray]]],
                     space: str) -> None:
         """``stores.migrate``: one new version of dataset ``name`` with the columns ``locations``
@@ -277,7 +314,7 @@ class LanceStore:
             array = pa.FixedSizeListArray.from_arrays(pa.array(filled[column].reshape(-1)), width,
                                                       mask=pa.array(~present[column]))
             table = table.append_column(column, array)
-        lance.write_dataset(table, self._uri(name), mode="overwrite")
+        lance.write_dataset(table, self._uri(name), mode="overwrite", storage_options=self._object_store)
         self._maybe_index(name, space, force=True)
 
     def datasets(self) -> list[str]:
@@ -289,6 +326,7 @@ class LanceStore:
         except FileNotFoundError:
             return []
 
+    @reaching_storage
     def locations(self) -> list[str]:
         found = []
         for name in self.datasets():
@@ -301,6 +339,7 @@ class LanceStore:
             found += [StoreLocation("lance", self.path, int(s), v, name).uri for s, v in pairs]
         return sorted(found)
 
+    @reaching_storage
     def remove(self, uris: Iterable[str]) -> None:
         for uri in uris:
             location = self._location(uri)

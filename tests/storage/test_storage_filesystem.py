@@ -206,3 +206,19 @@ def test_a_versioned_document_is_read_up_to_the_newest_version_this_code_knows(t
         with pytest.raises(ValueError, match=f"^{re.escape(folder)}/card.json: unsupported checkpoint card format_version "
                                              f"{shown} \\(this code reads up to 2\\)$"):
             read_versioned_json(folder, "card.json", "checkpoint card", 2)
+
+
+def test_lance_reaches_s3_through_the_storages_own_endpoint(monkeypatch):
+    """``object_store_options``: the endpoint every fsspec client of the storage uses
+    (``s3_endpoint``: the options', else AWS_ENDPOINT_URL_S3, else AWS_ENDPOINT_URL), and allow_http
+    only for plain http; nothing for a local path or without an endpoint (AWS's default)."""
+    for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    assert fsmod.object_store_options("s3://b/x") == {}
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    assert fsmod.object_store_options("s3://b/x") == {"aws_endpoint": "http://127.0.0.1:9000", "allow_http": "true"}
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "https://minio.internal")
+    assert fsmod.object_store_options("s3a://b/x") == {"aws_endpoint": "https://minio.internal"}
+    assert fsmod.object_store_options("s3://b/x", {"client_kwargs": {"endpoint_url": "http://h:1"}}) == {
+        "aws_endpoint": "http://h:1", "allow_http": "true"}
+    assert fsmod.object_store_options("/data/lance") == {} == fsmod.object_store_options("file:///data/lance")
