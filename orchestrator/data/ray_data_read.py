@@ -202,13 +202,19 @@ class RayDataRead:
 
     def read_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``ray.data.read_<read>`` (in the driver: relative local paths
-        made absolute, since the read tasks need not run in this folder)."""
+        made absolute, since the read tasks need not run in this folder; a Lance dataset on S3
+        without ``storage_options`` reached through the storage's endpoint,
+        ``storage.filesystem.object_store_options``)."""
         kwargs = {k: _plain(v, f"args.{k}") for k, v in self.args.items()}
         data = READS[self.read]["data"]
         if data is not None:
             kwargs[data] = _absolute(kwargs[data])
         if self.read in FILE_READS:
             kwargs["include_paths"] = True
+        if self.read == "lance" and "storage_options" not in kwargs:
+            from orchestrator.storage.filesystem import object_store_options
+
+            kwargs.update({"storage_options": found} if (found := object_store_options(kwargs["uri"])) else {})
         if self.read == "sql":
             kwargs["sql"] = self.query
             kwargs["connection_factory"] = SqlConnection(_absolute_sqlite(self.url))

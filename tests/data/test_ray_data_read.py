@@ -69,6 +69,16 @@ def test_the_digest_ignores_resource_arguments_and_relative_paths_become_absolut
     assert (files.sort_key, files.uri, files.image) == ("uri", "path", "image")
 
 
+def test_a_lance_dataset_on_s3_is_read_through_the_storages_endpoint_unless_the_file_says(monkeypatch):
+    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    on_s3 = {**LANCE, "args": {"uri": "s3://bucket/photos.lance"}}
+    assert read_spec(on_s3).read_kwargs() == {"uri": "s3://bucket/photos.lance", "storage_options": {
+        "aws_endpoint": "http://127.0.0.1:9000", "allow_http": "true"}}
+    given = {**LANCE, "args": {"uri": "s3://bucket/photos.lance", "storage_options": {"aws_region": "eu-west-1"}}}
+    assert read_spec(given).read_kwargs()["storage_options"] == {"aws_region": "eu-west-1"}
+
+
 def test_sql_reads_a_sqlite_file_read_only_through_a_picklable_factory(tmp_path, monkeypatch):
     import pickle
     import sqlite3
