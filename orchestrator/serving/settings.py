@@ -75,7 +75,8 @@ class Pools:
 #: Ray Serve's throughput mode (Ray >= 2.56: gRPC between proxy and replicas, buffered request logs),
 #: with the proxy kept on ``--port`` (direct ingress off) and the handles' router in its own loop (the
 #: pools' ingress calls the shares' handles from worker threads). On the 539-item default gallery,
-#: 2 cores: 219 one-query requests/s instead of 38 (benchmarks/README.md, serve_load).
+#: 2 idle cores: 161 one-query requests/s instead of 159 in one process, 82 instead of 67 with the
+#: pools (benchmarks/README.md, serve_load).
 SERVE_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
                         "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "1"}
 
