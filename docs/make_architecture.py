@@ -13,8 +13,8 @@ current).
 """
 from __future__ import annotations
 
+import argparse
 import ast
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -158,6 +158,9 @@ def draw(output: Path = REPO / "docs" / "architecture.png") -> Path:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    path = draw(Path(sys.argv[1]) if len(sys.argv) > 1 else REPO / "docs" / "architecture.png")
+    parser = argparse.ArgumentParser(description="Draw the package's import layers and print them for docs/architecture.md.")
+    parser.add_argument("output", nargs="?", type=Path, default=REPO / "docs" / "architecture.png",
+                        help="the figure to write (default: docs/architecture.png)")
+    path = draw(parser.parse_args().output)
     print(layer_text())
     print(f"wrote {path}")
