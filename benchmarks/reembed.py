@@ -185,7 +185,8 @@ def run_ray(setup: Setup, concurrency: int, batch_size: int = 256) -> Embedded:
     arrive: each read task reads one batch). Ray must be initialised (``harness.start_ray``)."""
     from orchestrator.config.gallery import EmbeddingSpec
     from orchestrator.data.gallery_sources import MemorySource
-    from orchestrator.distributed.gallery_step import GenerationModel, embed_gallery
+    from orchestrator.distributed.gallery_step import embed_gallery
+    from orchestrator.distributed.generation_model import GenerationModel
     from orchestrator.shard_update import ShardUpdate, UpdateKind
 
     settings = EmbeddingSpec(batch_size=batch_size, concurrency=concurrency, num_cpus=1.0, num_gpus=0.0)

@@ -12,7 +12,7 @@ The stages (each on Ray workers, streamed with Ray Data's backpressure):
    With ``embedding.num_gpus`` the images are decoded first by CPU tasks (``decode_stage``) and
    the actors, on GPUs, only run the model and write the part;
 3. **finish**: once the parts of an update hold all its items, the driver hands it to one of the
-   step's finisher actors (``Finisher`` running ``finish_task``), which reads them, writes the
+   step's finisher actors (``finish.Finisher`` running ``finish_task``), which reads them, writes the
    update's Parquet file and index (for a split, the source shard without the moved items too)
    and returns a ``ShardUpdateResult`` (URIs,
    sha256s, counts: about a kilobyte). The caller commits it as it comes.
@@ -37,57 +37,21 @@ a finish call lost with its actor is handed to ``on_lost``, which starts a new a
 """
 from __future__ import annotations
 
-import os
-import socket
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 
 from orchestrator.config.gallery import EmbeddingSpec
 from orchestrator.data.gallery_sources import GallerySource, ImageFormat, decode_images, raw_image_column
+from orchestrator.distributed.finish import Finishes
 from orchestrator.distributed.gallery_read import gallery_dataset
-from orchestrator.shard_update import PixelEmbedder, ShardTarget, ShardUpdate, ShardUpdateResult, embedded_part, finish_shard_update
-from orchestrator.shard_update.parts import read_parts, staging_folder, write_parts
+from orchestrator.distributed.generation_model import GenerationModel
+from orchestrator.shard_update import ShardTarget, ShardUpdate, ShardUpdateResult, embedded_part
+from orchestrator.shard_update.parts import staging_folder, write_parts
 
 PART_BATCHES = 8  # embedding batches per staged part: fewer, larger files and metadata rows
 TASK_BLOCKS = 16  # blocks per read task
-
-
-@dataclass(frozen=True)
-class GenerationModel:
-    """The generation the workers embed with: its checkpoint (sha256-checked when loaded), its
-    space and curvature, and the preprocessing (image size, normalisation, the source's format)."""
-
-    name: str
-    checkpoint_uri: str
-    sha256: str
-    space: str
-    curv: float
-    image_size: int
-    image_format: ImageFormat
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    storage_options: dict | None = None
-
-    @classmethod
-    def from_checkpoint(cls, name: str, checkpoint_uri: str, sha256: str, image_size: int, image_format: ImageFormat,
-                        mean, std, storage_options: dict | None = None) -> GenerationModel:
-        """The generation saved at ``checkpoint_uri``, its space and curvature read from its card."""
-        from orchestrator.models.checkpoint import load_card
-
-        card = load_card(checkpoint_uri, storage_options)
-        return cls(name, checkpoint_uri, sha256, card.space, float(card.curv), image_size, image_format,
-                   tuple(mean), tuple(std), storage_options)
-
-    def embedder(self, device: str) -> PixelEmbedder:
-        from orchestrator.methods.loading import load_generation
-
-        model, _card = load_generation(self.checkpoint_uri, expected_sha256=self.sha256, map_location=device,
-                                       storage_options=self.storage_options)
-        return PixelEmbedder(model, self.image_size, self.mean, self.std, device)
 
 
 class EmbedStage:
@@ -133,16 +97,6 @@ def decode_stage(batch: pa.Table, image_format: ImageFormat, image_size: int) ->
     (image_size, image_size, 3), so the GPU actors only run the model."""
     pixels = decode_images(batch.column("image"), image_format, image_size)
     return batch.set_column(batch.schema.get_field_index("image"), "image", raw_image_column(pixels))
-
-
-def finish_task(update: ShardUpdate, part_uris: list[str], model: GenerationModel,
-                target: ShardTarget) -> ShardUpdateResult:
-    """What a finisher runs: the staged parts of ``update`` → its shard files (``finish_shard_update``)."""
-    import ray
-
-    node = f"{socket.gethostname()}:{ray.get_runtime_context().get_node_id()[:12]}:{os.getpid()}"
-    return finish_shard_update(update, read_parts(part_uris, target.storage_options), model.name, model.space,
-                               model.curv, target, node=node)
 
 
 def embedded_dataset(dataset, image_format: ImageFormat, model: GenerationModel, resources: EmbeddingSpec,
@@ -237,7 +191,7 @@ def run_shard_updates(source: GallerySource, updates: Sequence[ShardUpdate], mod
     if not updates:
         return
     by_entry = dict(enumerate(updates))
-    finishes = _Finishes(model, target, min(finisher_actors(resources), len(updates)), on_lost)
+    finishes = Finishes(model, target, min(finisher_actors(resources), len(updates)), on_lost)
     parts: dict[int, dict[str, int]] = {entry: {} for entry in by_entry}
     try:
         for batch in _batches(step_dataset(source, updates, model, target, resources, uuid.uuid4().hex[:12])):
@@ -257,140 +211,6 @@ def run_shard_updates(source: GallerySource, updates: Sequence[ShardUpdate], mod
             yield from finishes.completed(timeout=None)
     finally:
         finishes.close()
-
-
-class Finisher:
-    """A Ray actor (no CPU asked) that runs ``finish`` (``finish_task``, or a test's stand-in passed
-    by value) for one update after another. It lives for the step: a task per update would start
-    a worker process per update beyond the node's CPU count, each importing torch, pyarrow and
-    FAISS again (measured: ~3 s of a busy core per update, taken from the embedding actors)."""
-
-    def __init__(self, finish: Callable[..., ShardUpdateResult]):
-        self.finish = finish
-
-    def run(self, update: ShardUpdate, part_uris: list[str], model: GenerationModel,
-            target: ShardTarget) -> ShardUpdateResult:
-        return self.finish(update, part_uris, model, target)
-
-
-class _Finishes:
-    """The finish calls of the updates whose parts are complete, on ``at_once`` finisher actors
-    (the rest wait in order); a call lost with its actor is handed to ``on_lost`` and the actor
-    replaced. The actors start with the step, warm by the first finish, each on the next live node
-    that offers CPUs (``NodeAffinitySchedulingStrategy``; Ray's ``SPREAD`` put two of them on one
-    node of three in one try of three, and a soft affinity moved them off a node whose CPUs the
-    embedding actors held: measured), and take turns: an update goes to the actor idle longest, so
-    a step whose finishes come one at a time still writes its shards on every finisher's node, not
-    all on the first one's. A step that ends well leaves its actors idle for the driver's next step
-    (``_KEPT_FINISHERS``): each new one is a Python interpreter importing torch, pyarrow and FAISS,
-    about 3 s of a core, and a run of three generations would start six of them."""
-
-    def __init__(self, model: GenerationModel, target: ShardTarget, at_once: int,
-                 on_lost: Callable[[ShardUpdate, BaseException], ShardUpdate | None]):
-        self.model, self.target, self.at_once, self.on_lost = model, target, at_once, on_lost
-        self.started, self.kept_as = 0, _kept_key()
-        kept = _KEPT_FINISHERS.pop(self.kept_as, [])
-        self.idle: list[Any] = kept + [self._new_actor() for _ in range(at_once - len(kept))]
-        self.running: dict[Any, tuple[Any, ShardUpdate, list[str]]] = {}
-        self.waiting: list[tuple[ShardUpdate, list[str]]] = []
-
-    def __bool__(self) -> bool:
-        return bool(self.running or self.waiting)
-
-    def add(self, update: ShardUpdate, part_uris: list[str]) -> None:
-        self.waiting.append((update, part_uris))
-        self._start()
-
-    def _actor(self):
-        return self.idle.pop(0) if self.idle else self._new_actor()
-
-    def _new_actor(self):
-        import ray
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        nodes = _nodes_with_cpus()  # asked again for a replacement: a lost actor's node may be gone
-        node = nodes[self.started % len(nodes)] if nodes else None
-        self.started += 1
-        strategy = "SPREAD" if node is None else NodeAffinitySchedulingStrategy(node, soft=False)
-        return (ray.remote(Finisher).options(num_cpus=0, max_restarts=0, max_task_retries=0,
-                                             scheduling_strategy=strategy).remote(finish_task))
-
-    def _start(self) -> None:
-        while self.waiting and len(self.running) < self.at_once:
-            update, part_uris = self.waiting.pop(0)
-            actor = self._actor()
-            self.running[actor.run.remote(update, part_uris, self.model, self.target)] = (actor, update, part_uris)
-
-    def completed(self, timeout: float | None) -> Iterator[ShardUpdateResult]:
-        """The results of the finish calls done within ``timeout`` seconds (None: at least one)."""
-        import ray
-
-        if self.running:
-            ready, _ = ray.wait(list(self.running), num_returns=1 if timeout is None else len(self.running),
-                                timeout=timeout)
-            for ref in ready:
-                actor, update, part_uris = self.running.pop(ref)
-                try:
-                    result = _result(ref)
-                except _Lost as lost:
-                    ray.kill(actor)
-                    again = self.on_lost(update, lost.error)
-                    if again is None:
-                        raise lost.error from None
-                    self.waiting.insert(0, (again, part_uris))
-                else:
-                    self.idle.append(actor)
-                    yield result
-        self._start()
-
-    def close(self) -> None:
-        """Keep the idle finisher actors for the driver's next step; end those still running (the
-        step failed: their calls' outcome is unknown)."""
-        import ray
-
-        for actor, _update, _uris in self.running.values():
-            ray.kill(actor)
-        _KEPT_FINISHERS.setdefault(self.kept_as, []).extend(self.idle)
-        self.idle, self.running = [], {}
-
-
-#: Idle finisher actors a step left for the next, by (Ray session, job, finish function): a new
-#: cluster or driver starts afresh, and a test's stand-in ``finish_task`` gets actors of its own.
-_KEPT_FINISHERS: dict[tuple[str, str, Callable[..., ShardUpdateResult]], list[Any]] = {}
-
-
-def _kept_key() -> tuple[str, str, Callable[..., ShardUpdateResult]]:
-    import ray
-
-    context = ray.get_runtime_context()
-    return context.get_session_name(), context.get_job_id(), finish_task
-
-
-def _nodes_with_cpus() -> list[str]:
-    """The ids of the live nodes that offer CPUs (a head started with ``--num-cpus=0`` runs no
-    finisher), in Ray's order."""
-    import ray
-
-    return [node["NodeID"] for node in ray.nodes() if node.get("Alive") and node.get("Resources", {}).get("CPU", 0) > 0]
-
-
-class _Lost(Exception):
-    def __init__(self, error: BaseException):
-        super().__init__(str(error))
-        self.error = error
-
-
-def _result(ref) -> ShardUpdateResult:
-    """The finish call's result; its own error as raised on the worker; ``_Lost`` when its actor was."""
-    import ray
-    from ray.exceptions import RayError, RayTaskError
-
-    try:
-        return ray.get(ref)
-    except RayTaskError as failed:
-        raise failed.cause from failed
-    except RayError as lost:
-        raise _Lost(lost) from lost
 
 
 def _batches(dataset) -> Iterator[pa.Table]:

@@ -9,7 +9,8 @@ import torch
 from orchestrator.config.gallery import EmbeddingSpec
 from orchestrator.data import ImageTensorDataset, channel_statistics, load_digits
 from orchestrator.data.gallery_sources import MemorySource
-from orchestrator.distributed.gallery_step import GenerationModel, embed_gallery
+from orchestrator.distributed.gallery_step import embed_gallery
+from orchestrator.distributed.generation_model import GenerationModel
 from orchestrator.geometry import lorentz
 from orchestrator.methods import create_method, embed_dataset
 from orchestrator.models.checkpoint import save_generation

@@ -22,7 +22,7 @@ import torch
 from ray import cloudpickle
 
 from local_ray import start_local_ray
-from orchestrator.distributed import gallery_step
+from orchestrator.distributed import finish, gallery_step
 from orchestrator.lineage.step_keys import StepKind, shard_update_key
 from orchestrator.pipeline.verify import verify_storage
 from streamed_gallery import first_generation, served_rows
@@ -127,14 +127,14 @@ class ActorKiller(threading.Thread):
 
 
 def finish_killing_once(update, part_uris, model, target, marker):
-    """``gallery_step.finish_task``, SIGKILLing its process the first time it writes shard 3."""
+    """``finish.finish_task``, SIGKILLing its process the first time it writes shard 3."""
     if update.shard == 3:
         try:
             os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
             os.kill(os.getpid(), signal.SIGKILL)
         except FileExistsError:
             pass
-    return gallery_step.finish_shard_update(update, gallery_step.read_parts(part_uris, target.storage_options),
+    return finish.finish_shard_update(update, finish.read_parts(part_uris, target.storage_options),
                                             model.name, model.space, model.curv, target, node=f"pid:{os.getpid()}")
 
 
@@ -143,7 +143,7 @@ def test_workers_killed_mid_update_cost_no_item_and_no_copy(ray_here, tmp_path, 
     finish_marker = str(tmp_path / "finish-killed")
     killer = ActorKiller(tmp_path / "run" / "galleries" / "photos" / "staging")
     killer.start()
-    monkeypatch.setattr(gallery_step, "finish_task",
+    monkeypatch.setattr(finish, "finish_task",
                         lambda update, uris, model, target: finish_killing_once(update, uris, model, target,
                                                                                 finish_marker))
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the finish killer reaches workers by value

@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from orchestrator.distributed.gallery_step import GenerationModel, quiet_ray_data, run_shard_updates
+from orchestrator.distributed.gallery_step import quiet_ray_data, run_shard_updates
+from orchestrator.distributed.generation_model import GenerationModel
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.integrity import record_index
 from orchestrator.lineage.records import ShardAssignment
