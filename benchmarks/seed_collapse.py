@@ -13,7 +13,9 @@ chance,
 
 Each (dataset, seed) is stored as one JSON line in the format of ``compatibility.py --rows-out``
 (so ``compatibility.py --from-rows`` reports it too), with the ``stage`` it was measured at
-("before" / "after" a change: a free label), the commit and the class count. ``--from-rows``
+("before" / "after" a change: a free label), the commit and the class count. ``--import-rows``
+trains nothing and stores records ``compatibility.py --rows-out`` wrote (another device's run, say)
+the same way, the verdict taken by the same rule. ``--from-rows``
 trains nothing and prints the README section: per method and dataset the seeds that collapsed at
 each stage, then per seed the rows of the methods named by ``--per-seed``, then the mean update
 (``compatibility.seed_means``) of those methods per stage.
@@ -31,6 +33,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/seed_collapse.py`: th
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.compatibility import (
+    _SHAPES_RECIPES,
     DEFAULT_METHODS,
     METHODS,
     Row,
@@ -86,6 +89,28 @@ def measure_seed(dataset: str, epochs: int, seed: int, methods: Sequence[Row], w
             "rows": rows}
 
 
+def class_count(dataset: str) -> int:
+    """C of ``dataset`` as ``compatibility.experiment_for`` builds it, without generating it: the
+    digits' 10, a shapes variant's shapes × patterns."""
+    if dataset == "digits":
+        return 10
+    options = _SHAPES_RECIPES[dataset][0]
+    return int(options["num_shapes"] * options["num_patterns"])
+
+
+def imported_record(record: dict[str, Any], labels: Sequence[str], stage: str, commit: str,
+                    source: str) -> dict[str, Any]:
+    """A ``compatibility.py --rows-out`` record (same rows, no verdict) as this benchmark's: the rows
+    of ``labels`` each with ``collapsed``, at ``stage`` and ``commit``, ``source`` naming the file
+    it came from."""
+    num_classes = class_count(record["dataset"])
+    rows = [{**row, "collapsed": collapsed(row["cmc@1"]["self"], num_classes)} for row in record["rows"]
+            if row["method"] in labels]
+    return {"stage": stage, "commit": commit, "dataset": record["dataset"], "epochs": record["epochs"],
+            "seed": record["seed"], "num_classes": num_classes, "device": record.get("device", "cpu"),
+            "rows": rows, "seconds": record.get("seconds"), "imported_from": source}
+
+
 def read_records(paths: Sequence[Path]) -> list[dict[str, Any]]:
     """The stored records (JSON lines) of ``paths``, in order; a line that is not one is an error
     naming its file and line."""
@@ -112,17 +137,31 @@ def _datasets(records: Sequence[dict[str, Any]]) -> list[str]:
     return _ordered([record["dataset"] for record in records], DATASETS)
 
 
+def latest_rows(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``records`` with each (method, dataset, stage, seed) row kept in its last record only (a seed
+    measured again at one stage counts once, as measured last), records left without rows dropped."""
+    seen: set[tuple[str, str, str, int]] = set()
+    kept = []
+    for record in reversed(records):
+        rows = []
+        for row in reversed(record["rows"]):
+            key = (row["method"], record["dataset"], record["stage"], record["seed"])
+            if key not in seen:
+                seen.add(key)
+                rows.append(row)
+        if rows:
+            kept.append({**record, "rows": rows[::-1]})
+    return kept[::-1]
+
+
 def collapse_counts(records: Sequence[dict[str, Any]]) -> dict[tuple[str, str, str], tuple[int, int]]:
-    """(method, dataset, stage) → (seeds whose new model collapsed, seeds measured). A seed measured
-    twice at one stage counts once, its last record."""
-    latest: dict[tuple[str, str, str, int], bool] = {}
-    for record in records:
-        for row in record["rows"]:
-            latest[row["method"], record["dataset"], record["stage"], record["seed"]] = row["collapsed"]
+    """(method, dataset, stage) → (seeds whose new model collapsed, seeds measured), of
+    ``latest_rows``."""
     counts: dict[tuple[str, str, str], tuple[int, int]] = {}
-    for (method, dataset, stage, _), fell in latest.items():
-        down, seeds = counts.get((method, dataset, stage), (0, 0))
-        counts[method, dataset, stage] = (down + fell, seeds + 1)
+    for record in latest_rows(records):
+        for row in record["rows"]:
+            down, seeds = counts.get((row["method"], record["dataset"], record["stage"]), (0, 0))
+            counts[row["method"], record["dataset"], record["stage"]] = (down + row["collapsed"], seeds + 1)
     return counts
 
 
@@ -180,7 +219,9 @@ def format_mean_updates(records: Sequence[dict[str, Any]], methods: Sequence[str
 
 def readme_section(records: Sequence[dict[str, Any]], per_seed: Sequence[str]) -> str:
     """The generated part of benchmarks/README.md's section: the collapse counts, the per-seed
-    rows of ``per_seed`` methods and their mean updates, between ``BEGIN`` and ``END``."""
+    rows of ``per_seed`` methods and their mean updates, between ``BEGIN`` and ``END``; a seed
+    measured again at one stage as measured last (``latest_rows``)."""
+    records = latest_rows(records)
     epochs = sorted({record["epochs"] for record in records})
     commits = {stage: sorted({record.get("commit", "?") for record in records if record["stage"] == stage})
                for stage in _stages(records)}
@@ -210,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--from-rows", type=Path, nargs="+", help="train nothing: print the README section")
+    parser.add_argument("--import-rows", type=Path, nargs="+",
+                        help="train nothing: append these compatibility.py records (--methods' rows) to --rows-out "
+                             "at --stage and --commit")
     parser.add_argument("--per-seed", default="advbct,advbct w0.25 clip0.5", help="methods given per seed (--from-rows)")
     parser.add_argument("--readme", type=Path, help="with --from-rows: rewrite the generated section of this file")
     args = parser.parse_args(argv)
@@ -224,6 +268,15 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [label for label in labels if label not in ROWS]
     if unknown:
         parser.error(f"--methods: unknown {unknown}; known: {', '.join(ROWS)}")
+    if args.import_rows is not None:
+        if args.rows_out is None or args.commit is None:
+            parser.error("--import-rows needs --rows-out and --commit (the commit the records were measured at)")
+        records = [record for path in args.import_rows for record in json_lines(
+            [path], "a compatibility.py record",
+            lambda found, name=path.name: imported_record(found, labels, args.stage, args.commit, name))]
+        with open(args.rows_out, "a", encoding="utf-8") as handle:
+            handle.writelines(json.dumps(record) + "\n" for record in records)
+        return 0
     first, _, last = args.seeds.partition("-")
     seeds = list(range(int(first), int(last) + 1)) if last else [int(s) for s in args.seeds.split(",")]
     commit = args.commit or checkout_commit()

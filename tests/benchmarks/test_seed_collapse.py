@@ -8,13 +8,16 @@ import pytest
 from benchmarks.seed_collapse import (
     BEGIN,
     END,
+    class_count,
     collapse_counts,
     collapsed,
     format_collapse_table,
     format_mean_updates,
     format_seed_table,
+    latest_rows,
     main,
     read_records,
+    readme_section,
     unchecked,
 )
 from orchestrator.evaluation.update_experiment import UpdateExperiment
@@ -64,6 +67,15 @@ def test_the_counts_per_method_dataset_and_stage():
 def test_a_seed_measured_again_at_one_stage_counts_once_its_last_record():
     again = _record("after", "digits", 0, _row("advbct", 0.1))
     assert collapse_counts([*_RECORDS, again])["advbct", "digits", "after"] == (1, 2)
+    latest = latest_rows([*_RECORDS, again])
+    assert latest[-1] == again and _RECORDS[4] not in latest and len(latest) == len(_RECORDS)
+    section = readme_section([*_RECORDS, again], ["advbct"])
+    assert section.count("| digits | after | 0 |") == 1 and "| digits | after | 0 | 0.100 /" in section
+    assert "| digits | after | advbct | 2 | 2 |" in section  # the mean update of 2 seeds, not 3 records
+    # a record measuring another method too keeps that row
+    both = _record("before", "digits", 1, _row("advbct", 0.5), _row("lce", 0.9))
+    assert latest_rows([_RECORDS[1], both]) == [
+        {**_RECORDS[1], "rows": [_RECORDS[1]["rows"][1]]}, both]
 
 
 def test_the_collapse_table_has_a_column_per_dataset_and_stage():
@@ -137,3 +149,32 @@ def test_the_measurement_runs_with_the_health_check_off():
 def test_unknown_methods_are_refused():
     with pytest.raises(SystemExit):
         main(["--methods", "advbct,nope", "--datasets", "digits", "--seeds", "0"])
+
+
+def test_records_of_compatibility_py_are_imported_with_the_same_verdict(tmp_path):
+    """A compatibility.py record (no stage, commit, class count or verdict; extra rows) is stored as
+    this benchmark's: the --methods rows only, C from the dataset's recipe, the verdict by the rule."""
+    assert (class_count("digits"), class_count("shapes-60"), class_count("shapes")) == (10, 60, 24)
+    plain = [{key: value for key, value in row.items() if key != "collapsed"}
+             for row in (_row("advbct", 0.03, num_classes=60), _row("bct", 0.40, num_classes=60),
+                         _row("advbct adv0.3", 0.01, num_classes=60))]
+    source = tmp_path / "compatibility_shapes60_e4_h200.jsonl"
+    source.write_text(json.dumps({"dataset": "shapes-60", "epochs": 4, "seed": 3, "seconds": 266.3,
+                                  "device": "cuda", "rows": plain}) + "\n")
+    out = tmp_path / "rows.jsonl"
+    assert main(["--import-rows", str(source), "--methods", "advbct,bct", "--stage", "before",
+                 "--commit", "77521cc", "--rows-out", str(out)]) == 0
+    [record] = read_records([out])
+    assert {k: record[k] for k in ("stage", "commit", "dataset", "epochs", "seed", "num_classes", "device")} == {
+        "stage": "before", "commit": "77521cc", "dataset": "shapes-60", "epochs": 4, "seed": 3, "num_classes": 60,
+        "device": "cuda"}
+    assert record["imported_from"] == source.name
+    assert [(row["method"], row["collapsed"]) for row in record["rows"]] == [("advbct", True), ("bct", False)]
+    assert collapse_counts([record]) == {("advbct", "shapes-60", "before"): (1, 1),
+                                         ("bct", "shapes-60", "before"): (0, 1)}
+    source.write_text(json.dumps({"epochs": 4, "rows": plain}) + "\n")
+    with pytest.raises(ValueError, match=r"h200.jsonl:1: not a compatibility.py record"):
+        main(["--import-rows", str(source), "--stage", "before", "--commit", "x", "--rows-out", str(out)])
+    with pytest.raises(SystemExit):
+        main(["--import-rows", str(source), "--stage", "before", "--rows-out", str(out)])  # no commit
+
