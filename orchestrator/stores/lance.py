@@ -58,16 +58,18 @@ _Method = TypeVar("_Method", bound=Callable[..., Any])
 
 
 def reaching_storage(method: _Method) -> _Method:
-    """``method`` of a ``LanceStore`` with Lance's I/O errors on object storage (a ValueError
-    "LanceError(IO): Generic S3 error: …", measured with Lance 14 against an S3 endpoint that does not
-    answer) raised as the storage's ``OutsideSystemError`` (``storage.filesystem.s3_unreachable``:
-    the location, the endpoint and what to check), as the project's other S3 clients' are."""
+    """``method`` of a ``LanceStore`` or ``LanceShard`` (each has the store's ``path``) with Lance's
+    I/O errors on object storage (a ValueError "LanceError(IO): Generic S3 error: …" measured with
+    Lance 14 against an S3 endpoint that does not answer; from a scan, pyarrow's ArrowInvalid
+    "External error: LanceError(IO): …") raised as the storage's ``OutsideSystemError``
+    (``storage.filesystem.s3_unreachable``: the location, the endpoint and what to check), as the
+    project's other S3 clients' are."""
     @functools.wraps(method)
-    def reaching(store: "LanceStore", *args: Any, **kwargs: Any) -> Any:
+    def reaching(store: "LanceStore | LanceShard", *args: Any, **kwargs: Any) -> Any:
         try:
             return method(store, *args, **kwargs)
         except (ValueError, OSError) as error:
-            if "://" in store.path and str(error).startswith("LanceError(IO)"):
+            if "://" in store.path and "LanceError(IO)" in str(error):
                 from orchestrator.storage.filesystem import s3_unreachable
 
                 raise s3_unreachable(store.path, error) from error
@@ -157,22 +159,20 @@ class LanceStore:
             raise EarlierLayout(f"lance store {self.path} dataset {name}: written by an earlier layout without the "
                                 f"column(s) {', '.join(missing)} (or with another store.index); run `orchestrator verify FILE "
                                 "--migrate-stores` to add and fill them in place, then re-run")
-        if dataset is not None and dataset.count_rows(filter=self._filter(location)):
-            if first_attempt:
-                raise UnknownArtefact(f"{key}: {location.describe()} already holds rows, although the step is on its "
-                                      "first attempt (so the lineage does not know them); refusing to replace them")
-            dataset.delete(self._filter(location))
-        self._append(name, table, location)
-        self._maybe_index(name, shard.space)
+        if first_attempt and dataset is not None and dataset.count_rows(filter=self._filter(location)):
+            raise UnknownArtefact(f"{key}: {location.describe()} already holds rows, although the step is on its "
+                                  "first attempt (so the lineage does not know them); refusing to replace them")
+        self._maybe_index(name, shard.space, self._append(name, table, location, dataset))
         return location.uri, {"kind": "lance", "sha256": digest, "ids_sha256": ids_sha256(shard.ids),
                               "n_items": int(n), "space": shard.space, "curv": float(shard.curv),
                               "dim": int(np.asarray(shard.embeddings).shape[1]), "index": self.index,
                               "index_options": dict(self.index_options), "overfetch": int(self.overfetch),
                               "columns": names}
 
-    def _append(self, name: str, table, location: StoreLocation) -> None:
+    def _append(self, name: str, table, location: StoreLocation, dataset):
         """Append ``table`` (one shard update's rows, all at ``location``) to dataset ``name`` as one
-        commit, and check that they are there afterwards.
+        commit, check that they are there afterwards and return the dataset as read then.
+        ``dataset``: ``name`` as the caller opened it (None: it did not exist then).
 
         Lance loses rows when several writers create one dataset at once (measured with Lance 14:
         concurrent ``create`` or first ``append`` commits each report success, and the later one
@@ -180,59 +180,69 @@ class LanceStore:
         loses nothing), the rows are appended (Lance retries concurrent appends itself), and the
         rows' count is read back from the newest version: a commit is atomic, so the count is 0 (lost:
         append again) or all of them. A count in between (rows of an attempt that raised after its
-        commit, plus a partial something) is deleted and written again."""
+        commit, plus a partial something) is deleted and written again; all of them (an earlier
+        attempt's commit: the location is the rows' digest) are kept. The dataset is opened
+        twice per update, before and after the append, and once more right before creating it
+        (each opening reads its manifest: a round trip on object storage)."""
         import lance
 
         n = table.num_rows
         for attempt in range(_COMMIT_TRIES):
             try:
-                if self._open(name) is None:
-                    self._create_empty(name, table.schema)
-                held = self._open(name).count_rows(filter=self._filter(location))
+                if dataset is None:  # as late as can be: a create racing another's rows replaces them
+                    dataset = self._create_empty(name, table.schema)
+                held = dataset.count_rows(filter=self._filter(location))
                 if held == n:
-                    return
+                    return dataset
                 if held:
-                    self._open(name).delete(self._filter(location))
+                    dataset.delete(self._filter(location))
                 lance.write_dataset(table, self._uri(name), mode="append", storage_options=self._object_store)
-                if self._open(name).count_rows(filter=self._filter(location)) == n:
-                    return
+                dataset = self._open(name)
+                if dataset is not None and dataset.count_rows(filter=self._filter(location)) == n:
+                    return dataset
             except OSError:
                 if attempt == _COMMIT_TRIES - 1:
                     raise
+                dataset = self._open(name)
             time.sleep(0.2 * (attempt + 1))
         raise OSError(f"lance store {self.path} dataset {name}: the {n} rows of {location.describe()} were not "
                       f"there after {_COMMIT_TRIES} appends (concurrent writers replacing the dataset?)")
 
-    def _create_empty(self, name: str, schema) -> None:
-        """Create dataset ``name`` with ``schema`` and no rows unless it exists. On a local (or
-        shared POSIX) folder the check and the creation hold a lock file beside the datasets: a
-        creation that raced rows appended meanwhile replaced them (measured under load: 3 writers'
-        rows of 6 lost). On object storage Lance's own commit decides, and the count read back
-        after each append (``_append``) catches a loss that happens before it."""
+    def _create_empty(self, name: str, schema):
+        """Dataset ``name`` as it is after creating it with ``schema`` and no rows unless it exists.
+        On a local (or shared POSIX) folder the check and the creation hold a lock file beside the
+        datasets: a creation that raced rows appended meanwhile replaced them (measured under load:
+        3 writers' rows of 6 lost). On object storage Lance's own commit decides, and the count read
+        back after each append (``_append``) catches a loss that happens before it."""
         import lance
 
         if "://" in self.path:
+            existing = self._open(name)
+            if existing is not None:
+                return existing
             try:
-                lance.write_dataset(schema.empty_table(), self._uri(name), mode="create",
-                                    storage_options=self._object_store)
+                return lance.write_dataset(schema.empty_table(), self._uri(name), mode="create",
+                                           storage_options=self._object_store)
             except OSError as error:
                 if "already exists" not in str(error).lower():
                     raise
-            return
+            return self._open(name)
         import fcntl
 
         os.makedirs(self.path, exist_ok=True)
         with open(os.path.join(self.path, f".{name}.create-lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
-            if self._open(name) is None:
-                lance.write_dataset(schema.empty_table(), self._uri(name), mode="create",
-                                    storage_options=self._object_store)
+            existing = self._open(name)
+            if existing is not None:
+                return existing
+            return lance.write_dataset(schema.empty_table(), self._uri(name), mode="create",
+                                       storage_options=self._object_store)
 
-    def _maybe_index(self, name: str, space: str, force: bool = False) -> None:
-        """Build the dataset's vector index once it holds ``MIN_INDEX_ROWS`` rows (``force``: rebuild now)."""
+    def _maybe_index(self, name: str, space: str, dataset, force: bool = False) -> None:
+        """Build the dataset's vector index once ``dataset`` (``name`` as last read) holds
+        ``MIN_INDEX_ROWS`` rows (``force``: rebuild now)."""
         if self.index == "exact":
             return
-        dataset = self._open(name)
         if dataset is None or (not force and (dataset.count_rows() < MIN_INDEX_ROWS or dataset.list_indices())):
             return
         self.build_index(name, space)
@@ -314,8 +324,8 @@ class LanceStore:
             array = pa.FixedSizeListArray.from_arrays(pa.array(filled[column].reshape(-1)), width,
                                                       mask=pa.array(~present[column]))
             table = table.append_column(column, array)
-        lance.write_dataset(table, self._uri(name), mode="overwrite", storage_options=self._object_store)
-        self._maybe_index(name, space, force=True)
+        written = lance.write_dataset(table, self._uri(name), mode="overwrite", storage_options=self._object_store)
+        self._maybe_index(name, space, written, force=True)
 
     def datasets(self) -> list[str]:
         from orchestrator.storage.filesystem import list_dir
@@ -368,6 +378,11 @@ class LanceShard:
     def ntotal(self) -> int:
         return self._ntotal
 
+    @property
+    def path(self) -> str:
+        return self.store.path
+
+    @reaching_storage
     def search(self, queries, k: int) -> tuple[np.ndarray, np.ndarray]:
         queries = np.asarray(queries, dtype=np.float64)
         index = self.record.get("index", "exact")

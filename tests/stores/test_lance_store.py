@@ -89,6 +89,33 @@ def test_verify_catches_a_changed_vector_and_staged_rows_are_listed_and_removed(
         store.check_shard(uri, record)
 
 
+def test_a_later_attempt_completes_a_partial_shard_and_each_update_opens_its_dataset_twice(tmp_path, monkeypatch):
+    """A later attempt finding part of its rows (an earlier attempt's commit, then some lost) writes
+    them again, once each; one finding all of them keeps them. Every update opens its dataset twice
+    (before and after its append: each opening reads the manifest, a round trip on S3), the one
+    creating it on a local folder once more (under the creation's lock)."""
+    import lance
+
+    store = LanceStore(str(tmp_path / "lance"))
+    rows = shard("lorentz")
+    opened: list[str] = []
+    real_dataset = lance.dataset
+    monkeypatch.setattr(lance, "dataset", lambda uri, *a, **k: opened.append(uri) or real_dataset(uri, *a, **k))
+    uri, record = store.write_shard(1, rows, "embed:test/1:g1", first_attempt=True)
+    assert len(opened) == 3, opened  # the first update of a new dataset: its creation checks again under the lock
+    location = StoreLocation.parse(uri)
+    real_dataset(str(tmp_path / "lance" / location.table)).delete(f"id < {int(np.sort(rows.ids)[10])}")
+    assert store.count(uri) == len(rows.ids) - 10
+    opened.clear()
+    assert store.write_shard(1, rows, "embed:test/1:g1", first_attempt=False) == (uri, record)
+    assert len(opened) == 2, opened
+    assert store.count(uri) == len(rows.ids)
+    store.check_shard(uri, record)
+    opened.clear()
+    store.write_shard(1, rows, "embed:test/1:g1", first_attempt=False)
+    assert len(opened) == 1 and store.count(uri) == len(rows.ids)  # all there: kept, nothing written
+
+
 def _write_at(args) -> tuple[str, dict]:
     path, shard_index, start = args
     while time.time() < start:  # every writer starts within the same millisecond
@@ -147,3 +174,32 @@ def test_an_s3_endpoint_that_does_not_answer_is_one_line_naming_it(monkeypatch):
     line = str(refused.value)
     assert line.startswith("S3 at s3://bucket-gone/lance: LanceError(IO)") and "\n" not in line
     assert "(endpoint http://127.0.0.1:9)" in line and refused.value.exit_code == ExitCode.UNREACHABLE
+
+
+def test_a_served_shard_whose_s3_endpoint_goes_away_is_one_line_naming_it(monkeypatch, tmp_path):
+    """A shard opened for serving, then its S3 server stopped: the search is the storage's one line
+    (S3, the location, the endpoint), not Lance's error."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
+                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_ENDPOINT_URL", endpoint),
+                        ("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))):
+        monkeypatch.setenv(name, value)
+    try:
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="gone-later")
+        store = LanceStore("s3://gone-later/lance")
+        uri, record = store.write_shard(0, shard("euclidean", n=20), "embed:test/0:g1", first_attempt=True)
+        served = store.open_shard(uri, record)
+    finally:
+        server.stop()
+    with pytest.raises(OutsideSystemError) as refused:
+        served.search(points("euclidean", 2, 9, seed=1).astype(np.float64), 5)
+    line = str(refused.value)
+    assert line.startswith("S3 at s3://gone-later/lance: ") and "LanceError(IO)" in line and "\n" not in line, line
+    assert f"(endpoint {endpoint})" in line and refused.value.exit_code == ExitCode.UNREACHABLE
+
