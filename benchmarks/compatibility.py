@@ -155,6 +155,15 @@ _COLUMNS = ("old self", "ref self", "self", "cross", "P_com", "P_up", "backfill 
 _KEYS = ("old_self", "reference_self", "self", "cross", "p_com", "p_up", "backfill_saved")
 
 
+def class_count(dataset: str) -> int:
+    """C of ``dataset`` as ``experiment_for`` builds it, without generating it: the digits' 10, a
+    shapes variant's shapes × patterns."""
+    if dataset == "digits":
+        return 10
+    options = _SHAPES_RECIPES[dataset][0]
+    return int(options["num_shapes"] * options["num_patterns"])
+
+
 def experiment_for(dataset: str, epochs: int, seed: int = 0, test_per_class: int | None = None,
                    device: str = "cpu") -> UpdateExperiment:
     """The update experiment of ``dataset`` at ``epochs``, base seed ``seed``:

@@ -33,13 +33,13 @@ if __package__ in (None, ""):  # run as `python benchmarks/seed_collapse.py`: th
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.compatibility import (
-    _SHAPES_RECIPES,
     DEFAULT_METHODS,
     METHODS,
     Row,
     _cell,
     _criterion_cells,
     _p_up_cells,
+    class_count,
     experiment_for,
     json_lines,
     measure_experiment,
@@ -87,15 +87,6 @@ def measure_seed(dataset: str, epochs: int, seed: int, methods: Sequence[Row], w
         row["collapsed"] = collapsed(row["cmc@1"]["self"], num_classes)
     return {"dataset": dataset, "epochs": epochs, "seed": seed, "num_classes": num_classes, "device": device,
             "rows": rows}
-
-
-def class_count(dataset: str) -> int:
-    """C of ``dataset`` as ``compatibility.experiment_for`` builds it, without generating it: the
-    digits' 10, a shapes variant's shapes × patterns."""
-    if dataset == "digits":
-        return 10
-    options = _SHAPES_RECIPES[dataset][0]
-    return int(options["num_shapes"] * options["num_patterns"])
 
 
 def imported_record(record: dict[str, Any], labels: Sequence[str], stage: str, commit: str,

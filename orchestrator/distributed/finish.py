@@ -55,8 +55,9 @@ class Finishes:
     embedding actors held: measured), and take turns: an update goes to the actor idle longest, so
     a step whose finishes come one at a time still writes its shards on every finisher's node, not
     all on the first one's. A step that ends well leaves its actors idle for the driver's next step
-    (``_KEPT_FINISHERS``): each new one is a Python interpreter importing torch, pyarrow and FAISS,
-    about 3 s of a core, and a run of three generations would start six of them."""
+    (``_KEPT_FINISHERS``): each new one is a Python interpreter importing torch, pyarrow and FAISS
+    (about 3 s of a core measured while it imported Ray Data too), and a run of three generations
+    would start six of them."""
 
     def __init__(self, model: GenerationModel, target: ShardTarget, at_once: int,
                  on_lost: Callable[[ShardUpdate, BaseException], ShardUpdate | None]):

@@ -159,20 +159,22 @@ class LanceStore:
             raise EarlierLayout(f"lance store {self.path} dataset {name}: written by an earlier layout without the "
                                 f"column(s) {', '.join(missing)} (or with another store.index); run `orchestrator verify FILE "
                                 "--migrate-stores` to add and fill them in place, then re-run")
-        if first_attempt and dataset is not None and dataset.count_rows(filter=self._filter(location)):
+        held = None if dataset is None else dataset.count_rows(filter=self._filter(location))
+        if first_attempt and held:
             raise UnknownArtefact(f"{key}: {location.describe()} already holds rows, although the step is on its "
                                   "first attempt (so the lineage does not know them); refusing to replace them")
-        self._maybe_index(name, shard.space, self._append(name, table, location, dataset))
+        self._maybe_index(name, shard.space, self._append(name, table, location, dataset, held))
         return location.uri, {"kind": "lance", "sha256": digest, "ids_sha256": ids_sha256(shard.ids),
                               "n_items": int(n), "space": shard.space, "curv": float(shard.curv),
                               "dim": int(np.asarray(shard.embeddings).shape[1]), "index": self.index,
                               "index_options": dict(self.index_options), "overfetch": int(self.overfetch),
                               "columns": names}
 
-    def _append(self, name: str, table, location: StoreLocation, dataset):
+    def _append(self, name: str, table, location: StoreLocation, dataset, held: int | None):
         """Append ``table`` (one shard update's rows, all at ``location``) to dataset ``name`` as one
         commit, check that they are there afterwards and return the dataset as read then.
-        ``dataset``: ``name`` as the caller opened it (None: it did not exist then).
+        ``dataset``: ``name`` as the caller opened it (None: it did not exist then); ``held``: the
+        rows at ``location`` the caller counted in it (None: not counted).
 
         Lance loses rows when several writers create one dataset at once (measured with Lance 14:
         concurrent ``create`` or first ``append`` commits each report success, and the later one
@@ -191,19 +193,21 @@ class LanceStore:
             try:
                 if dataset is None:  # as late as can be: a create racing another's rows replaces them
                     dataset = self._create_empty(name, table.schema)
-                held = dataset.count_rows(filter=self._filter(location))
+                if held is None:
+                    held = dataset.count_rows(filter=self._filter(location))
                 if held == n:
                     return dataset
                 if held:
                     dataset.delete(self._filter(location))
                 lance.write_dataset(table, self._uri(name), mode="append", storage_options=self._object_store)
                 dataset = self._open(name)
-                if dataset is not None and dataset.count_rows(filter=self._filter(location)) == n:
+                held = None if dataset is None else dataset.count_rows(filter=self._filter(location))
+                if held == n:
                     return dataset
             except OSError:
                 if attempt == _COMMIT_TRIES - 1:
                     raise
-                dataset = self._open(name)
+                dataset, held = None, None  # read again inside the next try (``_create_empty`` opens first)
             time.sleep(0.2 * (attempt + 1))
         raise OSError(f"lance store {self.path} dataset {name}: the {n} rows of {location.describe()} were not "
                       f"there after {_COMMIT_TRIES} appends (concurrent writers replacing the dataset?)")

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
+from benchmarks.compatibility import class_count
 from benchmarks.seed_collapse import (
     BEGIN,
     END,
-    class_count,
     collapse_counts,
     collapsed,
     format_collapse_table,

@@ -135,7 +135,7 @@ def finish_killing_once(update, part_uris, model, target, marker):
         except FileExistsError:
             pass
     return finish.finish_shard_update(update, finish.read_parts(part_uris, target.storage_options),
-                                            model.name, model.space, model.curv, target, node=f"pid:{os.getpid()}")
+                                      model.name, model.space, model.curv, target, node=f"pid:{os.getpid()}")
 
 
 def test_workers_killed_mid_update_cost_no_item_and_no_copy(ray_here, tmp_path, monkeypatch):
