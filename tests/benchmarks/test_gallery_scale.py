@@ -114,11 +114,22 @@ def test_outputs_compare_across_shard_boundaries_and_refuse_other_ids(tmp_path, 
 
 
 def test_peak_rss_sees_an_allocation_made_inside_the_block():
-    with bench.PeakRss(interval=0.01) as rss:
+    with bench.PeakRss() as rss:
         block = np.ones(200 * 2**20, dtype=np.uint8)  # 200 MiB, touched
         block.sum()
         del block
     assert rss.peak_mb - rss.start_mb >= 150
+
+
+def test_peak_rss_is_the_blocks_own_not_an_earlier_peak_of_the_process():
+    before = np.ones(300 * 2**20, dtype=np.uint8)  # a 300 MiB peak before the block
+    before.sum()
+    del before
+    with bench.PeakRss() as rss:
+        small = np.ones(20 * 2**20, dtype=np.uint8)
+        small.sum()
+        del small
+    assert 15 <= rss.peak_mb - rss.start_mb < 100
 
 
 def test_spill_is_read_from_the_store_stats_text():
