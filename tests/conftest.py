@@ -126,13 +126,9 @@ def moto_endpoint():
 
 
 @pytest.fixture
-def s3_bucket(moto_endpoint, monkeypatch, tmp_path):
-    """A fresh bucket on the moto server, fake credentials in the environment; yields (bucket, endpoint)."""
-    import uuid
-
-    import boto3
-    import s3fs
-
+def fake_aws_credentials(monkeypatch, tmp_path):
+    """Fake AWS credentials and region in the environment, no AWS config, profile or endpoint of
+    the machine's (a test that talks to a moto server names its endpoint itself)."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_SESSION_TOKEN", "testing")
@@ -141,6 +137,16 @@ def s3_bucket(moto_endpoint, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
     for name in ("AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"):
         monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def s3_bucket(moto_endpoint, fake_aws_credentials):
+    """A fresh bucket on the moto server, fake credentials in the environment; yields (bucket, endpoint)."""
+    import uuid
+
+    import boto3
+    import s3fs
+
     bucket = f"bucket-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=moto_endpoint, region_name="us-east-1").create_bucket(Bucket=bucket)
     s3fs.S3FileSystem.clear_instance_cache()

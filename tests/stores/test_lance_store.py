@@ -176,7 +176,7 @@ def test_an_s3_endpoint_that_does_not_answer_is_one_line_naming_it(monkeypatch):
     assert "(endpoint http://127.0.0.1:9)" in line and refused.value.exit_code == ExitCode.UNREACHABLE
 
 
-def test_a_served_shard_whose_s3_endpoint_goes_away_is_one_line_naming_it(monkeypatch, tmp_path):
+def test_a_served_shard_whose_s3_endpoint_goes_away_is_one_line_naming_it(fake_aws_credentials, monkeypatch):
     """A shard opened for serving, then its S3 server stopped: the search is the storage's one line
     (S3, the location, the endpoint), not Lance's error."""
     import boto3
@@ -186,10 +186,7 @@ def test_a_served_shard_whose_s3_endpoint_goes_away_is_one_line_naming_it(monkey
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    for name, value in (("AWS_ACCESS_KEY_ID", "testing"), ("AWS_SECRET_ACCESS_KEY", "testing"),
-                        ("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_ENDPOINT_URL", endpoint),
-                        ("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))):
-        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
     try:
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="gone-later")
         store = LanceStore("s3://gone-later/lance")
