@@ -45,11 +45,8 @@ def test_open_filesystem_local_and_file_uri(tmp_path):
     assert path == f"{tmp_path}/x"
 
 
-def test_open_filesystem_s3_endpoint_from_options_and_env(monkeypatch):
+def test_open_filesystem_s3_endpoint_from_options_and_env(fake_aws_credentials, monkeypatch):
     import s3fs
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.delenv("AWS_ENDPOINT_URL_S3", raising=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
     try:
         fs, path = open_filesystem("s3://bucket/prefix/gen0")

@@ -164,9 +164,7 @@ def test_on_the_local_s3_server_rows_are_written_searched_checked_and_removed(s3
     _race_six_writers(f"s3://{bucket}", trials=2)
 
 
-def test_an_s3_endpoint_that_does_not_answer_is_one_line_naming_it(monkeypatch):
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+def test_an_s3_endpoint_that_does_not_answer_is_one_line_naming_it(fake_aws_credentials, monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # the discard port: nothing listens
     with pytest.raises(OutsideSystemError) as refused:
         LanceStore("s3://bucket-gone/lance").write_shard(0, shard("euclidean", n=10), "embed:test/0:g1",
