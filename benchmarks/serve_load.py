@@ -286,9 +286,19 @@ MODES = ("one process", "pools")
 
 
 def server_label(mode: str) -> str:
-    """The mode as the rows name it, with the Ray Serve throughput setting when it is on (it must
-    be in the environment Ray starts with: docs/serving.md)."""
-    return f"{mode}, throughput-optimized" if os.environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") == "1" else mode
+    """The mode as the rows name it, with how HTTP reaches the ingress replicas: ``direct ingress``
+    (the default of a local Ray, ``serving.settings``) or ``Serve's proxy`` (the Ray was started
+    with ``RAY_SERVE_ENABLE_DIRECT_INGRESS=0``; older rows: no suffix, or ``throughput-optimized``:
+    the proxy, without and with Serve's throughput mode)."""
+    path = "direct ingress" if direct_ports() is not None else "Serve's proxy"
+    return f"{mode}, {path}"
+
+
+def direct_ports() -> range | None:
+    """The ports the ingress replicas of this process's Ray answer on themselves, or None (the proxy)."""
+    from orchestrator.serving.settings import direct_ingress_ports
+
+    return direct_ingress_ports(dict(os.environ))
 
 
 def pools_of_mode(mode: str, args):
@@ -398,7 +408,8 @@ def served_rows(bench: Bench, mode: str, args) -> list[dict[str, Any]]:
 
     n, kind, store, storage = bench.n, bench.kind, bench.store, str(bench.storage)
     gallery = bench.config.gallery.name
-    url = start_server(ServeSettings(bench.config, poll_s=1.0), port=args.port, pools=pools_of_mode(mode, args))
+    url = start_server(ServeSettings(bench.config, poll_s=1.0), port=args.port, pools=pools_of_mode(mode, args),
+                       direct_ports=direct_ports())
     bodies = search_bodies(bench.queries)
     asyncio.run(closed_loop(url, bodies, min(5.0, args.seconds), args.concurrency))  # warm-up
     rows = [asyncio.run(closed_loop(url, bodies, args.seconds, args.concurrency)).row(
@@ -472,7 +483,7 @@ def fixed_cost_rows(pipeline: str, mode: str, args) -> list[dict[str, Any]]:
     store.close()
     embeddings = np.concatenate([read_recorded_shard(s).embeddings for s in shards])
     settings = ServeSettings(config, token_sha256=token_sha256("serve-load"), lease=False)
-    url = start_server(settings, port=args.port, pools=pools_of_mode(mode, args))
+    url = start_server(settings, port=args.port, pools=pools_of_mode(mode, args), direct_ports=direct_ports())
     bodies, auth = search_bodies(embeddings[:args.queries]), {"Authorization": "Bearer serve-load"}
     asyncio.run(closed_loop(url, bodies, min(5.0, args.seconds), args.concurrency, headers=auth))  # warm-up
     load = asyncio.run(closed_loop(url, bodies, args.seconds, args.concurrency, headers=auth))
@@ -591,7 +602,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("a pipeline file is needed (or --from-rows)")
 
     from benchmarks.harness import start_ray
+    from orchestrator.serving.settings import local_ray_serve_env
 
+    os.environ.update(local_ray_serve_env(None, dict(os.environ), args.port, args.replicas))  # as `serve` starts Ray
     start_ray(num_cpus=2)
     rows: list[dict[str, Any]] = json.loads(Path(args.json).read_text()) if args.json and Path(args.json).exists() else []
     with tempfile.TemporaryDirectory(prefix="serve-load-") as scratch:

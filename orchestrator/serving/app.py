@@ -1,6 +1,7 @@
 """``orchestrator serve`` on Ray Serve: the ingress ``GalleryServer`` (replicas, each a
-``GalleryEndpoint`` with its own lineage follower and snapshots) behind Serve's HTTP proxy, and,
-unless ``search_replicas`` is 0, the replica pools it calls through deployment handles:
+``GalleryEndpoint`` with its own lineage follower and snapshots), answering HTTP itself (Ray
+Serve's direct ingress) or behind Serve's HTTP proxy, and, unless ``search_replicas`` is 0, the
+replica pools it calls through deployment handles:
 
 - ``encoder`` (``QueryEncoder``, ``encoder_replicas`` replicas): the models, the route plan of a
   snapshot, the embedding of image queries (``serving.encoders``);
@@ -19,15 +20,16 @@ each, pins all to one snapshot and searches their queries as one matrix
 per request. The answers are encoded by orjson (ASCII unless a value needs more; then the
 standard library's ASCII-escaping encoder).
 
-``start_server`` starts Serve's proxy on ``host:port`` (127.0.0.1 unless told otherwise) on the Ray
-this process is connected to and deploys the application ``APP_NAME`` at ``/``; it returns when
-every replica has loaded its first snapshot. ``stop_server`` undoes it within a bounded time.
+``start_server`` starts Serve on the Ray this process is connected to, its HTTP on ``host:port``
+(127.0.0.1 unless told otherwise: the proxy's, or with direct ingress the first ingress
+replica's), and deploys the application ``APP_NAME`` at ``/``; it returns when every replica has
+loaded its first snapshot. ``stop_server`` undoes it within a bounded time.
 
 Slow and hostile clients (``serving.bodies``): the ingress decides route, method, bearer token and
 declared length from the headers before it reads a body (401/404/405/413 at once), then reads the
-body with a deadline (408) and a byte bound (413). Serve's proxy hands a request to a replica as
-soon as its headers arrived, and the replica pulls the body from the proxy, so a request whose
-body is slow occupies one of the replica's ``max_ongoing_requests`` while it waits: the ingress
+body with a deadline (408) and a byte bound (413). A request reaches the replica as soon as its
+headers arrived (from its own HTTP server, or from the proxy, which it then pulls the body from),
+so a request whose body is slow occupies one of the replica's ``max_ongoing_requests`` while it waits: the ingress
 takes ``INGRESS_MAX_ONGOING`` at once (waiting coroutines, cheap), not the 16 searches a replica
 runs, so hundreds of half-open connections leave room for every other request. The search itself
 runs in a thread of the replica, so ``/healthz`` and ``/status`` answer while a search runs. Every
@@ -263,11 +265,26 @@ def application(settings: ServeSettings, pools: Pools = Pools()) -> Application:
     return ingress.bind(settings, encoder, shares)
 
 
-def start_server(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000, pools: Pools = Pools()) -> str:
-    """Deploy the application on the connected Ray; returns its base URL once it serves."""
-    serve.start(http_options={"host": host, "port": port})
+def start_server(settings: ServeSettings, host: str = "127.0.0.1", port: int = 8000, pools: Pools = Pools(),
+                 direct_ports: range | None = None) -> str:
+    """Deploy the application on the connected Ray; returns its base URL once it serves.
+
+    ``direct_ports``: None where Serve's proxy answers HTTP (on ``port``); else the ports the
+    ingress replicas answer on themselves (Ray started in direct ingress,
+    ``settings.direct_ingress_ports``): the first replica on the first port (``port``, as the
+    serve command sets them), each next replica on the next; the proxy, which Serve still starts,
+    then listens on a free port of ``host`` that no client is told."""
+    proxy_port = port if direct_ports is None else _free_port(host)
+    serve.start(http_options={"host": host, "port": proxy_port})
     serve.run(application(settings, pools), name=APP_NAME, route_prefix="/")
-    return f"http://{host}:{port}"
+    return f"http://{host}:{port if direct_ports is None else direct_ports.start}"
+
+
+def _free_port(host: str) -> int:
+    """A TCP port of ``host`` that nothing listens on now."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return int(probe.getsockname()[1])
 
 
 def stop_server(settings: ServeSettings, delete_timeout_s: float = DELETE_TIMEOUT_S) -> str:

@@ -16,7 +16,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.serving.settings import add_serve_options, local_ray_serve_env, pools_of, serve_settings
+from orchestrator.serving.settings import (
+    add_serve_options,
+    direct_ingress_ports,
+    local_ray_serve_env,
+    pools_of,
+    serve_settings,
+    starts_local_ray,
+)
 
 
 def add_serve_command(commands: argparse._SubParsersAction) -> None:
@@ -33,15 +40,21 @@ def serve_command(args: argparse.Namespace) -> int:
     from orchestrator.distributed.runtime import connect
     from orchestrator.serving.app import start_server, stop_server
 
-    os.environ.update(local_ray_serve_env(settings.config.ray.address, dict(os.environ)))
+    pools = pools_of(args)
+    address = settings.config.ray.address
+    os.environ.update(local_ray_serve_env(address, dict(os.environ), args.port, pools.replicas))
+    # a Ray this command starts listens as its environment says; a cluster's nodes' environment is not known here
+    direct = direct_ingress_ports(dict(os.environ)) if starts_local_ray(address, dict(os.environ)) else None
     connect(settings.config.ray.address)
     # after connecting (ray.init installs a SIGTERM handler of its own), and explicitly: a command
     # started in the background of a shell script inherits SIGINT ignored
     on_stop_signals(signal.default_int_handler)
     try:
-        url = start_server(settings, args.host, args.port, pools_of(args))
-        print(f"serving gallery {settings.config.gallery.name!r} at {url} (POST /search, GET /status, /healthz, "
-              f"/metrics)", flush=True)
+        url = start_server(settings, args.host, args.port, pools, direct)
+        others = f" (ingress replicas on ports {direct.start}-{direct.start + pools.replicas - 1})" \
+            if direct is not None and pools.replicas > 1 else ""
+        print(f"serving gallery {settings.config.gallery.name!r} at {url}{others} (POST /search, GET /status, "
+              f"/healthz, /metrics)", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

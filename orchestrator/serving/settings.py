@@ -68,26 +68,49 @@ class Pools:
 
     replicas: int = 1
     encoder_replicas: int = 1
-    search_replicas: int = 1
+    search_replicas: int = 0
     cpus: float = 1.0
 
 
-#: Ray Serve's throughput mode (Ray >= 2.56: gRPC between proxy and replicas, buffered request logs),
-#: with the proxy kept on ``--port`` (direct ingress off) and the handles' router in its own loop (the
-#: pools' ingress calls the shares' handles from worker threads). On the 539-item default gallery,
-#: 2 idle cores: 161 one-query requests/s instead of 159 in one process, 82 instead of 67 with the
-#: pools (benchmarks/README.md, serve_load).
-SERVE_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0",
+#: Ray Serve's throughput mode (Ray >= 2.56: gRPC between Serve's processes, buffered request
+#: logs) with direct ingress: each ingress replica answers HTTP itself on a port of its own
+#: (``DIRECT_INGRESS_PORTS``), with no hop through Serve's proxy; nothing in front of a local server
+#: needs time to deregister a replica that stops (no draining period) or to forget its port (no
+#: quarantine: a replica that restarts takes its port again); the handles' router in its own
+#: loop (the pools' ingress calls the shares' handles from worker threads). On the 539-item default
+#: gallery, 2 cores: benchmarks/README.md, serve_load.
+SERVE_THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1", "RAY_SERVE_ENABLE_DIRECT_INGRESS": "1",
+                        "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0", "RAY_SERVE_PORT_QUARANTINE_S": "0",
                         "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "1"}
+#: The variables bounding the ports direct-ingress replicas listen on: ``range(MIN, MAX)``.
+DIRECT_INGRESS_PORTS = ("RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT", "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT")
 
 
-def local_ray_serve_env(address: str | None, environ: dict[str, str]) -> dict[str, str]:
+def local_ray_serve_env(address: str | None, environ: dict[str, str], port: int, replicas: int) -> dict[str, str]:
     """The variables ``serve`` sets before it starts a local Ray (``address`` None or "local" and
-    no RAY_ADDRESS): the throughput mode's, each only where ``environ`` does not set it already (a
+    no RAY_ADDRESS): the throughput mode's, and the ports ``port … port + replicas - 1`` for the
+    ``replicas`` ingress replicas, each variable only where ``environ`` does not set it already (a
     user's own value wins). Nothing when joining a cluster: its nodes' environment decides there."""
-    if address not in (None, "local") or environ.get("RAY_ADDRESS"):
+    if not starts_local_ray(address, environ):
         return {}
-    return {name: value for name, value in SERVE_THROUGHPUT_ENV.items() if name not in environ}
+    wanted = {**SERVE_THROUGHPUT_ENV, DIRECT_INGRESS_PORTS[0]: str(port), DIRECT_INGRESS_PORTS[1]: str(port + replicas)}
+    return {name: value for name, value in wanted.items() if name not in environ}
+
+
+def starts_local_ray(address: str | None, environ: dict[str, str]) -> bool:
+    """Whether connecting to ``address`` (``ray.address``) starts a Ray of this process's own."""
+    return address in (None, "local") and not environ.get("RAY_ADDRESS")
+
+
+def direct_ingress_ports(environ: dict[str, str]) -> range | None:
+    """The ports on which the ingress replicas of a Ray started with ``environ`` answer HTTP
+    themselves (Ray Serve's direct ingress: on where ``RAY_SERVE_ENABLE_DIRECT_INGRESS`` is 1, or
+    unset in the throughput mode), or None: Serve's proxy answers on the port given to
+    ``serve.start``."""
+    default = "1" if environ.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") == "1" else "0"
+    if environ.get("RAY_SERVE_ENABLE_DIRECT_INGRESS", default) != "1":
+        return None
+    return range(int(environ.get(DIRECT_INGRESS_PORTS[0], "30000")), int(environ.get(DIRECT_INGRESS_PORTS[1], "31000")))
 
 
 def token_sha256(token: str) -> str:
@@ -113,16 +136,18 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
     """The options of ``orchestrator serve FILE``."""
     serve.add_argument("file", help="pipeline YAML whose lineage and gallery to serve")
     add_pipeline_options(serve, ("storage", "lineage", "ray_address"))
-    serve.add_argument("--host", default="127.0.0.1", help="address the HTTP proxy listens on")
-    serve.add_argument("--port", type=int_at_least(1), default=8000, help="port the HTTP proxy listens on")
+    serve.add_argument("--host", default="127.0.0.1", help="address the server listens on")
+    serve.add_argument("--port", type=int_at_least(1), default=8000,
+                       help="port the server listens on (several ingress replicas on a local Ray: the first one's, "
+                            "the next ones on the next ports)")
     serve.add_argument("--replicas", type=int_at_least(1), default=1,
                        help="ingress replicas: HTTP, lineage following, merge (with --search-replicas 0 each also "
                             "holds the whole snapshot)")
     serve.add_argument("--encoder-replicas", type=int_at_least(1), default=1,
                        help="replicas that hold the models and embed image queries")
-    serve.add_argument("--search-replicas", type=int_at_least(0), default=1,
-                       help="shard-search replicas, replica i holding the shards i mod N (0: one process searches, "
-                            "each ingress replica holding the whole snapshot)")
+    serve.add_argument("--search-replicas", type=int_at_least(0), default=0,
+                       help="shard-search replicas, replica i holding the shards i mod N (0, the default: no pools, "
+                            "each ingress replica holds the whole snapshot and searches in its own process)")
     serve.add_argument("--replica-cpus", type=positive_float, default=1.0, metavar="CPUS",
                        help="CPUs Ray reserves for each replica that embeds or searches")
     serve.add_argument("--token-env", metavar="NAME",

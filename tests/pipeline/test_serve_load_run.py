@@ -4,6 +4,8 @@ rollback were served, and the exact searches recall every true neighbour."""
 from __future__ import annotations
 
 import json
+import os
+from unittest import mock
 
 import pytest
 
@@ -18,12 +20,14 @@ def test_the_load_benchmark_runs_and_its_switches_are_served(copy_g0_run, tmp_pa
 
     pipeline = copy_g0_run(tmp_path)
     out = tmp_path / "load.json"
-    try:
-        assert serve_load.main([str(pipeline), "--items", "3000", "--kinds", "flat", "--seconds", "4", "--queries", "20",
-                                "--commits", "2", "--concurrency", "2", "--batch", "4", "--port", str(free_port()),
-                                "--json", str(out), "--modes", "pools", "--search-replicas", "1", "--fixed-cost"]) == 0
-    finally:
-        ray.shutdown()
+    # the benchmark starts its Ray in direct ingress (as `serve` does), through this process's environment
+    with mock.patch.dict(os.environ):
+        try:
+            assert serve_load.main([str(pipeline), "--items", "3000", "--kinds", "flat", "--seconds", "4", "--queries", "20",
+                                    "--commits", "2", "--concurrency", "2", "--batch", "4", "--port", str(free_port()),
+                                    "--json", str(out), "--modes", "pools", "--search-replicas", "1", "--fixed-cost"]) == 0
+        finally:
+            ray.shutdown()
     fixed, index, router, batched, plain, lance, steady, switching, during = json.loads(out.read_text())
     name = "serve, 2 shard commits + deploy + rollback"
     assert [r["measure"] for r in (fixed, index, router, batched, plain, lance, steady, switching, during)] == [

@@ -20,19 +20,25 @@ def test_the_serve_config_arguments_parse_as_the_command_line():
     args = parse_serve_arguments(["p.yaml", "--replicas", "3", "--read-prefix", "s3://b/q", "--read-prefix", "/data/q"])
     assert (args.file, args.replicas, args.read_prefix, args.host, args.port) == ("p.yaml", 3, ["s3://b/q", "/data/q"],
                                                                                   "127.0.0.1", 8000)
-    assert (args.encoder_replicas, args.search_replicas, args.replica_cpus) == (1, 1, 1.0)  # the pools by default
-    args = parse_serve_arguments(["p.yaml", "--encoder-replicas", "2", "--search-replicas", "0", "--replica-cpus", "0.5"])
-    assert (args.encoder_replicas, args.search_replicas, args.replica_cpus) == (2, 0, 0.5)  # 0: one process searches
+    assert (args.encoder_replicas, args.search_replicas, args.replica_cpus) == (1, 0, 1.0)  # one process by default
+    args = parse_serve_arguments(["p.yaml", "--encoder-replicas", "2", "--search-replicas", "2", "--replica-cpus", "0.5"])
+    assert (args.encoder_replicas, args.search_replicas, args.replica_cpus) == (2, 2, 0.5)  # the pools
     for bad in (["--replicas", "0"], ["--encoder-replicas", "0"], ["--search-replicas", "-1"], ["--replica-cpus", "0"]):
         with pytest.raises(SystemExit):
             parse_serve_arguments(["p.yaml", *bad])
 
 
-def test_a_local_ray_gets_serves_throughput_mode_unless_the_user_set_a_variable_and_a_cluster_nothing():
-    from orchestrator.serving.settings import SERVE_THROUGHPUT_ENV, local_ray_serve_env
+def test_a_local_ray_gets_serves_throughput_mode_and_direct_ingress_on_the_ports_unless_the_user_set_them():
+    from orchestrator.serving.settings import SERVE_THROUGHPUT_ENV, direct_ingress_ports, local_ray_serve_env
 
-    assert local_ray_serve_env(None, {}) == SERVE_THROUGHPUT_ENV == local_ray_serve_env("local", {"HOME": "/root"})
-    assert SERVE_THROUGHPUT_ENV["RAY_SERVE_ENABLE_DIRECT_INGRESS"] == "0"  # the proxy keeps listening on --port
-    mine = local_ray_serve_env(None, {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"})
-    assert "RAY_SERVE_THROUGHPUT_OPTIMIZED" not in mine and len(mine) == len(SERVE_THROUGHPUT_ENV) - 1
-    assert local_ray_serve_env("auto", {}) == {} == local_ray_serve_env(None, {"RAY_ADDRESS": "10.0.0.1:6379"})
+    ports = {"RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": "8000", "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": "8003"}
+    env = local_ray_serve_env(None, {}, 8000, 3)
+    assert env == {**SERVE_THROUGHPUT_ENV, **ports} == local_ray_serve_env("local", {"HOME": "/root"}, 8000, 3)
+    assert direct_ingress_ports(env) == range(8000, 8003)  # three ingress replicas: 8000, 8001, 8002
+    mine = local_ray_serve_env(None, {"RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}, 8000, 1)
+    assert "RAY_SERVE_ENABLE_DIRECT_INGRESS" not in mine and len(mine) == len(env) - 1
+    assert direct_ingress_ports({**mine, "RAY_SERVE_ENABLE_DIRECT_INGRESS": "0"}) is None  # the user's 0: the proxy
+    assert direct_ingress_ports({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}) == range(30000, 31000)  # Ray's own defaults
+    assert direct_ingress_ports({}) is None
+    assert local_ray_serve_env("auto", {}, 8000, 1) == {} == local_ray_serve_env(None, {"RAY_ADDRESS": "10.0.0.1:6379"},
+                                                                                  8000, 1)
