@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestrator.serving.settings import (
     add_serve_options,
+    check_ports_free,
     direct_ingress_ports,
     local_ray_serve_env,
     pools_of,
@@ -44,7 +45,10 @@ def serve_command(args: argparse.Namespace) -> int:
     address = settings.config.ray.address
     os.environ.update(local_ray_serve_env(address, dict(os.environ), args.port, pools.replicas))
     # a Ray this command starts listens as its environment says; a cluster's nodes' environment is not known here
-    direct = direct_ingress_ports(dict(os.environ)) if starts_local_ray(address, dict(os.environ)) else None
+    local = starts_local_ray(address, dict(os.environ))
+    direct = direct_ingress_ports(dict(os.environ)) if local else None
+    if local:  # a cluster's head node is not this machine
+        check_ports_free(args.host, direct[:pools.replicas] if direct is not None else range(args.port, args.port + 1))
     connect(settings.config.ray.address)
     # after connecting (ray.init installs a SIGTERM handler of its own), and explicitly: a command
     # started in the background of a shell script inherits SIGINT ignored

@@ -1,8 +1,13 @@
 """``orchestrator serve``'s usage errors: one line, exit 2, before any Ray or file is touched."""
+import os
+from pathlib import Path
+
 import pytest
 
 from cli_runs import cli_in_process
 from orchestrator.serving.settings import parse_serve_arguments
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -42,3 +47,28 @@ def test_a_local_ray_gets_serves_throughput_mode_and_direct_ingress_on_the_ports
     assert direct_ingress_ports({}) is None
     assert local_ray_serve_env("auto", {}, 8000, 1) == {} == local_ray_serve_env(None, {"RAY_ADDRESS": "10.0.0.1:6379"},
                                                                                   8000, 1)
+
+
+def test_a_busy_port_is_one_line_before_any_ray_starts(tmp_path, monkeypatch):
+    import socket
+
+    from orchestrator.distributed import runtime
+    from orchestrator.errors import UsageError
+    from orchestrator.serving.settings import check_ports_free
+
+    monkeypatch.setattr(runtime, "connect", lambda *a, **k: pytest.fail("Ray started before the port was checked"))
+    for name in ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_ENABLE_DIRECT_INGRESS", "RAY_ADDRESS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(os, "environ", dict(os.environ))  # what the command sets stays in this test
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(UsageError, match=rf"127.0.0.1:{port} cannot be listened on \(Address already in use\)"):
+            check_ports_free("127.0.0.1", range(port - 1, port + 1))  # the replicas' ports: the busy one named
+        result = cli_in_process("serve", str(REPO / "pipelines" / "lifelong.yaml"), "--storage", str(tmp_path / "run"),
+                                "--port", str(port), cwd=tmp_path)
+    assert result.returncode == 2 and not result.stdout
+    assert result.stderr == (f"orchestrator: error: --port: 127.0.0.1:{port} cannot be listened on (Address already in "
+                             f"use); choose another --port\n")
+    check_ports_free("127.0.0.1", range(port, port + 1))  # closed: free again
