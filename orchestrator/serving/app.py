@@ -29,11 +29,12 @@ Slow and hostile clients (``serving.bodies``): the ingress decides route, method
 declared length from the headers before it reads a body (401/404/405/413 at once), then reads the
 body with a deadline (408) and a byte bound (413). A request reaches the replica as soon as its
 headers arrived (from its own HTTP server, or from the proxy, which it then pulls the body from),
-so a request whose body is slow occupies one of the replica's ``max_ongoing_requests`` while it waits: the ingress
-takes ``INGRESS_MAX_ONGOING`` at once (waiting coroutines, cheap), not the 16 searches a replica
-runs, so hundreds of half-open connections leave room for every other request. The search itself
-runs in a thread of the replica, so ``/healthz`` and ``/status`` answer while a search runs. Every
-answer is one JSON document (ASCII, whatever the request quoted), an error one line.
+so a request whose body is slow occupies one of the replica's ``max_ongoing_requests`` while it
+waits: the ingress takes ``INGRESS_MAX_ONGOING`` at once (waiting coroutines, cheap), not the 16
+searches a replica runs, so hundreds of half-open connections leave room for every other request.
+The search itself runs in a thread of the replica, so ``/healthz`` and ``/status`` answer while a
+search runs. Every answer is one JSON document (ASCII, whatever the request quoted), an error one
+line.
 """
 from __future__ import annotations
 

@@ -49,7 +49,7 @@ def serve_command(args: argparse.Namespace) -> int:
     direct = direct_ingress_ports(dict(os.environ)) if local else None
     if local:  # a cluster's head node is not this machine
         check_ports_free(args.host, direct[:pools.replicas] if direct is not None else range(args.port, args.port + 1))
-    connect(settings.config.ray.address)
+    connect(address)
     # after connecting (ray.init installs a SIGTERM handler of its own), and explicitly: a command
     # started in the background of a shell script inherits SIGINT ignored
     on_stop_signals(signal.default_int_handler)
