@@ -47,16 +47,16 @@ def serve_command(args: argparse.Namespace) -> int:
     # a Ray this command starts listens as its environment says; a cluster's nodes' environment is not known here
     local = starts_local_ray(address, dict(os.environ))
     direct = direct_ingress_ports(dict(os.environ)) if local else None
+    listening = direct[:pools.replicas] if direct is not None else range(args.port, args.port + 1)
     if local:  # a cluster's head node is not this machine
-        check_ports_free(args.host, direct[:pools.replicas] if direct is not None else range(args.port, args.port + 1))
+        check_ports_free(args.host, listening)
     connect(address)
     # after connecting (ray.init installs a SIGTERM handler of its own), and explicitly: a command
     # started in the background of a shell script inherits SIGINT ignored
     on_stop_signals(signal.default_int_handler)
     try:
         url = start_server(settings, args.host, args.port, pools, direct)
-        others = f" (ingress replicas on ports {direct.start}-{direct.start + pools.replicas - 1})" \
-            if direct is not None and pools.replicas > 1 else ""
+        others = f" (ingress replicas on ports {listening[0]}-{listening[-1]})" if len(listening) > 1 else ""
         print(f"serving gallery {settings.config.gallery.name!r} at {url}{others} (POST /search, GET /status, "
               f"/healthz, /metrics)", flush=True)
         while True:

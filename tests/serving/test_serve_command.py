@@ -65,7 +65,7 @@ def test_a_busy_port_is_one_line_before_any_ray_starts(tmp_path, monkeypatch):
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(UsageError, match=rf"127.0.0.1:{port} cannot be listened on \(Address already in use\)"):
-            check_ports_free("127.0.0.1", range(port - 1, port + 1))  # the replicas' ports: the busy one named
+            check_ports_free("127.0.0.1", range(port, port + 2))  # the replicas' ports: the busy one named
         result = cli_in_process("serve", str(REPO / "pipelines" / "lifelong.yaml"), "--storage", str(tmp_path / "run"),
                                 "--port", str(port), cwd=tmp_path)
     assert result.returncode == 2 and not result.stdout
