@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import mmap
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -113,22 +114,26 @@ def test_outputs_compare_across_shard_boundaries_and_refuse_other_ids(tmp_path, 
         bench.compare_outputs(plain["shard_uris"][1:], merged.uris)
 
 
+def touched_pages(mib: int) -> mmap.mmap:
+    """``mib`` MiB of fresh anonymous memory, every page written: resident pages the process did
+    not hold before, whatever its allocator kept from earlier tests (a freed NumPy array's heap
+    pages may stay resident and be handed out again without raising the RSS)."""
+    pages = mmap.mmap(-1, mib << 20)
+    for offset in range(0, mib << 20, mmap.PAGESIZE):
+        pages[offset] = 1
+    return pages
+
+
 def test_peak_rss_sees_an_allocation_made_inside_the_block():
     with bench.PeakRss() as rss:
-        block = np.ones(200 * 2**20, dtype=np.uint8)  # 200 MiB, touched
-        block.sum()
-        del block
+        touched_pages(200).close()
     assert rss.peak_mb - rss.start_mb >= 150
 
 
 def test_peak_rss_is_the_blocks_own_not_an_earlier_peak_of_the_process():
-    before = np.ones(300 * 2**20, dtype=np.uint8)  # a 300 MiB peak before the block
-    before.sum()
-    del before
+    touched_pages(300).close()  # a 300 MiB peak before the block
     with bench.PeakRss() as rss:
-        small = np.ones(20 * 2**20, dtype=np.uint8)
-        small.sum()
-        del small
+        touched_pages(20).close()
     assert 15 <= rss.peak_mb - rss.start_mb < 100
 
 
