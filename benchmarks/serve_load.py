@@ -28,7 +28,9 @@ Measurements, one after the other in one run, per N and kind:
   ``--replica-cpus`` CPUs): ``serve``, ``--concurrency`` clients (asyncio, aiohttp, keep-alive),
   each sending its next one-query request when the previous one is answered (a closed loop), for
   ``--seconds`` after a 5 s warm-up, on 127.0.0.1 only: queries/s, p50, p99, failed requests;
-- ``serve, switching``: the same load while the lineage switches, in this order: ``--commits``
+- ``serve, switching``: the same load (for ``--seconds``, and longer until the last switch has
+  answered: a commit of a 10⁶-item HNSW gallery builds a 250,000-item index, longer than the
+  window) while the lineage switches, in this order: ``--commits``
   shard updates commit (each shard rewritten without one queried item, as a backfill commits a
   shard), a new generation deploys (with a full backfill's shards: the gallery relabelled to it in
   the deployment's transaction), and ``orchestrator deploy --rollback`` (``operations.redeploy``)
@@ -189,22 +191,34 @@ def search_bodies(queries: np.ndarray) -> list[bytes]:
     return [json.dumps({"embeddings": [q.tolist()], "k": K}).encode() for q in queries]
 
 
+#: Seconds a load waiting for ``closed_loop``'s ``until`` runs past its own at most.
+UNTIL_LIMIT_S = 600.0
+
+
 async def closed_loop(url: str, bodies: list[bytes], seconds: float, concurrency: int,
-                      check: Callable[[int, dict], bool] | None = None, headers: dict[str, str] | None = None) -> Load:
+                      check: Callable[[int, dict], bool] | None = None, headers: dict[str, str] | None = None,
+                      until: Callable[[Load], bool] | None = None) -> Load:
     """``concurrency`` clients, each sending its next one-query request (``bodies`` in turn) to
-    ``url``/search when the last is answered; an answer's ``snapshot`` (when it has one) is
-    recorded, and ``check(body number, answer)`` False counts it as mixed."""
+    ``url``/search when the last is answered, for ``seconds`` and then, given ``until``, for as
+    long as ``until(load so far)`` is False (at most ``UNTIL_LIMIT_S`` more); an answer's
+    ``snapshot`` (when it has one) is recorded, and ``check(body number, answer)`` False counts it
+    as mixed."""
     import aiohttp
 
     if not url.startswith("http://127.0.0.1:"):
         raise ValueError(f"serve_load only loads a server on 127.0.0.1, got {url}")
     load = Load([], 0, 0.0)
     deadline = time.perf_counter() + seconds
+    limit = deadline + UNTIL_LIMIT_S
     sent_headers = {"Content-Type": "application/json", **(headers or {})}
+
+    def going() -> bool:
+        now = time.perf_counter()
+        return now < deadline or (until is not None and now < limit and not until(load))
 
     async def client(session, number: int) -> None:
         sent = number
-        while time.perf_counter() < deadline:
+        while going():
             query = sent % len(bodies)
             begin = time.perf_counter()
             try:
@@ -426,9 +440,15 @@ def served_rows(bench: Bench, mode: str, args) -> list[dict[str, Any]]:
         served[state.snapshot_id] = Served(serving, generation, removed)
         switches.append((began, state.snapshot_id))
 
+    def all_served(load: Load) -> bool:  # every switch made, and the last one's snapshot answered
+        return len(switches) == args.commits + 2 and switches[-1][1] in load.snapshots
+
     async def switching() -> Load:
+        # the load lasts the switches, however long their commits take (an HNSW shard of 250,000
+        # items is built in the commit), until the last one's snapshot has answered
         load = asyncio.create_task(closed_loop(url, bodies, args.seconds, args.concurrency,
-                                               lambda _query, answer: consistent(answer, served, starts, n)))
+                                               lambda _query, answer: consistent(answer, served, starts, n),
+                                               until=all_served))
         gone: set[int] = set()
         pause = args.seconds / (args.commits + 3)
         for commit in range(args.commits):
@@ -455,7 +475,7 @@ def served_rows(bench: Bench, mode: str, args) -> list[dict[str, Any]]:
     windows = []
     for began, snapshot in switches:
         seen = [end for _start, end, answered in during.answered if answered == snapshot and end > began]
-        windows.append((began, min(seen) if seen else during.answered[-1][1]))
+        windows.append((began, min(seen) if seen else max(began, during.answered[-1][1])))
     rows.append(during.during(windows).row(f"{name}: requests in flight during a switch", n, kind, server_label(mode)))
     rows[-1].update(failed=during.failed, mixed=during.mixed, snapshots=len(during.snapshots),
                     switches=len(switches), served_switches=sum(1 for _b, s in switches if s in during.snapshots))
