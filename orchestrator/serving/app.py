@@ -253,16 +253,21 @@ def app_builder(args: dict[str, str]) -> Application:
 
 
 def application(settings: ServeSettings, pools: Pools = Pools()) -> Application:
-    """The application's deployment graph (module docstring)."""
+    """The application's deployment graph (module docstring); Serve's access log line per request
+    in every deployment only where ``settings.access_log``."""
+    logging = {"enable_access_log": settings.access_log}
     if pools.search_replicas == 0:
-        options = GalleryServer.options(num_replicas=pools.replicas, ray_actor_options={"num_cpus": pools.cpus})
+        options = GalleryServer.options(num_replicas=pools.replicas, ray_actor_options={"num_cpus": pools.cpus},
+                                        logging_config=logging)
         return options.bind(settings)
     resources = {"num_cpus": pools.cpus}
-    encoder = QueryEncoder.options(num_replicas=pools.encoder_replicas, ray_actor_options=resources).bind(settings)
+    encoder = QueryEncoder.options(num_replicas=pools.encoder_replicas, ray_actor_options=resources,
+                                   logging_config=logging).bind(settings)
     n = pools.search_replicas
-    shares = [ShardSearcher.options(name=f"shards-{i}-of-{n}", num_replicas=1, ray_actor_options=resources)
-              .bind(settings, i, n) for i in range(n)]
-    ingress = GalleryServer.options(num_replicas=pools.replicas, ray_actor_options={"num_cpus": 0})
+    shares = [ShardSearcher.options(name=f"shards-{i}-of-{n}", num_replicas=1, ray_actor_options=resources,
+                                    logging_config=logging).bind(settings, i, n) for i in range(n)]
+    ingress = GalleryServer.options(num_replicas=pools.replicas, ray_actor_options={"num_cpus": 0},
+                                    logging_config=logging)
     return ingress.bind(settings, encoder, shares)
 
 

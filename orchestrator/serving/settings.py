@@ -46,7 +46,9 @@ class ServeSettings:
     and the prefix of their names (``<lease_prefix>-<replica>``: one server's own, removed by
     ``orchestrator serve`` when it stops); how the ingress batches concurrent searches: at most
     ``max_batch`` requests in one routed search, waiting at most ``batch_wait_s`` seconds after the
-    first for more (0: take what is queued when the last batch finished)."""
+    first for more (0: take what is queued when the last batch finished); whether Serve writes
+    its access log line for each request to its replicas' log files (``access_log``: off by
+    default, the requests/s it costs in benchmarks/README.md, serve_load)."""
 
     config: Any  # orchestrator.config.PipelineConfig
     token_sha256: str | None = None
@@ -59,6 +61,7 @@ class ServeSettings:
     lease_prefix: str = "serve"
     max_batch: int = DEFAULT_MAX_BATCH
     batch_wait_s: float = 0.0
+    access_log: bool = False
 
 
 @dataclass(frozen=True)
@@ -181,6 +184,9 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
                        help="concurrent search requests an ingress replica answers with one routed search at most")
     serve.add_argument("--batch-wait", type=non_negative_float, default=0.0, metavar="SECONDS",
                        help="seconds a batch waits after its first request for more (0: only those already queued)")
+    serve.add_argument("--access-log", action="store_true",
+                       help="a line per request in Ray Serve's replica logs (method, route, status, latency; off by "
+                            "default: its formatting costs about a tenth of the requests a replica answers)")
     serve.add_argument("--criterion-metric", default="map", choices=METRICS,
                        help="recorded metric of the compatibility criterion that admits older shards")
     serve.add_argument("--skip-incompatible", action="store_true",
@@ -221,4 +227,4 @@ def serve_settings(args: argparse.Namespace) -> ServeSettings:
     return ServeSettings(config, token_sha256(token) if token else None, tuple(args.read_prefix), limits, args.poll,
                          args.criterion_metric, "skip" if args.skip_incompatible else "refuse",
                          lease_prefix=f"serve-{secrets.token_hex(4)}", max_batch=args.max_batch,
-                         batch_wait_s=args.batch_wait)
+                         batch_wait_s=args.batch_wait, access_log=args.access_log)
