@@ -541,8 +541,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-#: The targets of issue 37 the rows are checked against (``verdicts``).
+#: The targets of issue 37 the rows are checked against (``verdicts``); the router's cost above the
+#: indexes is a target at ``ABOVE_INDEX_ITEMS`` items (other sizes: reported, not judged).
 ABOVE_INDEX_MS, SERVED_SHARE, FIXED_COST_QPS, SWITCH_P99 = 0.3, 0.8, 300.0, 2.0
+ABOVE_INDEX_ITEMS = 100_000
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[str]:
@@ -554,9 +556,10 @@ def verdicts(rows: list[dict[str, Any]]) -> list[str]:
     for router in (r for r in rows if r["measure"] == "router, one query per call"):
         group = [r for r in rows if (r["items"], r["kind"]) == (router["items"], router["kind"])]
         batched = next(r for r in group if r["measure"].startswith("router, ") and r is not router)
+        verdict = (f"(target <= {ABOVE_INDEX_MS}): {mark(router['above_index_ms'] <= ABOVE_INDEX_MS)}"
+                   if router["items"] == ABOVE_INDEX_ITEMS else f"(the target is at {ABOVE_INDEX_ITEMS:,} items)")
         lines.append(f"{router['items']:,} {router['kind']}: router above the indexes {router['above_index_ms']:.3f} "
-                     f"ms/query one per call, {batched['above_index_ms']:.3f} batched (target <= {ABOVE_INDEX_MS}): "
-                     f"{mark(router['above_index_ms'] <= ABOVE_INDEX_MS)}")
+                     f"ms/query one per call, {batched['above_index_ms']:.3f} batched {verdict}")
         for steady in (r for r in group if r["measure"].startswith("serve, ") and r["measure"].endswith("clients")):
             share = steady["qps"] / router["qps"]
             during = next(r for r in group if r["server"] == steady["server"] and r["measure"].endswith("during a switch"))

@@ -81,6 +81,9 @@ def test_the_verdicts_compare_each_figure_with_its_target():
     assert [line.endswith("NOT met") for line in missed] == [True, True, False]
     for failed, mixed, p99 in ((1, 0, 50.0), (0, 1, 50.0), (0, 0, 100.1)):  # a failure, a mixed answer, a slow switch
         assert serve_load.verdicts(rows_of_one_size(500, 450, 50.0, p99, 0.1, failed, mixed))[2].endswith("NOT met")
+    larger = [{**row, "items": 1_000_000} for row in rows_of_one_size(500, 450, 50.0, 60.0, 0.9)]
+    assert serve_load.verdicts(larger)[0] == ("1,000,000 flat: router above the indexes 0.900 ms/query one per call, "
+                                              "0.225 batched (the target is at 100,000 items)")  # reported, not judged
     fixed = {"items": 539, "kind": "flat", "server": "one process", "measure": "serve the run's own gallery, 16 clients",
              "qps": 299.5}
     assert serve_load.verdicts([fixed]) == ["539-item gallery one process: 300 requests/s (target >= 300): NOT met"]
