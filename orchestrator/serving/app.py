@@ -61,7 +61,15 @@ from starlette.responses import PlainTextResponse, Response
 from orchestrator.serving.bodies import declared_length, read_body
 from orchestrator.serving.endpoint import SEARCH, GalleryEndpoint
 from orchestrator.serving.requests import BadRequest, one_line
-from orchestrator.serving.settings import DEFAULT_MAX_BATCH, Pools, ServeSettings, parse_serve_arguments, pools_of, serve_settings
+from orchestrator.serving.settings import (
+    DEFAULT_BATCH_WAIT_S,
+    DEFAULT_MAX_BATCH,
+    Pools,
+    ServeSettings,
+    parse_serve_arguments,
+    pools_of,
+    serve_settings,
+)
 
 if TYPE_CHECKING:
     from orchestrator.comparison import ComparisonPath
@@ -204,7 +212,7 @@ class GalleryServer:
             return PlainTextResponse(payload, status, media_type="text/plain; version=0.0.4")
         return json_response(status, payload)
 
-    @serve.batch(max_batch_size=DEFAULT_MAX_BATCH, batch_wait_timeout_s=0.0)  # set from the settings in __init__
+    @serve.batch(max_batch_size=DEFAULT_MAX_BATCH, batch_wait_timeout_s=DEFAULT_BATCH_WAIT_S)  # set in __init__
     async def search_batch(self, bodies: list[bytes]) -> list[tuple[int, bytes]]:
         """(status, encoded JSON) of each of the queued ``POST /search`` bodies, answered together
         in a worker thread (module docstring)."""

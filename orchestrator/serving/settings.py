@@ -34,8 +34,12 @@ class Limits:
     body_timeout_s: float = 10.0
 
 
-#: Requests the ingress answers with one routed search at most (``--max-batch``).
-DEFAULT_MAX_BATCH = 32
+#: Requests the ingress answers with one routed search at most (``--max-batch``), and the seconds a
+#: batch waits after its first request for more (``--batch-wait``). With no wait a batch took only
+#: the requests queued when the last one finished, a few under load: at 10⁵ flat items, 16 clients,
+#: one process on 2 cores, 329-343 queries/s with no wait, 503 with 1 ms, 746 with 3 ms, 722 with
+#: 5 ms (benchmarks/README.md, serve_load); a lone request waits the 3 ms.
+DEFAULT_MAX_BATCH, DEFAULT_BATCH_WAIT_S = 32, 0.003
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,7 @@ class ServeSettings:
     and the prefix of their names (``<lease_prefix>-<replica>``: one server's own, removed by
     ``orchestrator serve`` when it stops); how the ingress batches concurrent searches: at most
     ``max_batch`` requests in one routed search, waiting at most ``batch_wait_s`` seconds after the
-    first for more (0: take what is queued when the last batch finished); whether Serve writes
+    first for more (0: take only what is queued when the last batch finished); whether Serve writes
     its access log line for each request to its replicas' log files (``access_log``: off by
     default, the requests/s it costs in benchmarks/README.md, serve_load)."""
 
@@ -60,7 +64,7 @@ class ServeSettings:
     lease: bool = True
     lease_prefix: str = "serve"
     max_batch: int = DEFAULT_MAX_BATCH
-    batch_wait_s: float = 0.0
+    batch_wait_s: float = DEFAULT_BATCH_WAIT_S
     access_log: bool = False
 
 
@@ -182,8 +186,9 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
                        help="seconds a request's body may take to arrive (408 after)")
     serve.add_argument("--max-batch", type=int_at_least(1), default=DEFAULT_MAX_BATCH, metavar="REQUESTS",
                        help="concurrent search requests an ingress replica answers with one routed search at most")
-    serve.add_argument("--batch-wait", type=non_negative_float, default=0.0, metavar="SECONDS",
-                       help="seconds a batch waits after its first request for more (0: only those already queued)")
+    serve.add_argument("--batch-wait", type=non_negative_float, default=DEFAULT_BATCH_WAIT_S, metavar="SECONDS",
+                       help="seconds a batch waits after its first request for more (0: only those already queued; "
+                            f"default {DEFAULT_BATCH_WAIT_S})")
     serve.add_argument("--access-log", action="store_true",
                        help="a line per request in Ray Serve's replica logs (method, route, status, latency; off by "
                             "default: its formatting costs about a tenth of the requests a replica answers)")
