@@ -77,6 +77,7 @@ import numpy as np
 
 from benchmarks.harness import rewrite_section
 from orchestrator.lineage.step_keys import deploy_key, train_key
+from orchestrator.serving.settings import DEFAULT_BATCH_WAIT_S
 
 K = 10
 
@@ -422,8 +423,8 @@ def served_rows(bench: Bench, mode: str, args) -> list[dict[str, Any]]:
 
     n, kind, store, storage = bench.n, bench.kind, bench.store, str(bench.storage)
     gallery = bench.config.gallery.name
-    url = start_server(ServeSettings(bench.config, poll_s=1.0), port=args.port, pools=pools_of_mode(mode, args),
-                       direct_ports=direct_ports())
+    settings = ServeSettings(bench.config, poll_s=1.0, batch_wait_s=args.batch_wait)
+    url = start_server(settings, port=args.port, pools=pools_of_mode(mode, args), direct_ports=direct_ports())
     bodies = search_bodies(bench.queries)
     asyncio.run(closed_loop(url, bodies, min(5.0, args.seconds), args.concurrency))  # warm-up
     rows = [asyncio.run(closed_loop(url, bodies, args.seconds, args.concurrency)).row(
@@ -603,6 +604,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--batch", type=int, default=16, help="queries per call of the batched router")
+    parser.add_argument("--batch-wait", type=float, default=DEFAULT_BATCH_WAIT_S,
+                        help="seconds a server's search batch waits for more (orchestrator serve --batch-wait)")
     parser.add_argument("--replicas", type=int, default=1, help="ingress replicas")
     parser.add_argument("--search-replicas", type=int, default=2, help="shard-search replicas of the pools")
     parser.add_argument("--replica-cpus", type=float, default=0.5, help="CPUs of each encoder and search replica")

@@ -38,7 +38,7 @@ class Limits:
 #: batch waits after its first request for more (``--batch-wait``). With no wait a batch took only
 #: the requests queued when the last one finished, a few under load: at 10⁵ flat items, 16 clients,
 #: one process on 2 cores, 329-343 queries/s with no wait, 503 with 1 ms, 746 with 3 ms, 722 with
-#: 5 ms (benchmarks/README.md, serve_load); a lone request waits the 3 ms.
+#: 5 ms (benchmarks/README.md, serve_load ``--batch-wait``); a lone request waits the 3 ms.
 DEFAULT_MAX_BATCH, DEFAULT_BATCH_WAIT_S = 32, 0.003
 
 
