@@ -237,7 +237,7 @@ cmd_down() {
     fi
     # Not `ray stop`: that would stop every Ray on this machine, other users' and other runs' too.
     if [[ -n "$(own_pids)" ]]; then
-        echo "--- stopping this cluster's Ray processes (SIGTERM, then SIGKILL after 30 s)"
+        echo "--- stopping this cluster's Ray processes (the raylets, the head's daemons, the GCS; SIGKILL after 10 s each)"
         stop_processes_matching "$STATE_DIR/t[0-9]"
     fi
     rm -rf "$STATE_DIR"      # token, port records and the nodes' temp dirs (logs)
