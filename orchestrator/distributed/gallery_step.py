@@ -161,9 +161,12 @@ def step_dataset(source: GallerySource, updates: Sequence[ShardUpdate], model: G
 
 
 def finisher_actors(resources: EmbeddingSpec) -> int:
-    """Finisher actors (which ask Ray for no CPU) of a step: as many as the embedding actors, at
-    least 2 (each one a Python interpreter with pyarrow and FAISS loaded)."""
-    return max(2, resources.pool_size[1])
+    """Finisher actors (which ask Ray for no CPU) of a step: as many as the embedding actors can
+    grow to. A finish costs a small share of the embedding of its items (benchmarks/README.md,
+    ``gallery_scale``: 7.5-8.3 s of finishes for 10⁶ items that two actors embedded in 29-105 s), so
+    one finisher keeps up with one actor, and each more is a Python interpreter importing torch,
+    pyarrow and FAISS (about 3 s of a core) that a one-actor step would leave idle."""
+    return resources.pool_size[1]
 
 
 def quiet_ray_data() -> None:
