@@ -96,12 +96,18 @@ def _write_chosen(shard: ScoredShard, threshold: tuple[int, int], uri: str) -> t
 
 
 class ScoredGallery:
-    """The candidate shards scored on Ray (``score``), questioned by the selection (``ask``)."""
+    """The candidate shards scored on Ray (``score``), questioned by the selection (``ask``).
+
+    Every task asks one CPU: each reads a shard or works on its scores. Asking none, a burst of a
+    task per shard made Ray start a worker process per task (measured over the test suite: 96
+    processes of about 1.1 s of CPU each, mostly imports), and a gallery of thousands of shards
+    would start that many at once on a node; with a CPU each, a node runs as many as it has CPUs
+    and its workers take the next tasks."""
 
     def __init__(self, rule: PriorityRule, targets: list[ShardToScore]):
         import ray
 
-        self._remote = ray.remote(num_cpus=0)
+        self._remote = ray.remote(num_cpus=1)
         means = None
         if get_order(rule.order).needs_class_means:
             task = self._remote(_class_sums)
