@@ -30,24 +30,20 @@ NO_STATE_API = "http://127.0.0.1:0"
 def connect(address: str | None = None, dashboard: bool = False) -> str | None:
     """Join the cluster at ``address`` ("auto", host:port, ray://…), or the one RAY_ADDRESS names
     (as under ``ray job submit``); otherwise start a local Ray whose workers get
-    ``WORKER_ENV_VARS`` and the driver's ORCHESTRATOR_PLUGINS, with its dashboard when
-    ``dashboard``. Workers' own logs stay in Ray's log files (progress is reported from the training
-    checkpoints). No-op when already connected.
+    ``WORKER_ENV_VARS`` on top of the driver's environment (ORCHESTRATOR_PLUGINS included: a local
+    Ray's processes inherit it, ``start_local_ray``), with its dashboard when ``dashboard``.
+    Workers' own logs stay in Ray's log files (progress is reported from the training checkpoints).
+    No-op when already connected.
 
     Returns the dashboard's address (``http://127.0.0.1:8265``) when Ray reports one on connecting,
     else None. On a cluster, set the same variables in the cluster's environment (see README).
     A cluster that refuses the connection raises ``OutsideSystemError`` naming its address."""
     import ray
 
-    from orchestrator.methods.registry import PLUGINS_ENV
-
     if ray.is_initialized():
         return None
     if address in (None, "local") and not os.environ.get("RAY_ADDRESS"):
-        env_vars = dict(WORKER_ENV_VARS)
-        if os.environ.get(PLUGINS_ENV):
-            env_vars[PLUGINS_ENV] = os.environ[PLUGINS_ENV]
-        context = start_local_ray(dashboard=dashboard, runtime_env={"env_vars": env_vars})
+        context = start_local_ray(dashboard=dashboard, runtime_env={"env_vars": dict(WORKER_ENV_VARS)})
     else:
         joined = None if address in (None, "local") else address
         try:
