@@ -34,7 +34,9 @@ Measurements, one after the other in one run, per N and kind:
   shard updates commit (each shard rewritten without one queried item, as a backfill commits a
   shard), a new generation deploys (with a full backfill's shards: the gallery relabelled to it in
   the deployment's transaction), and ``orchestrator deploy --rollback`` (``operations.redeploy``)
-  serves the first generation again with the shards its deployment recorded. Each is a new
+  serves the first generation again with the shards its deployment recorded, each committed by a
+  process of its own (``backfill_writer``), as a backfill's workers and the deploy command commit
+  from processes other than the server's. Each is a new
   snapshot the server builds and swaps in. Failed requests; responses mixing snapshots (from a
   snapshot the lineage never held, or whose serving generation, hit generations or hit items are
   not that snapshot's: a hit of an item the snapshot no longer holds, or outside its shard); p99
@@ -55,15 +57,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
+import contextlib
 import dataclasses
 import functools
 import json
+import multiprocessing
 import os
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +82,7 @@ import numpy as np
 
 from benchmarks.harness import rewrite_section
 from orchestrator.lineage.step_keys import deploy_key, train_key
-from orchestrator.serving.settings import DEFAULT_BATCH_WAIT_S
+from orchestrator.serving.settings import DEFAULT_BATCH_WAIT_S, DEFAULT_CONCURRENT_BATCHES
 
 K = 10
 
@@ -329,10 +334,12 @@ def pools_of_mode(mode: str, args):
 @dataclasses.dataclass
 class Bench:
     """One gallery of the run (``prepare``): its scratch storage, lineage, embeddings (N, D), the
-    queried items and their embeddings (Q, D), and the exact top-k of those (Q, k)."""
+    queried items and their embeddings (Q, D), and the exact top-k of those (Q, k); ``pipeline``: the
+    run's pipeline file."""
 
     n: int
     kind: str
+    pipeline: str
     storage: Path
     config: Any
     store: Any
@@ -367,7 +374,7 @@ def prepare(pipeline: str, n: int, kind: str, args, scratch: Path) -> Bench:
     queried = rng.choice(n, size=args.queries, replace=False)
     queries = embeddings[queried]
     curv = store.get_generation("bench-a").curv
-    return Bench(n, kind, storage, config, store, embeddings, queried, queries, exact_top_k(embeddings, queries, K, curv))
+    return Bench(n, kind, pipeline, storage, config, store, embeddings, queried, queries, exact_top_k(embeddings, queries, K, curv))
 
 
 def in_process_rows(bench: Bench, args) -> list[dict[str, Any]]:
@@ -416,14 +423,14 @@ def served_rows(bench: Bench, mode: str, args) -> list[dict[str, Any]]:
     ``orchestrator serve`` in ``mode`` (module docstring)."""
     from ray import serve
 
-    from orchestrator.pipeline.operations import redeploy
     from orchestrator.serving.app import APP_NAME, start_server
     from orchestrator.serving.settings import ServeSettings
     from orchestrator.serving.snapshots import read_state
 
-    n, kind, store, storage = bench.n, bench.kind, bench.store, str(bench.storage)
+    n, kind, store = bench.n, bench.kind, bench.store
     gallery = bench.config.gallery.name
-    settings = ServeSettings(bench.config, poll_s=1.0, batch_wait_s=args.batch_wait)
+    settings = ServeSettings(bench.config, poll_s=1.0, batch_wait_s=args.batch_wait,
+                             concurrent_batches=args.concurrent_batches)
     url = start_server(settings, port=args.port, pools=pools_of_mode(mode, args), direct_ports=direct_ports())
     bodies = search_bodies(bench.queries)
     asyncio.run(closed_loop(url, bodies, min(5.0, args.seconds), args.concurrency))  # warm-up
@@ -434,9 +441,10 @@ def served_rows(bench: Bench, mode: str, args) -> list[dict[str, Any]]:
     served = {read_state(store, gallery).snapshot_id: Served(first, first, frozenset())}
     switches: list[tuple[float, str]] = []  # (when committed, the snapshot it makes)
 
-    def switch(change, serving: str, generation: str, removed: frozenset[int]) -> None:
+    def switch(change: Callable[[], concurrent.futures.Future], serving: str, generation: str,
+               removed: frozenset[int]) -> None:
         began = time.perf_counter()
-        change()
+        change().result()
         state = read_state(store, gallery)
         served[state.snapshot_id] = Served(serving, generation, removed)
         switches.append((began, state.snapshot_id))
@@ -456,21 +464,20 @@ def served_rows(bench: Bench, mode: str, args) -> list[dict[str, Any]]:
             await asyncio.sleep(pause)
             item = int(bench.queried[commit % len(bench.queried)])
             number = int(np.searchsorted(starts, item, side="right") - 1)
-            shard = next(s for s in store.shards(gallery) if s.index == number)
             gone.add(item)
-            await asyncio.to_thread(switch, functools.partial(_rewrite_without, store, storage, gallery, shard, item, kind),
+            await asyncio.to_thread(switch, functools.partial(writer.submit, _rewrite_without, number, item, kind),
                                     first, first, frozenset(gone))
         await asyncio.sleep(pause)
-        await asyncio.to_thread(switch, lambda: deploy_with_shards(store, gallery, second), second, second,
+        await asyncio.to_thread(switch, functools.partial(writer.submit, _deploy_with_shards, second), second, second,
                                 frozenset(gone))
         await asyncio.sleep(pause)
         # the rollback serves the first generation with the shards its deployment recorded: the
         # gallery before the commits
-        await asyncio.to_thread(switch, lambda: redeploy(store, gallery, None, True, lambda _line: None), first, first,
-                                frozenset())
+        await asyncio.to_thread(switch, functools.partial(writer.submit, _roll_back), first, first, frozenset())
         return await load
 
-    during = asyncio.run(switching())
+    with backfill_writer(bench) as writer:
+        during = asyncio.run(switching())
     name = f"serve, {args.commits} shard commits + deploy + rollback"
     rows.append(during.row(name, n, kind, server_label(mode)))
     windows = []
@@ -517,15 +524,63 @@ def _starts(n: int, shards: int) -> np.ndarray:
     return np.array([rows[0] for rows in np.array_split(np.arange(n), shards)])
 
 
-def _rewrite_without(store, storage: str, gallery: str, shard, item: int, kind: str) -> None:
-    """What a backfill commits for one shard: its file and index rewritten (here without ``item``)."""
+@contextlib.contextmanager
+def backfill_writer(bench: Bench) -> Iterator[concurrent.futures.ProcessPoolExecutor]:
+    """A process of its own that commits the switches (``_rewrite_without``, ``_deploy_with_shards``,
+    ``_roll_back``) to ``bench``'s storage and lineage, as a backfill's workers and the deploy
+    command commit from processes (and, on a cluster, nodes) other than the server's: in the load's
+    process its writing held the clients' interpreter and delayed their timings. Started, its
+    modules imported and its lineage opened before the load begins."""
+    spawn = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, spawn, initializer=_open_writer,
+                                                initargs=(str(bench.pipeline), str(bench.storage))) as writer:
+        writer.submit(_open_writer_done).result()  # started and connected before the load begins
+        yield writer
+
+
+#: The writer process's lineage, storage and gallery (``_open_writer``).
+_WRITER: dict[str, Any] = {}
+
+
+def _open_writer(pipeline: str, storage: str) -> None:
+    import orchestrator.gallery.shard_files  # noqa: F401  (what a commit uses, imported before it is timed)
+    import orchestrator.integrity  # noqa: F401
+    import orchestrator.pipeline.operations  # noqa: F401
+    import orchestrator.shard_update  # noqa: F401
+    from orchestrator.config import load_pipeline
+    from orchestrator.lineage import LineageStore
+
+    config = load_pipeline(pipeline, {"storage": storage})
+    _WRITER.update(store=LineageStore(config.lineage, storage=config.storage), storage=storage,
+                   gallery=config.gallery.name)
+
+
+def _open_writer_done() -> bool:
+    return bool(_WRITER)
+
+
+def _rewrite_without(number: int, item: int, kind: str) -> None:
+    """What a backfill commits for shard ``number``: its file and index rewritten (here without
+    ``item``)."""
     from orchestrator.gallery import read_recorded_shard
     from orchestrator.lineage.records import ShardAssignment
 
+    store, storage, gallery = _WRITER["store"], _WRITER["storage"], _WRITER["gallery"]
+    shard = next(s for s in store.shards(gallery) if s.index == number)
     stored = read_recorded_shard(shard)
     kept = stored.without(np.array([item]))
     written = _write(store, storage, gallery, shard.index, kept, kept.ids, kept.embeddings, kind)
     store.assign_shards(gallery, [ShardAssignment(shard.index, shard.generation, *written)])
+
+
+def _deploy_with_shards(generation: str) -> None:
+    deploy_with_shards(_WRITER["store"], _WRITER["gallery"], generation)
+
+
+def _roll_back() -> None:
+    from orchestrator.pipeline.operations import redeploy
+
+    redeploy(_WRITER["store"], _WRITER["gallery"], None, True, lambda _line: None)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -606,6 +661,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=16, help="queries per call of the batched router")
     parser.add_argument("--batch-wait", type=float, default=DEFAULT_BATCH_WAIT_S,
                         help="seconds a server's search batch waits for more (orchestrator serve --batch-wait)")
+    parser.add_argument("--concurrent-batches", type=int, default=DEFAULT_CONCURRENT_BATCHES,
+                        help="search batches an ingress replica answers at once (orchestrator serve --concurrent-batches)")
     parser.add_argument("--replicas", type=int, default=1, help="ingress replicas")
     parser.add_argument("--search-replicas", type=int, default=2, help="shard-search replicas of the pools")
     parser.add_argument("--replica-cpus", type=float, default=0.5, help="CPUs of each encoder and search replica")
