@@ -14,7 +14,8 @@ and searches in its own process (``serving.local``): the single-process mode.
 
 Batching: concurrent ``POST /search`` requests of one ingress replica are answered together
 (``serve.batch``): while one batch is searched, the requests that arrive queue, and the next batch
-takes them all (at most ``ServeSettings.max_batch``, waiting ``batch_wait_s`` for more), parses
+takes them all (at most ``ServeSettings.max_batch``, waiting ``batch_wait_s`` for more; up to
+``concurrent_batches`` batches searched at once), parses
 each, pins all to one snapshot and searches their queries as one matrix
 (``GalleryEndpoint.search_many``): one routed search, one call to each shard share, per batch, not
 per request. The answers are encoded by orjson (ASCII unless a value needs more; then the
@@ -62,8 +63,6 @@ from orchestrator.serving.bodies import declared_length, read_body
 from orchestrator.serving.endpoint import SEARCH, GalleryEndpoint
 from orchestrator.serving.requests import BadRequest, one_line
 from orchestrator.serving.settings import (
-    DEFAULT_BATCH_WAIT_S,
-    DEFAULT_MAX_BATCH,
     Pools,
     ServeSettings,
     parse_serve_arguments,
@@ -188,9 +187,8 @@ class GalleryServer:
             self.endpoint = starting.submit(GalleryEndpoint, settings, f"{settings.lease_prefix}-{replica}",
                                             build).result()
         self.limits = settings.limits
-        # the setters serve.batch attaches to the method
-        self.search_batch.set_max_batch_size(settings.max_batch)  # type: ignore[attr-defined]
-        self.search_batch.set_batch_wait_timeout_s(settings.batch_wait_s)  # type: ignore[attr-defined]
+        self.search_batch = serve.batch(max_batch_size=settings.max_batch, batch_wait_timeout_s=settings.batch_wait_s,
+                                        max_concurrent_batches=settings.concurrent_batches)(self._search_bodies)
 
     async def __call__(self, request: Request) -> Response:
         method, path = request.method, request.url.path
@@ -212,10 +210,10 @@ class GalleryServer:
             return PlainTextResponse(payload, status, media_type="text/plain; version=0.0.4")
         return json_response(status, payload)
 
-    @serve.batch(max_batch_size=DEFAULT_MAX_BATCH, batch_wait_timeout_s=DEFAULT_BATCH_WAIT_S)  # set in __init__
-    async def search_batch(self, bodies: list[bytes]) -> list[tuple[int, bytes]]:
+    async def _search_bodies(self, bodies: list[bytes]) -> list[tuple[int, bytes]]:
         """(status, encoded JSON) of each of the queued ``POST /search`` bodies, answered together
-        in a worker thread (module docstring)."""
+        in a worker thread (module docstring); ``search_batch``, its ``serve.batch`` of this
+        replica's settings, takes one body a call."""
         return await asyncio.to_thread(self._answer_batch, bodies)
 
     def _answer_batch(self, bodies: list[bytes]) -> list[tuple[int, bytes]]:

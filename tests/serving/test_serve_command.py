@@ -28,7 +28,11 @@ def test_the_serve_config_arguments_parse_as_the_command_line():
     assert (args.encoder_replicas, args.search_replicas, args.replica_cpus) == (1, 0, 1.0)  # one process by default
     args = parse_serve_arguments(["p.yaml", "--encoder-replicas", "2", "--search-replicas", "2", "--replica-cpus", "0.5"])
     assert (args.encoder_replicas, args.search_replicas, args.replica_cpus) == (2, 2, 0.5)  # the pools
-    for bad in (["--replicas", "0"], ["--encoder-replicas", "0"], ["--search-replicas", "-1"], ["--replica-cpus", "0"]):
+    assert (args.max_batch, args.batch_wait, args.concurrent_batches) == (32, 0.003, 2)  # the batching defaults
+    args = parse_serve_arguments(["p.yaml", "--max-batch", "8", "--batch-wait", "0", "--concurrent-batches", "3"])
+    assert (args.max_batch, args.batch_wait, args.concurrent_batches) == (8, 0.0, 3)
+    for bad in (["--replicas", "0"], ["--encoder-replicas", "0"], ["--search-replicas", "-1"], ["--replica-cpus", "0"],
+                ["--concurrent-batches", "0"], ["--max-batch", "0"], ["--batch-wait", "-1"]):
         with pytest.raises(SystemExit):
             parse_serve_arguments(["p.yaml", *bad])
 
