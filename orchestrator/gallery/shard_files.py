@@ -159,12 +159,16 @@ def write_shard(uri: str, shard: ShardEmbeddings, storage_options: Mapping[str, 
 def read_shard(uri: str, expected_sha256: str | None = None,
                storage_options: Mapping[str, Any] | None = None) -> ShardEmbeddings:
     """Read a shard file, checking its sha256 when given (``ChecksumMismatch`` otherwise)."""
+    return shard_from_parquet(_checked_bytes(uri, expected_sha256, storage_options), uri)
+
+
+def _checked_bytes(uri: str, expected_sha256: str | None, storage_options: Mapping[str, Any] | None) -> bytes:
     data = read_bytes(uri, storage_options)
     if expected_sha256 is not None:
         actual = sha256_hex(data)
         if actual != expected_sha256:
             raise ChecksumMismatch(uri, expected_sha256, actual)
-    return shard_from_parquet(data, uri)
+    return data
 
 
 def read_recorded_shard(record: Any, storage_options: Mapping[str, Any] | None = None) -> ShardEmbeddings:
@@ -173,6 +177,21 @@ def read_recorded_shard(record: Any, storage_options: Mapping[str, Any] | None =
     file. ``record``: anything with ``embeddings_uri`` and ``sha256`` (a lineage ``ShardRecord``, a
     plan's ``ShardBefore``)."""
     return read_shard(record.embeddings_uri, record.sha256, storage_options)
+
+
+def read_recorded_attributes(record: Any, storage_options: Mapping[str, Any] | None = None
+                             ) -> tuple[np.ndarray, pa.Table | None]:
+    """(item ids (n,) int64, the item attribute columns or None) of a shard file the lineage
+    records, its bytes checked as ``read_recorded_shard`` checks them, without decoding the
+    embeddings, in the calling thread (Arrow's own threads would take the cores a server's
+    searches run on while it builds a snapshot)."""
+    data = _checked_bytes(record.embeddings_uri, record.sha256, storage_options)
+    names = pq.ParquetFile(io.BytesIO(data)).schema_arrow.names
+    extra = [name for name in names if name not in _COLUMNS]
+    if "id" not in names:
+        raise ValueError(f"{record.embeddings_uri}: not a gallery shard file (missing 'id')")
+    table = pq.read_table(io.BytesIO(data), columns=["id", *extra], use_threads=False)
+    return table.column("id").to_numpy().astype(np.int64), table.select(extra) if extra else None
 
 
 def write_selection(uri: str, ids: np.ndarray, storage_options: Mapping[str, Any] | None = None) -> str:

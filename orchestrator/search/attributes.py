@@ -29,13 +29,14 @@ class ItemColumns:
     columns: dict[str, list[Any]]
 
     @classmethod
-    def of_shard(cls, stored: Any) -> ItemColumns:
-        """The columns of every item of one shard file (a ``gallery.ShardEmbeddings``)."""
-        ids = np.asarray(stored.ids, dtype=np.int64)
-        if stored.attributes is None:
+    def of_attributes(cls, ids: np.ndarray, attributes: Any) -> ItemColumns:
+        """The columns of n items: their ids (n,) and their attribute table (``pyarrow.Table`` of n
+        rows, or None: no attributes recorded), as ``gallery.read_recorded_attributes`` reads them."""
+        ids = np.asarray(ids, dtype=np.int64)
+        if attributes is None:
             return cls(np.zeros(0, dtype=np.int64), {})
         order = np.argsort(ids, kind="stable")
-        table = stored.attributes.take(order)
+        table = attributes.take(order)
         return cls(ids[order], {name: table.column(name).to_pylist() for name in table.column_names})
 
     @classmethod

@@ -11,7 +11,6 @@ embedded) for image queries.
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from orchestrator.gallery import read_recorded_shard
+from orchestrator.gallery import read_recorded_attributes
 from orchestrator.integrity import load_checked_generation
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.records import GenerationRecord, ShardRecord
@@ -101,8 +100,9 @@ class SearchService:
     """The attribute columns of the shard files already read (sha256 checked), by (URI, sha256);
     a server shares one dict between the services of its snapshots, so a file is read once while
     it is served."""
+    _widths: dict[str, int] = field(default_factory=dict, repr=False)
 
-    @functools.cached_property
+    @property
     def width(self) -> int:
         """D, the width of the serving generation's embeddings (of one blank image, encoded)."""
         return self.width_of(self.serving)
@@ -114,9 +114,14 @@ class SearchService:
         return self.router.query_generations
 
     def width_of(self, generation: str) -> int:
-        """The width of ``generation``'s embeddings (the serving one or one of ``query_generations``)."""
-        blank = np.zeros((1, self.image_size, self.image_size, 3), dtype=np.uint8)
-        return int(self.encode(blank, None if generation == self.serving else generation).shape[1])
+        """The width of ``generation``'s embeddings (the serving one or one of ``query_generations``),
+        encoded once (a server asks it of every request: ``serving.local`` asks it while it builds)."""
+        width = self._widths.get(generation)
+        if width is None:
+            blank = np.zeros((1, self.image_size, self.image_size, 3), dtype=np.uint8)
+            width = int(self.encode(blank, None if generation == self.serving else generation).shape[1])
+            self._widths[generation] = width
+        return width
 
     def encode(self, images: np.ndarray, generation: str | None = None) -> torch.Tensor:
         """(N, H, W, 3) uint8 images → (N, D) embeddings of the serving generation, or of
@@ -156,7 +161,7 @@ class SearchService:
         """The ``ItemColumns`` of a shard row's file, read on first use."""
         key = (record.embeddings_uri, record.sha256)
         if key not in self.item_columns:
-            self.item_columns[key] = ItemColumns.of_shard(read_recorded_shard(record))
+            self.item_columns[key] = ItemColumns.of_attributes(*read_recorded_attributes(record))
         return self.item_columns[key]
 
 

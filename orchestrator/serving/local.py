@@ -38,7 +38,8 @@ class LocalServices:
 
     def build(self, state: LineageState, generation: str) -> SearchService:
         """The ``SearchService`` of ``generation`` over ``state``, its shard files' attribute
-        columns read (and checked) now, not on a request."""
+        columns read (and checked) and its query widths encoded now, not on a request (the first
+        batch on a new snapshot waited ~5 ms for its width, more on loaded cores)."""
         from orchestrator.search.service import SearchService, open_router
 
         self.indexes.keep(state.uris)  # drop what no current shard row names
@@ -51,4 +52,6 @@ class LocalServices:
         service = SearchService(router, self.size, self.normalisation, self._item_columns)
         for route in router.routes:
             service.columns_of(route.shard)
+        for searching in (generation, *service.query_generations):
+            service.width_of(searching)
         return service

@@ -109,12 +109,12 @@ class ShardShare:
     def _columns_of(self, shard: ShardRecord) -> ItemColumns:
         """The attribute columns of the shard's file, its sha256 checked against the lineage row
         (read once while held)."""
-        from orchestrator.gallery import read_recorded_shard
+        from orchestrator.gallery import read_recorded_attributes
         from orchestrator.search.attributes import ItemColumns
 
         key = (shard.embeddings_uri, shard.sha256)
         if key not in self._columns:
-            self._columns[key] = ItemColumns.of_shard(read_recorded_shard(shard))
+            self._columns[key] = ItemColumns.of_attributes(*read_recorded_attributes(shard))
         return self._columns[key]
 
     def _drop_unheld(self) -> None:

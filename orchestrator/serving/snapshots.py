@@ -203,6 +203,7 @@ class SnapshotHolder:
         return changed
 
     def _swap_to(self, state: LineageState) -> bool:
+        started = time.perf_counter()
         try:
             snapshot = self._build(state)
         except Exception as error:  # an unservable state: keep serving the last snapshot
@@ -216,7 +217,8 @@ class SnapshotHolder:
             self._current = snapshot
             self.swaps += 1
         self._failed = None
-        log.info("serving snapshot %s (deployment %s, %s)", snapshot.id, state.deployment_id, state.generation)
+        log.info("serving snapshot %s (deployment %s, %s), built in %.0f ms", snapshot.id, state.deployment_id,
+                 state.generation, 1000 * (time.perf_counter() - started))
         return True
 
     def held_uris(self) -> set[str]:

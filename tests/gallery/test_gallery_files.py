@@ -3,7 +3,16 @@ content-named files."""
 import numpy as np
 import pytest
 
-from orchestrator.gallery import ShardEmbeddings, home_shards, read_recorded_shard, read_shard, shard_file_uris, shard_members, write_shard
+from orchestrator.gallery import (
+    ShardEmbeddings,
+    home_shards,
+    read_recorded_attributes,
+    read_recorded_shard,
+    read_shard,
+    shard_file_uris,
+    shard_members,
+    write_shard,
+)
 from orchestrator.gallery.shard_files import item_set_version
 from orchestrator.storage import ChecksumMismatch, write_bytes_atomic
 
@@ -59,6 +68,27 @@ def test_a_recorded_shard_is_read_only_as_the_lineage_recorded_it(tmp_path):
     for record in (row, before):
         with pytest.raises(ChecksumMismatch, match=f"checksum mismatch for {uri}: expected sha256 {digest}"):
             read_recorded_shard(record)
+
+
+def test_a_recorded_shards_attributes_are_its_files_checked_without_the_embeddings(tmp_path):
+    import dataclasses
+    from types import SimpleNamespace
+
+    import pyarrow as pa
+
+    uri = str(tmp_path / "s.parquet")
+    ids = np.array([105, 100, 103, 101, 104, 102, 106])  # stored in this order
+    attributes = pa.table({"uri": [f"s3://b/{i}.png" for i in ids], "size": (ids * 3).tolist()})
+    with_attributes = dataclasses.replace(shard(), ids=ids, attributes=attributes)
+    record = SimpleNamespace(embeddings_uri=uri, sha256=write_shard(uri, with_attributes))
+    read_ids, read_attributes = read_recorded_attributes(record)
+    whole = read_recorded_shard(record)
+    assert read_ids.dtype == np.int64 and read_ids.tolist() == whole.ids.tolist() == ids.tolist()
+    assert read_attributes.to_pylist() == whole.attributes.to_pylist() == attributes.to_pylist()
+    plain = SimpleNamespace(embeddings_uri=uri, sha256=write_shard(uri, shard()))
+    assert read_recorded_attributes(plain)[1] is None  # no attribute columns recorded
+    with pytest.raises(ChecksumMismatch, match=f"checksum mismatch for {uri}"):
+        read_recorded_attributes(record)  # the file under the name is not the recorded one any more
 
 
 def test_without_and_names_by_content():

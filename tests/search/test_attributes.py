@@ -25,7 +25,7 @@ def test_rows_and_subsets_equal_a_row_by_row_lookup():
     table = pa.table({"uri": [f"s3://b/{i}.png" for i in ids], "label": (ids % 13).tolist(),
                       "note": [None if i % 5 else "five" for i in ids]})
     stored = shard(ids, table)
-    columns = ItemColumns.of_shard(stored)
+    columns = ItemColumns.of_attributes(stored.ids, stored.attributes)
     wanted = np.concatenate([rng.choice(ids, 40), [-1, 3, 10**9], ids[:5]])  # repeats, absent ids and −1
     assert columns.rows(wanted) == by_row(stored, wanted)
     part = columns.subset(wanted)  # what a shard share sends back: only those items
@@ -36,7 +36,7 @@ def test_rows_and_subsets_equal_a_row_by_row_lookup():
 
 
 def test_a_shard_without_attributes_gives_empty_dicts():
-    columns = ItemColumns.of_shard(shard([4, 2], None))
+    columns = ItemColumns.of_attributes(np.array([4, 2]), None)
     assert columns.rows(np.array([4, 2, 9])) == [{}, {}, {}]
     assert columns.subset(np.array([4])).rows(np.array([4])) == [{}]
     assert ItemColumns.joined([]).rows(np.array([1])) == [{}]
