@@ -283,7 +283,7 @@ class ShardIndex:
         """Inverse of ``to_bytes``; ValueError for anything that is not an intact serialised index."""
         data = bytes(data)
         header, offset = unpack_header(data, MAGIC, "ShardIndex", FORMAT_VERSION)
-        payload = data[offset:]
+        payload = memoryview(data)[offset:]  # no copy: slicing the bytes copied them holding the GIL
         if hashlib.sha256(payload).hexdigest() != header.get("faiss_sha256"):
             raise ValueError("data is corrupt or truncated: the FAISS payload checksum does not match")
         try:
@@ -291,7 +291,7 @@ class ShardIndex:
             kind = header["kind"]
             if kind not in KINDS:
                 raise ValueError(f"kind must be one of {list(KINDS)}, got {kind!r}")
-            index = faiss.deserialize_index(np.frombuffer(payload, dtype=np.uint8).copy())
+            index = faiss.deserialize_index(np.frombuffer(payload, dtype=np.uint8))
             shard = cls(
                 index=index,
                 space=space,

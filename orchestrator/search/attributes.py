@@ -37,7 +37,7 @@ class ItemColumns:
             return cls(np.zeros(0, dtype=np.int64), {})
         order = np.argsort(ids, kind="stable")
         table = attributes.take(order)
-        return cls(ids[order], {name: table.column(name).to_pylist() for name in table.column_names})
+        return cls(ids[order], {name: _python_values(table.column(name)) for name in table.column_names})
 
     @classmethod
     def joined(cls, parts: Sequence[ItemColumns]) -> ItemColumns:
@@ -74,3 +74,17 @@ class ItemColumns:
         kept = [p for p, h in zip(positions, held) if h]
         return ItemColumns(self.ids[kept] if kept else np.zeros(0, dtype=np.int64),
                            {name: [values[p] for p in kept] for name, values in self.columns.items()})
+
+
+#: Values converted to Python objects per call (``_python_values``).
+CONVERSION_ROWS = 8192
+
+
+def _python_values(column: Any) -> list[Any]:
+    """An Arrow column's values as a Python list, ``CONVERSION_ROWS`` at a time: one conversion of
+    a whole 250,000-row column holds the interpreter ~20 ms at once, stalling a server's searches
+    while it builds a snapshot; between slices its other threads run."""
+    values: list[Any] = []
+    for start in range(0, len(column), CONVERSION_ROWS):
+        values.extend(column.slice(start, CONVERSION_ROWS).to_pylist())
+    return values

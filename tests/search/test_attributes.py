@@ -4,7 +4,9 @@ from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
+from orchestrator.search import attributes
 from orchestrator.search.attributes import ItemColumns
 
 
@@ -19,7 +21,9 @@ def by_row(stored, ids):
     return [rows.get(int(i), {}) for i in ids]
 
 
-def test_rows_and_subsets_equal_a_row_by_row_lookup():
+@pytest.mark.parametrize("conversion_rows", [8192, 7])  # one slice, or 43 slices of the 300 rows
+def test_rows_and_subsets_equal_a_row_by_row_lookup(conversion_rows, monkeypatch):
+    monkeypatch.setattr(attributes, "CONVERSION_ROWS", conversion_rows)
     rng = np.random.default_rng(0)
     ids = rng.permutation(1000)[:300] * 7  # unsorted, sparse
     table = pa.table({"uri": [f"s3://b/{i}.png" for i in ids], "label": (ids % 13).tolist(),
