@@ -476,7 +476,7 @@ def served_rows(bench: Bench, mode: str, args) -> list[dict[str, Any]]:
         await asyncio.to_thread(switch, functools.partial(writer.submit, _roll_back), first, first, frozenset())
         return await load
 
-    with backfill_writer(bench) as writer:
+    with backfill_writer(bench, args.writer_nice) as writer:
         during = asyncio.run(switching())
     name = f"serve, {args.commits} shard commits + deploy + rollback"
     rows.append(during.row(name, n, kind, server_label(mode)))
@@ -525,15 +525,17 @@ def _starts(n: int, shards: int) -> np.ndarray:
 
 
 @contextlib.contextmanager
-def backfill_writer(bench: Bench) -> Iterator[concurrent.futures.ProcessPoolExecutor]:
+def backfill_writer(bench: Bench, nice: int) -> Iterator[concurrent.futures.ProcessPoolExecutor]:
     """A process of its own that commits the switches (``_rewrite_without``, ``_deploy_with_shards``,
     ``_roll_back``) to ``bench``'s storage and lineage, as a backfill's workers and the deploy
     command commit from processes (and, on a cluster, nodes) other than the server's: in the load's
     process its writing held the clients' interpreter and delayed their timings. Started, its
-    modules imported and its lineage opened before the load begins."""
+    modules imported and its lineage opened before the load begins. ``nice``: its niceness (19 by
+    default: a 250,000-item shard's write takes seconds of CPU, which on a cluster a backfill
+    worker spends on another node; here it takes only what the server and the clients leave)."""
     spawn = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(1, spawn, initializer=_open_writer,
-                                                initargs=(str(bench.pipeline), str(bench.storage))) as writer:
+                                                initargs=(str(bench.pipeline), str(bench.storage), nice)) as writer:
         writer.submit(_open_writer_done).result()  # started and connected before the load begins
         yield writer
 
@@ -542,7 +544,7 @@ def backfill_writer(bench: Bench) -> Iterator[concurrent.futures.ProcessPoolExec
 _WRITER: dict[str, Any] = {}
 
 
-def _open_writer(pipeline: str, storage: str) -> None:
+def _open_writer(pipeline: str, storage: str, nice: int) -> None:
     import orchestrator.gallery.shard_files  # noqa: F401  (what a commit uses, imported before it is timed)
     import orchestrator.integrity  # noqa: F401
     import orchestrator.pipeline.operations  # noqa: F401
@@ -550,6 +552,7 @@ def _open_writer(pipeline: str, storage: str) -> None:
     from orchestrator.config import load_pipeline
     from orchestrator.lineage import LineageStore
 
+    os.nice(nice - os.nice(0))
     config = load_pipeline(pipeline, {"storage": storage})
     _WRITER.update(store=LineageStore(config.lineage, storage=config.storage), storage=storage,
                    gallery=config.gallery.name)
@@ -667,6 +670,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--search-replicas", type=int, default=2, help="shard-search replicas of the pools")
     parser.add_argument("--replica-cpus", type=float, default=0.5, help="CPUs of each encoder and search replica")
     parser.add_argument("--commits", type=int, default=4)
+    parser.add_argument("--writer-nice", type=int, default=19,
+                        help="niceness of the process that commits the switches (backfill_writer; 0: the server's)")
     parser.add_argument("--noise", type=float, default=0.25)
     parser.add_argument("--port", type=int, default=8765, help="the server's port (the plain FAISS server: the next)")
     parser.add_argument("--seed", type=int, default=0)
