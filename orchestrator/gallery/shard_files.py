@@ -187,9 +187,9 @@ def read_recorded_attributes(record: Any, storage_options: Mapping[str, Any] | N
     searches run on while it builds a snapshot)."""
     data = _checked_bytes(record.embeddings_uri, record.sha256, storage_options)
     names = pq.ParquetFile(io.BytesIO(data)).schema_arrow.names
-    extra = [name for name in names if name not in _COLUMNS]
     if "id" not in names:
         raise ValueError(f"{record.embeddings_uri}: not a gallery shard file (missing 'id')")
+    extra = [name for name in names if name not in _COLUMNS]
     table = pq.read_table(io.BytesIO(data), columns=["id", *extra], use_threads=False)
     return table.column("id").to_numpy().astype(np.int64), table.select(extra) if extra else None
 

@@ -100,7 +100,7 @@ class SearchService:
     """The attribute columns of the shard files already read (sha256 checked), by (URI, sha256);
     a server shares one dict between the services of its snapshots, so a file is read once while
     it is served."""
-    _widths: dict[str, int] = field(default_factory=dict, repr=False)
+    _widths: dict[str, int] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def width(self) -> int:
