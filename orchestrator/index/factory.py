@@ -50,11 +50,13 @@ def build_index(embeddings: Any, space: Space | str, kind: str = "flat", ids: An
     return build_pq_index(embeddings, space, kind, ids, curv=curv, **options)
 
 
-def index_from_bytes(data: bytes) -> StoredIndex:
-    """The index serialised in ``data`` (any kind): dispatch on the magic bytes, then on ``kind``."""
+def index_from_bytes(data: bytes, whole_file_checked: bool = False) -> StoredIndex:
+    """The index serialised in ``data`` (any kind): dispatch on the magic bytes, then on ``kind``.
+    ``whole_file_checked``: ``ShardIndex.from_bytes``'s (the compressed kinds check their sections
+    either way)."""
     data = bytes(data)
     if data.startswith(shard_index.MAGIC):
-        return ShardIndex.from_bytes(data)
+        return ShardIndex.from_bytes(data, whole_file_checked)
     if not data.startswith(container.MAGIC):
         raise ValueError("data is not a serialised index (bad magic bytes)")
     header, sections = container.unpack(data)

@@ -279,12 +279,15 @@ class ShardIndex:
         return pack_header(MAGIC, dict(self.header(), faiss_sha256=hashlib.sha256(payload).hexdigest())) + payload
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> ShardIndex:
-        """Inverse of ``to_bytes``; ValueError for anything that is not an intact serialised index."""
+    def from_bytes(cls, data: bytes, whole_file_checked: bool = False) -> ShardIndex:
+        """Inverse of ``to_bytes``; ValueError for anything that is not an intact serialised index.
+        ``whole_file_checked``: the caller matched the sha256 of all of ``data`` against the one
+        recorded when the file was written (``integrity.index_of_checked_bytes``), which covers
+        the payload: its own checksum is not computed again."""
         data = bytes(data)
         header, offset = unpack_header(data, MAGIC, "ShardIndex", FORMAT_VERSION)
         payload = memoryview(data)[offset:]  # no copy: slicing the bytes copied them holding the GIL
-        if hashlib.sha256(payload).hexdigest() != header.get("faiss_sha256"):
+        if not whole_file_checked and hashlib.sha256(payload).hexdigest() != header.get("faiss_sha256"):
             raise ValueError("data is corrupt or truncated: the FAISS payload checksum does not match")
         try:
             space = Space.parse(header["space"])

@@ -43,12 +43,9 @@ class ShardFileStore:
         return index_uri, index_record(index, shard.ids)
 
     def open_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None):
-        from orchestrator.index.factory import index_from_bytes
-        from orchestrator.integrity import check_index_bytes
+        from orchestrator.integrity import index_of_checked_bytes
 
-        data = read_bytes(uri, self.storage_options)
-        check_index_bytes(data, uri, record, n_items)
-        return index_from_bytes(data)
+        return index_of_checked_bytes(read_bytes(uri, self.storage_options), uri, record, n_items)
 
     def check_shard(self, uri: str, record: Mapping[str, Any] | None, n_items: int | None = None) -> None:
         from orchestrator.integrity import check_index_bytes

@@ -178,6 +178,26 @@ def test_corrupt_bytes_are_rejected(tmp_path):
         ShardIndex.load(str(tmp_path / "bad.faiss"))
 
 
+def test_bytes_checked_whole_against_the_lineage_are_not_hashed_again():
+    import hashlib
+
+    from orchestrator.integrity import IntegrityError, index_of_checked_bytes
+
+    gallery = _points("euclidean", 1.0, 50, 4, seed=11)
+    data = build_index(gallery, "euclidean").to_bytes()
+    # the same index with a wrong payload checksum in its header: only the header's own check catches it
+    header_end = data.index(b'"faiss_sha256": "') + len('"faiss_sha256": "')
+    relabelled = data[:header_end] + b"0" * 64 + data[header_end + 64:]
+    with pytest.raises(ValueError, match="checksum"):
+        ShardIndex.from_bytes(relabelled)
+    assert ShardIndex.from_bytes(relabelled, whole_file_checked=True).ntotal == 50
+    record = {"sha256": hashlib.sha256(data).hexdigest(), "n_items": 50}
+    found = index_of_checked_bytes(data, "s.faiss", record, 50).search(gallery[:3], 1)[1]
+    assert found[:, 0].tolist() == [0, 1, 2]
+    with pytest.raises(IntegrityError, match="s.faiss: index file changed"):
+        index_of_checked_bytes(relabelled, "s.faiss", record, 50)  # the whole file's hash is checked first
+
+
 def test_set_search_params():
     gallery = _points("euclidean", 1.0, 2000, 8, seed=12)
     index = build_index(gallery, "euclidean", kind="ivf", nlist=16)
