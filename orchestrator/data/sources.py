@@ -18,6 +18,7 @@ or an id column).
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -45,6 +46,35 @@ IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 
 # --------------------------------------------------------------------------- digits (embedded)
 
+#: Where scikit-learn keeps the digits inside its package (its ``load_digits`` reads this file).
+DIGITS_FILE = ("datasets", "data", "digits.csv.gz")
+
+
+@functools.lru_cache(maxsize=1)
+def bundled_digits() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits as ``(images (1797, 8, 8) float64, targets (1797,) int64)``.
+
+    Read from the CSV scikit-learn ships (8x8 values, then the class, per line), found without
+    importing scikit-learn: importing it (and SciPy, which it imports) costs about a second of CPU
+    in every process that loads the digits (the driver, each embedding actor, each training worker),
+    and ``sklearn.datasets.load_digits`` does nothing more than this read
+    (tests/data/test_data_digits.py compares the two). The arrays are read-only (one copy per
+    process)."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("the digits come with scikit-learn, which is not installed (pip install scikit-learn)")
+    path = Path(next(iter(spec.submodule_search_locations)), *DIGITS_FILE)
+    if not path.is_file():
+        raise RuntimeError(f"{path}: scikit-learn's digits file is not where scikit-learn keeps it")
+    with gzip.open(path, mode="rt", encoding="utf-8") as rows:
+        data = np.loadtxt(rows, delimiter=",")
+    images, targets = data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(np.int64)
+    images.flags.writeable = targets.flags.writeable = False
+    return images, targets
+
 
 def load_digits(
     split: str = "train", image_size: int = 32, test_fraction: float = 0.3, seed: int = 0
@@ -58,21 +88,19 @@ def load_digits(
     """
     import torch  # here, not at the top: gallery readers on Ray workers import this module without torch
     import torch.nn.functional as F
-    from sklearn.datasets import load_digits as sklearn_digits
 
     if split not in ("train", "test", "all"):
         raise ValueError(f"split: expected 'train', 'test' or 'all', got {split!r}")
     if not isinstance(image_size, int) or image_size < 1:
         raise ValueError(f"image_size: expected a positive int, got {image_size!r}")
-    bunch = sklearn_digits()
-    labels = bunch.target.astype(np.int64)
+    images, labels = bundled_digits()
     ids = np.arange(labels.size, dtype=np.int64)
     if split != "all":
         if not 0.0 < test_fraction < 1.0:
             raise ValueError(f"test_fraction: expected a value in (0, 1), got {test_fraction!r}")
         test = stratified_sample(labels, test_fraction, seed)
         ids = test if split == "test" else np.setdiff1d(ids, test)
-    pixels = torch.from_numpy(bunch.images[ids] * (255.0 / 16.0)).unsqueeze(1)  # (N, 1, 8, 8) float64
+    pixels = torch.from_numpy(images[ids] * (255.0 / 16.0)).unsqueeze(1)  # (N, 1, 8, 8) float64
     if image_size != pixels.shape[-1]:
         pixels = F.interpolate(
             pixels, size=(image_size, image_size), mode="bilinear", align_corners=False, antialias=True
@@ -82,7 +110,7 @@ def load_digits(
         images=np.repeat(gray[..., None], 3, axis=-1),
         labels=labels[ids],
         ids=ids,
-        class_names=[str(name) for name in bunch.target_names],
+        class_names=[str(name) for name in range(10)],
     )
 
 

@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from sklearn.datasets import load_digits as sklearn_digits
 
 from orchestrator.data import load_digits, load_source
+from orchestrator.data.sources import bundled_digits
 
 REFERENCE = sklearn_digits()
 
@@ -76,3 +79,18 @@ def test_registry_and_bad_arguments():
         load_digits("train", test_fraction=1.0)
     with pytest.raises(ValueError, match="image_size"):
         load_digits("train", image_size=0)
+
+
+def test_the_bundled_file_read_here_is_scikit_learns_load_digits():
+    images, targets = bundled_digits()
+    np.testing.assert_array_equal(images, REFERENCE.images)
+    np.testing.assert_array_equal(targets, REFERENCE.target)
+    assert images.dtype == REFERENCE.images.dtype and not images.flags.writeable
+
+
+def test_loading_the_digits_imports_neither_scikit_learn_nor_scipy():
+    code = ("import sys; from orchestrator.data import load_digits; load_digits('test'); "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'sklearn', 'scipy'}))")
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert found.returncode == 0, found.stderr[-2000:]
+    assert found.stdout.strip() == "[]"

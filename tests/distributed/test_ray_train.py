@@ -101,17 +101,25 @@ def test_a_wrong_parent_hash_fails_the_run(local_ray, digits_stats, parent, tmp_
 def test_local_mode_trains_the_parent_bit_for_bit_in_this_process(local_ray, digits_stats, parent, tmp_path):
     """num_workers 0 (Ray Train's local mode): the parent's job, run in this process with no
     worker actor, writes the same weights (same sha256) and reports the same metrics as the one
-    Ray Train worker that trained ``parent``; the process's own torch threads are left as found."""
+    Ray Train worker that trained ``parent``; the process's own torch threads are left as found.
+    Its epoch lines reach ``progress`` through an in-process queue, not a Ray queue's actor."""
     train = load_digits("train")
     old_ids = train.ids[train.labels < 5].tolist()
-    workers_before = _train_workers()
+    workers_before, queues_before = _train_workers(), _train_workers("_QueueActor")
     threads = torch.get_num_threads()
+    lines: list[str] = []
+    queues_during: list[set[int]] = []  # new queue actors, looked for while an epoch is reported
     metrics = train_generation_with_ray(job("g0", "independent", tmp_path, digits_stats, train_ids=old_ids,
                                             encoder=CONVNEXT),
-                                        RaySettings(num_workers=0), storage_path=str(tmp_path / "ray"))
+                                        RaySettings(num_workers=0), storage_path=str(tmp_path / "ray"),
+                                        progress=lines.append,
+                                        on_epoch=lambda _: queues_during.append(_train_workers("_QueueActor")
+                                                                                - queues_before))
     assert load_card(str(tmp_path / "g0")).sha256 == parent.sha256
     assert metrics == pytest.approx(parent.metrics)
     assert _train_workers() == workers_before and torch.get_num_threads() == threads
+    assert queues_during == [set(), set()]
+    assert [line.split("  ")[0] for line in lines] == ["epoch 1/2", "epoch 2/2"], lines
     bad = job("g1", "l2", tmp_path, digits_stats, epochs=1, encoder=CONVNEXT, parent_name="g0",
               parent_uri=parent.uri, parent_sha256="0" * 64)
     with pytest.raises(RuntimeError, match="training generation 'g1' failed: .*sha256"):
@@ -119,14 +127,15 @@ def test_local_mode_trains_the_parent_bit_for_bit_in_this_process(local_ray, dig
     assert not (tmp_path / "g1").exists()
 
 
-def _train_workers() -> set[int]:
-    """PIDs of the Ray Train worker actors of this process's local Ray (its raylet is a child of
-    this process, their parent): never another test's, which may run beside this one."""
+def _train_workers(actor: str = "RayTrainWorker") -> set[int]:
+    """PIDs of the ``actor`` processes (Ray Train's workers by default) of this process's local Ray
+    (its raylet is a child of this process, their parent): never another test's, which may run
+    beside this one."""
     here = os.getpid()
     workers = set()
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            if any("RayTrainWorker" in part for part in (proc.info["cmdline"] or [])) and \
+            if any(actor in part for part in (proc.info["cmdline"] or [])) and \
                     here in (parent.pid for parent in proc.parents()):
                 workers.add(proc.pid)
         except psutil.NoSuchProcess:
