@@ -1,12 +1,12 @@
 """End to end: a generation that learns nothing stops the run at its train step (issue 38, item 1).
 
-pipelines/lifelong.yaml cut to g0-old (one epoch, healthy, served) and g1 trained with Adam at
-lr 10 for two epochs: HBCT's loss stays finite (2.73, then 2.36; its base term ln 10 = 2.3026:
-flat logits) and g1's embeddings collapse to chance (own CMC@1 0.100, then 0.098, measured over
-four epochs: 0.068-0.112, chance 0.098; at lr 1.0 it still recovered to 0.27-0.63). ``orchestrator run`` exits 7 with
-one line naming g1, its
-epochs and what was seen; the lineage holds train:g1 failed with that line, g1 failed, and no
-evaluate, plan, gate or deploy step of g1; nothing of g1 was written.
+pipelines/lifelong.yaml cut to g0-old (one epoch, healthy, served: the session's run, copied) and
+g1 trained with Adam at lr 10 for two epochs: HBCT's loss stays finite (2.73, then 2.36; its base
+term ln 10 = 2.3026: flat logits) and g1's embeddings collapse to chance (own CMC@1 0.100, then
+0.098, measured over four epochs: 0.068-0.112, chance 0.098; at lr 1.0 it still recovered to
+0.27-0.63). ``orchestrator run`` exits 7 with one line naming g1, its epochs and what was seen;
+the lineage holds train:g1 failed with that line, g1 failed, and no evaluate, plan, gate or
+deploy step of g1; nothing of g1 was written.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from tests.pipeline.g0_run import g0_config, write_pipeline
 pytestmark = pytest.mark.e2e
 
 
-def test_a_generation_that_learns_nothing_stops_at_its_train_step(tmp_path):
+def test_a_generation_that_learns_nothing_stops_at_its_train_step(tmp_path, copy_g0_run):
+    copy_g0_run(tmp_path)  # g0-old trained and served already (the session's run, copied into tmp_path/run)
     config = g0_config()
     g1 = {**config["generations"][0], "name": "g1", "parent": "g0-old", "classes": None,
           "method": {"name": "hbct", "params": {"clip": 1.2}},
