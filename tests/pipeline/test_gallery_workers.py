@@ -108,8 +108,9 @@ def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch)
 
 
 class ActorKiller(threading.Thread):
-    """SIGKILLs one embedding actor's process (found by its Ray process title) as soon as the first
-    part is staged under ``staging``: an actor lost in the middle of the step's updates."""
+    """SIGKILLs one embedding actor's process (found by its Ray process title, among this process's
+    descendants: this test's local Ray, never another lane's) as soon as the first part is staged
+    under ``staging``: an actor lost in the middle of the step's updates."""
 
     def __init__(self, staging: Path):
         super().__init__(daemon=True)
@@ -118,11 +119,14 @@ class ActorKiller(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set() and self.killed is None:
             if self.staging.exists() and any(self.staging.rglob("*.arrow")):
-                for process in psutil.process_iter(["pid", "cmdline"]):
-                    if "MapBatches(EmbedAndStage)" in " ".join(process.info["cmdline"] or []):
-                        os.kill(process.info["pid"], signal.SIGKILL)
-                        self.killed = process.info["pid"]
-                        return
+                for process in psutil.Process().children(recursive=True):
+                    try:
+                        if "MapBatches(EmbedAndStage)" in " ".join(process.cmdline()):
+                            os.kill(process.pid, signal.SIGKILL)
+                            self.killed = process.pid
+                            return
+                    except psutil.NoSuchProcess:
+                        continue
             time.sleep(0.01)
 
 
