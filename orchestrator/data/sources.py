@@ -56,7 +56,7 @@ def bundled_digits() -> tuple[np.ndarray, np.ndarray]:
 
     Read from the CSV scikit-learn ships (8x8 values, then the class, per line), found without
     importing scikit-learn: importing it (and SciPy, which it imports) costs about a second of CPU
-    in every process that loads the digits (the driver, each embedding actor, each training worker),
+    in every process that loads the digits (the driver, each Ray Train worker, each tuning trial),
     and ``sklearn.datasets.load_digits`` does nothing more than this read
     (tests/data/test_data_digits.py compares the two). The arrays are read-only (one copy per
     process)."""

@@ -105,7 +105,7 @@ def test_local_mode_trains_the_parent_bit_for_bit_in_this_process(local_ray, dig
     Its epoch lines reach ``progress`` through an in-process queue, not a Ray queue's actor."""
     train = load_digits("train")
     old_ids = train.ids[train.labels < 5].tolist()
-    workers_before, queues_before = _train_workers(), _train_workers("_QueueActor")
+    workers_before, queues_before = _actor_processes(), _actor_processes("_QueueActor")
     threads = torch.get_num_threads()
     lines: list[str] = []
     queues_during: list[set[int]] = []  # new queue actors, looked for while an epoch is reported
@@ -113,11 +113,11 @@ def test_local_mode_trains_the_parent_bit_for_bit_in_this_process(local_ray, dig
                                             encoder=CONVNEXT),
                                         RaySettings(num_workers=0), storage_path=str(tmp_path / "ray"),
                                         progress=lines.append,
-                                        on_epoch=lambda _: queues_during.append(_train_workers("_QueueActor")
+                                        on_epoch=lambda _: queues_during.append(_actor_processes("_QueueActor")
                                                                                 - queues_before))
     assert load_card(str(tmp_path / "g0")).sha256 == parent.sha256
     assert metrics == pytest.approx(parent.metrics)
-    assert _train_workers() == workers_before and torch.get_num_threads() == threads
+    assert _actor_processes() == workers_before and torch.get_num_threads() == threads
     assert queues_during == [set(), set()]
     assert [line.split("  ")[0] for line in lines] == ["epoch 1/2", "epoch 2/2"], lines
     bad = job("g1", "l2", tmp_path, digits_stats, epochs=1, encoder=CONVNEXT, parent_name="g0",
@@ -127,10 +127,10 @@ def test_local_mode_trains_the_parent_bit_for_bit_in_this_process(local_ray, dig
     assert not (tmp_path / "g1").exists()
 
 
-def _train_workers(actor: str = "RayTrainWorker") -> set[int]:
-    """PIDs of the ``actor`` processes (Ray Train's workers by default) of this process's local Ray
-    (its raylet is a child of this process, their parent): never another test's, which may run
-    beside this one."""
+def _actor_processes(actor: str = "RayTrainWorker") -> set[int]:
+    """PIDs of the ``actor`` processes (a Ray process title; Ray Train's workers by default) of this
+    process's local Ray (its raylet is a child of this process, their parent): never another
+    test's, which may run beside this one."""
     here = os.getpid()
     workers = set()
     for proc in psutil.process_iter(["cmdline"]):
@@ -158,7 +158,7 @@ def _a_checkpoint_is_registered(run_dir: Path) -> bool:
 def _kill_a_worker_once_a_checkpoint_is_registered(run_dir: Path, killed: list[int], deadline: float) -> None:
     while time.time() < deadline and not killed:
         if _a_checkpoint_is_registered(run_dir):
-            for pid in _train_workers():
+            for pid in _actor_processes():
                 psutil.Process(pid).kill()
                 killed.append(pid)
                 return
