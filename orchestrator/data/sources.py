@@ -498,7 +498,7 @@ def _array_images(column: pa.Array, name: str, image_shape: Sequence[int] | None
     if not pa.types.is_integer(values.type):
         raise ValueError(f"{name}: pixel values must be integers 0..255, got {values.type}")
     pixels = values.to_numpy(zero_copy_only=False)
-    if pixels.size and (pixels.min() < 0 or pixels.max() > 255):
+    if pixels.size and pixels.dtype != np.uint8 and (pixels.min() < 0 or pixels.max() > 255):  # uint8: in range
         raise ValueError(f"{name}: pixel values must lie in 0..255, got [{pixels.min()}, {pixels.max()}]")
     if len(dims) == 1:
         if image_shape is None:

@@ -70,6 +70,25 @@ def test_a_parquet_dataset_reads_any_rows_across_files_and_row_groups(written):
     np.testing.assert_array_equal(decode_images(table.column("image"), source.image_format, 6), images[np.sort(rows)])
 
 
+def test_row_ranges_and_row_sets_come_in_blocks_of_the_size_asked(written):
+    """A row range starting inside a row group (groups of 3) read in blocks of 2, and a row set
+    read in blocks of 4: the rows in order, each block at most the size asked, and a row set's
+    filtered rows regrouped into full blocks (all but the last)."""
+    folder, images = written
+    source = ParquetDatasetSource(str(folder), image_column="pixels", image_shape=[6, 6, 3])
+    reader = source.reader(source.fragments[2])  # 12 rows: groups [0, 3) [3, 6) [6, 9) [9, 12)
+    blocks = list(reader.blocks(4, 11, None, 2))
+    assert [len(b) for b in blocks] == [1, 2, 2, 2]  # batches of 2 from the first group held (row 3), cut to [4, 11)
+    first = source.fragments[2].first_row
+    assert pa.concat_tables(blocks).column("row").to_pylist() == list(range(first + 4, first + 11))
+    np.testing.assert_array_equal(decode_images(pa.concat_tables(blocks).column("image"), source.image_format, 6),
+                                  images[first + 4:first + 11])
+    keep = np.array([0, 2, 3, 5, 7, 8, 9, 11])
+    kept = list(reader.blocks(0, 12, keep, 3))
+    assert [len(b) for b in kept] == [3, 3, 2]
+    assert pa.concat_tables(kept).column("row").to_pylist() == (keep + first).tolist()
+
+
 def test_encoded_flat_and_nested_pixel_columns_decode_to_the_same_images(written):
     folder, images = written
     rows = np.arange(sum(SIZES))
@@ -154,3 +173,12 @@ def test_raw_pixel_rows_decode_in_one_copy_and_a_short_row_is_named():
     short[3] = short[3][:-1]
     with pytest.raises(ValueError, match=r"^image 3 of the batch: 47 bytes, expected 48 for raw pixels of shape \(4, 4, 3\)$"):
         decode_images(short, ImageFormat("raw", (4, 4, 3)), 4)
+    # an Arrow column is read through its data buffer: a slice (offset 2) gives its own rows, and a
+    # short or a missing row in an Arrow column is named as in a list
+    np.testing.assert_array_equal(decode_images(column.slice(2, 3), ImageFormat("raw", (4, 4, 3)), 4), images[2:5])
+    with pytest.raises(ValueError, match=r"^image 3 of the batch: 47 bytes, expected 48"):
+        decode_images(pa.array(short, pa.binary()), ImageFormat("raw", (4, 4, 3)), 4)
+    missing = column.to_pylist()
+    missing[1] = None
+    with pytest.raises(ValueError, match=r"^image 1 of the batch: no bytes, expected 48"):
+        decode_images(pa.chunked_array([pa.array(missing, pa.binary())]), ImageFormat("raw", (4, 4, 3)), 4)
