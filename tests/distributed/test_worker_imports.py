@@ -47,3 +47,14 @@ def test_a_name_is_imported_from_its_module_on_first_use_and_then_kept():
     assert getattr_("select_top") is select_top
     with pytest.raises(AttributeError, match="has no attribute 'plan'"):
         getattr_("plan")
+
+
+def test_a_finisher_loads_the_index_layer_when_it_starts_not_in_its_first_finish():
+    """The shard store imports its index builder on first use; a finisher actor imports it as it
+    is constructed (beside the embedding actors loading their model), so the step's first finish
+    does not pay for FAISS and torch (the geometry's)."""
+    code = ("import sys; from orchestrator.distributed.finish import Finisher; "
+            "before = 'orchestrator.index.factory' in sys.modules; Finisher(print); "
+            "print(before, 'orchestrator.index.factory' in sys.modules, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True", "True"]
