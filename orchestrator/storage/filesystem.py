@@ -22,7 +22,8 @@ Atomicity (``write_bytes_atomic``):
   temporary file over the target (atomic on POSIX within one file system) and the directory is
   fsync-ed. Readers see the old file or the new one, never a partial file; a failure removes the
   temporary file and leaves the old content untouched. A killed process cannot remove it: the
-  next pipeline run does (``remove_stale_temporaries``).
+  next pipeline run does (``remove_stale_temporaries``). ``durable=False`` skips both fsyncs:
+  still whole for readers, but not kept across a machine crash (a step attempt's staged parts).
 - object stores: one upload of the whole object (s3fs: a single PUT, or for very large objects a
   multipart upload that becomes visible only on its final "complete" call). S3 makes an object
   visible atomically, so readers see the old object or the new one. There is no atomicity across
@@ -266,23 +267,26 @@ def read_bytes(uri: str, storage_options: Mapping[str, Any] | None = None) -> by
         raise FileNotFoundError(f"no such file: {redact_uri(uri)}") from exc
 
 
-def write_bytes_atomic(uri: str, data: bytes, storage_options: Mapping[str, Any] | None = None) -> None:
+def write_bytes_atomic(uri: str, data: bytes, storage_options: Mapping[str, Any] | None = None,
+                       durable: bool = True) -> None:
     """Write ``data`` to ``uri`` so that readers see the old content or the new, never a part.
 
     Local: temporary file in the same directory, fsync, ``os.replace``, directory fsync (parent
     directories are created). Object stores: one upload of the whole object. See the module
-    docstring.
+    docstring. ``durable=False`` skips the two fsyncs (still atomic for readers, not across a
+    machine crash): for files that a crash makes worthless anyway, such as a step attempt's staged
+    parts (1.5 ms → 0.2 ms a 370 kB file here).
     """
     data = bytes(data) if not isinstance(data, bytes) else data
     if is_local(uri):
-        _write_local_atomic(_local_path(uri), data)
+        _write_local_atomic(_local_path(uri), data, durable)
         return
     fs, path = open_filesystem(uri, storage_options)
     with _object_store(uri, storage_options):
         fs.pipe_file(path, data)
 
 
-def _write_local_atomic(path: str, data: bytes) -> None:
+def _write_local_atomic(path: str, data: bytes, durable: bool) -> None:
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}{_TEMPORARY_SUFFIX}{uuid.uuid4().hex}")
@@ -292,7 +296,8 @@ def _write_local_atomic(path: str, data: bytes) -> None:
         with os.fdopen(fd, "wb") as handle:
             _write_all(handle, data)
             handle.flush()
-            os.fsync(handle.fileno())
+            if durable:
+                os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -300,7 +305,8 @@ def _write_local_atomic(path: str, data: bytes) -> None:
         except FileNotFoundError:
             pass
         raise
-    _fsync_directory(directory)
+    if durable:
+        _fsync_directory(directory)
 
 
 def remove_stale_temporaries(uri: str, started: float, grace_s: float = STALE_TEMPORARY_GRACE_S) -> int:
