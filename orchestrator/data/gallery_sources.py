@@ -296,29 +296,35 @@ class _ParquetReader(FragmentReader):
     def _row_pieces(self, start: int, stop: int, keep: np.ndarray | None,
                     batch_rows: int) -> Iterator[tuple[pa.Table, np.ndarray]]:
         """(rows, their local rows) of [start, stop) (those in ``keep`` when given), read in
-        batches of ``batch_rows`` from the row groups that hold them: one whole group at a time
-        (4,096 rows of 3 KB images in benchmarks/gallery_scale.py) cost 1.3-1.6x the CPU per row."""
+        batches of ``batch_rows`` from the row groups that hold them (a group holding no row of
+        ``keep`` is not read): one whole group at a time (4,096 rows of 3 KB images in
+        benchmarks/gallery_scale.py) cost 1.3-1.6x the CPU per row."""
         fs, path = fsspec.core.url_to_fs(self.fragment.key, **self.storage_options)
-        wanted = [c for c in (self.columns["image_column"], self.columns["id_column"], self.columns["uri_column"],
-                              self.columns["label_column"], *self.columns["metadata"]) if c is not None]
+        wanted = list(dict.fromkeys(c for c in (self.columns["image_column"], self.columns["id_column"],
+                                                self.columns["uri_column"], self.columns["label_column"],
+                                                *self.columns["metadata"]) if c is not None))
         with fs.open(path, "rb") as handle:
             parquet = pq.ParquetFile(handle)
             bounds = np.cumsum([0] + [parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)])
-            groups = [g for g in range(parquet.num_row_groups) if max(start, bounds[g]) < min(stop, bounds[g + 1])]
-            first = int(bounds[groups[0]]) if groups else stop
-            for batch in parquet.iter_batches(batch_rows, row_groups=groups, columns=list(dict.fromkeys(wanted))):
-                lo, hi = max(start, first), min(stop, first + batch.num_rows)
-                if lo < hi:
-                    table = pa.Table.from_batches([batch]).slice(lo - first, hi - lo)
-                    local = np.arange(lo, hi, dtype=np.int64)
-                    if keep is not None:
-                        mask = np.isin(local, keep)
-                        table, local = table.filter(pa.array(mask)), local[mask]
-                    if len(table):
-                        yield table, local
-                first += batch.num_rows
-                if first >= stop:
-                    break
+            lows, highs = np.maximum(bounds[:-1], start), np.minimum(bounds[1:], stop)
+            held = lows < highs
+            if keep is not None:
+                held &= np.searchsorted(keep, lows) < np.searchsorted(keep, highs)
+            for run in _consecutive_runs(np.flatnonzero(held).tolist()):
+                first = int(bounds[run[0]])  # the run's batches follow one another from its first row
+                for batch in parquet.iter_batches(batch_rows, row_groups=run, columns=wanted):
+                    lo, hi = max(start, first), min(stop, first + batch.num_rows)
+                    if lo < hi:
+                        table, local = (pa.Table.from_batches([batch]).slice(lo - first, hi - lo),
+                                        np.arange(lo, hi, dtype=np.int64))
+                        if keep is not None:
+                            mask = np.isin(local, keep)
+                            table, local = table.filter(pa.array(mask)), local[mask]
+                        if len(table):
+                            yield table, local
+                    first += batch.num_rows
+                    if first >= stop:
+                        break
 
     def _assemble(self, table: pa.Table, local: np.ndarray) -> pa.Table:
         columns = self.columns
@@ -342,6 +348,17 @@ class _ParquetReader(FragmentReader):
         for name in columns["metadata"]:
             out[name] = table.column(name)
         return pa.table(out)
+
+
+def _consecutive_runs(groups: list[int]) -> list[list[int]]:
+    """Sorted row-group numbers split where one is not the previous plus one: [1, 2, 5] → [[1, 2], [5]]."""
+    runs: list[list[int]] = []
+    for group in groups:
+        if runs and group == runs[-1][-1] + 1:
+            runs[-1].append(group)
+        else:
+            runs.append([group])
+    return runs
 
 
 def _regrouped(pieces: Iterator[tuple[pa.Table, np.ndarray]],

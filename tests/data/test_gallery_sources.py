@@ -89,6 +89,22 @@ def test_row_ranges_and_row_sets_come_in_blocks_of_the_size_asked(written):
     assert pa.concat_tables(kept).column("row").to_pylist() == (keep + first).tolist()
 
 
+def test_a_sparse_row_set_reads_only_the_row_groups_that_hold_its_rows(written, monkeypatch):
+    folder, images = written
+    source = ParquetDatasetSource(str(folder), image_column="pixels", image_shape=[6, 6, 3])
+    read_groups = []
+    iter_batches = pq.ParquetFile.iter_batches
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches",
+                        lambda self, *args, **kwargs: (read_groups.append(kwargs["row_groups"]),
+                                                       iter_batches(self, *args, **kwargs))[1])
+    first = source.fragments[2].first_row  # 12 rows: groups [0, 3) [3, 6) [6, 9) [9, 12)
+    blocks = list(source.reader(source.fragments[2]).blocks(0, 12, np.array([0, 4, 11]), 2))
+    assert read_groups == [[0, 1], [3]]  # the groups holding rows 0 and 4, then the one holding 11
+    assert pa.concat_tables(blocks).column("row").to_pylist() == [first, first + 4, first + 11]
+    np.testing.assert_array_equal(decode_images(pa.concat_tables(blocks).column("image"), source.image_format, 6),
+                                  images[[first, first + 4, first + 11]])
+
+
 def test_encoded_flat_and_nested_pixel_columns_decode_to_the_same_images(written):
     folder, images = written
     rows = np.arange(sum(SIZES))
