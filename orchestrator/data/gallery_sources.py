@@ -62,14 +62,13 @@ class ImageFormat:
 
 def decode_images(column: Sequence[bytes] | pa.Array, image_format: ImageFormat, image_size: int) -> np.ndarray:
     """An ``image`` column of n rows → uint8 (n, image_size, image_size, 3) (RGB, bilinear resize)."""
+    arrow = isinstance(column, (pa.Array, pa.ChunkedArray))
     if image_format.kind == "raw":
-        size = int(np.prod(image_format.shape))
-        rows = _equal_binary_rows(column, size) if isinstance(column, (pa.Array, pa.ChunkedArray)) else None
+        rows = _equal_binary_rows(column, int(np.prod(image_format.shape))) if arrow else None
         if rows is None:  # a Python sequence, nulls or a wrong length: row by row, naming the row
-            rows = _raw_rows(column.to_pylist() if isinstance(column, (pa.Array, pa.ChunkedArray)) else list(column),
-                             image_format.shape)
+            rows = _raw_rows(column.to_pylist() if arrow else list(column), image_format.shape)
         return _raw_images(rows.reshape(len(rows), *image_format.shape), image_size)
-    values = column.to_pylist() if isinstance(column, (pa.Array, pa.ChunkedArray)) else list(column)
+    values = column.to_pylist() if arrow else list(column)
     out = np.empty((len(values), image_size, image_size, 3), dtype=np.uint8)
     for i, value in enumerate(values):
         try:
@@ -84,8 +83,8 @@ def decode_images(column: Sequence[bytes] | pa.Array, image_format: ImageFormat,
 def _equal_binary_rows(column: pa.Array | pa.ChunkedArray, size: int) -> np.ndarray | None:
     """A binary column whose every row holds ``size`` bytes → uint8 (n, size), a view of its data
     buffer (no Python object per row); None when a row is null or of another length."""
-    if isinstance(column, pa.ChunkedArray):
-        column = column.combine_chunks()
+    if isinstance(column, pa.ChunkedArray):  # one chunk (a block's slice) read in place: combining copies
+        column = column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
     if not pa.types.is_binary(column.type) or column.null_count:
         return None
     if not len(column):
@@ -315,13 +314,13 @@ class _ParquetReader(FragmentReader):
                 for batch in parquet.iter_batches(batch_rows, row_groups=run, columns=wanted):
                     lo, hi = max(start, first), min(stop, first + batch.num_rows)
                     if lo < hi:
-                        table, local = (pa.Table.from_batches([batch]).slice(lo - first, hi - lo),
-                                        np.arange(lo, hi, dtype=np.int64))
-                        if keep is not None:
-                            mask = np.isin(local, keep)
-                            table, local = table.filter(pa.array(mask)), local[mask]
-                        if len(table):
-                            yield table, local
+                        table = pa.Table.from_batches([batch])
+                        if keep is None:
+                            yield table.slice(lo - first, hi - lo), np.arange(lo, hi, dtype=np.int64)
+                        else:  # keep is sorted: its rows in [lo, hi) are one slice of it
+                            local = keep[np.searchsorted(keep, lo):np.searchsorted(keep, hi)]
+                            if local.size:
+                                yield table.take(pa.array(local - first)), local
                     first += batch.num_rows
                     if first >= stop:
                         break

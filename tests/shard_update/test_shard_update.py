@@ -18,7 +18,8 @@ from orchestrator.integrity import index_record
 from orchestrator.methods import create_method, embed_dataset
 from orchestrator.models.encoder import EncoderConfig
 from orchestrator.shard_update import PixelEmbedder, ShardTarget, ShardUpdate, UpdateKind, run_shard_update
-from orchestrator.storage import read_bytes
+from orchestrator.shard_update.parts import read_parts, write_parts
+from orchestrator.storage import filesystem, read_bytes
 from orchestrator.storage.overwrite import UnknownArtefact
 
 IMAGE_SIZE = 32
@@ -123,3 +124,20 @@ def test_a_first_attempt_never_overwrites_an_unknown_file_and_a_later_one_rewrit
     again = run(started(UpdateKind.EMBED, 0, 40, first_attempt=False, rows=(0, 40)), source, embedder, target,
                 blocks_of(source, 0, 40)).written[0]
     assert again == first  # the same content under the same name
+
+
+def test_staged_parts_are_written_whole_and_not_fsynced(tmp_path, monkeypatch):
+    """A step attempt's parts are read only by that attempt (a crash makes them worthless): no
+    fsync, one part per entry, read back equal to the rows staged without ``entry``."""
+    import pyarrow as pa
+
+    synced: list[int] = []
+    monkeypatch.setattr(filesystem.os, "fsync", synced.append)
+    part = pa.table({"entry": pa.array([0, 1, 0], pa.int64()), "id": pa.array([7, 8, 9], pa.int64()),
+                     "row": pa.array([0, 1, 2], pa.int64()), "embedding": pa.array(np.ones(3, np.float32))})
+    rows = write_parts(part, {0: str(tmp_path / "a"), 1: str(tmp_path / "b")})
+    assert synced == []
+    assert rows.column("entry").to_pylist() == [0, 1] and rows.column("n_items").to_pylist() == [2, 1]
+    staged = read_parts(rows.column("uri").to_pylist())
+    assert staged[0].equals(part.filter(pa.array([True, False, True])).drop_columns(["entry"]))
+    assert staged[1].column("id").to_pylist() == [8]

@@ -95,27 +95,20 @@ def test_atomic_write_failure_before_replace_on_new_file_leaves_nothing(tmp_path
     assert os.listdir(tmp_path) == []
 
 
-def test_a_durable_write_syncs_the_file_and_its_folder_and_a_staged_part_neither(tmp_path, monkeypatch):
-    """Shard files, indexes and records are fsynced (the file, then its folder); a step attempt's
-    staged parts are not (only that attempt reads them; a crash makes them worthless), and are
-    still replaced whole."""
-    import numpy as np
-    import pyarrow as pa
-
-    from orchestrator.shard_update.parts import read_parts, write_parts
-
+def test_a_durable_write_syncs_the_file_and_its_folder_and_a_non_durable_one_neither(tmp_path, monkeypatch):
+    """``write_bytes_atomic`` fsyncs the file, then its folder; ``durable=False`` neither, and the
+    file is still replaced whole (no temporary left)."""
     synced: list[int] = []
     real_fsync = os.fsync
     monkeypatch.setattr(fsmod.os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
     write_bytes_atomic(str(tmp_path / "shard.bin"), b"x" * 1000)
     assert len(synced) == 2
     synced.clear()
-    part = pa.table({"entry": pa.array([0, 0], pa.int64()), "id": pa.array([7, 8], pa.int64()),
-                     "row": pa.array([0, 1], pa.int64()), "embedding": pa.array(np.ones(2, np.float32))})
-    rows = write_parts(part, {0: str(tmp_path / "staging")})
-    assert synced == []
-    assert read_parts(rows.column("uri").to_pylist())[0].equals(part.drop_columns(["entry"]))
-    assert not [name for name in os.listdir(tmp_path / "staging") if not name.endswith(".arrow")]
+    write_bytes_atomic(str(tmp_path / "part.bin"), b"old")
+    synced.clear()
+    write_bytes_atomic(str(tmp_path / "part.bin"), b"y" * 1000, durable=False)
+    assert synced == [] and read_bytes(str(tmp_path / "part.bin")) == b"y" * 1000
+    assert sorted(os.listdir(tmp_path)) == ["part.bin", "shard.bin"]
 
 
 def test_atomic_write_file_mode_follows_umask(tmp_path):
