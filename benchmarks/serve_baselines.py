@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import socket
 import time
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +72,10 @@ def plain_search(indexes: list[Any], searched: np.ndarray, k: int) -> np.ndarray
     return np.take_along_axis(found, order, axis=1)
 
 
-def _serve_plain(paths: list[str], port: int, k: int) -> None:
-    """The minimal FAISS server (module docstring), until terminated; run in its own process."""
+def _serve_plain(paths: list[str], k: int, report: Connection) -> None:
+    """The minimal FAISS server (module docstring), until terminated; run in its own process. It
+    listens on a port the system chooses (a port picked beforehand can be taken, by another
+    process's outgoing connection for one, before the server binds it) and sends it on ``report``."""
     import faiss
     from aiohttp import web
 
@@ -85,14 +89,16 @@ def _serve_plain(paths: list[str], port: int, k: int) -> None:
 
     app = web.Application()
     app.router.add_post("/search", search)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    listener = socket.create_server(("127.0.0.1", 0))
+    report.send(listener.getsockname()[1])
+    web.run_app(app, sock=listener, print=None, access_log=None)
 
 
 class PlainFaissServer:
-    """``_serve_plain`` in a spawned process on 127.0.0.1:``port``, over the FAISS indexes of
-    ``routes`` (the router's), written under ``folder``; a context manager."""
+    """``_serve_plain`` in a spawned process on 127.0.0.1 (``url`` once entered), over the FAISS
+    indexes of ``routes`` (the router's), written under ``folder``; a context manager."""
 
-    def __init__(self, routes: list[Any], folder: Path, port: int, k: int):
+    def __init__(self, routes: list[Any], folder: Path, k: int, start_timeout_s: float = 60.0):
         import faiss
 
         folder.mkdir(parents=True, exist_ok=True)
@@ -101,13 +107,27 @@ class PlainFaissServer:
             path = folder / f"shard-{route.shard.index}.faiss"
             faiss.write_index(route.index.index, str(path))
             self.paths.append(str(path))
-        self.url, self.port, self.k = f"http://127.0.0.1:{port}", port, k
+        self.k, self.start_timeout_s = k, start_timeout_s
 
     def __enter__(self) -> PlainFaissServer:
+        receiver, sender = multiprocessing.Pipe(duplex=False)
         self.process = multiprocessing.get_context("spawn").Process(target=_serve_plain,
-                                                                     args=(self.paths, self.port, self.k), daemon=True)
+                                                                     args=(self.paths, self.k, sender), daemon=True)
         self.process.start()
-        asyncio.run(_wait_until_up(self.url))
+        sender.close()
+        try:
+            if not receiver.poll(self.start_timeout_s):
+                raise RuntimeError(f"the plain FAISS server did not listen within {self.start_timeout_s:.0f} s")
+            try:
+                self.url = f"http://127.0.0.1:{receiver.recv()}"
+            except EOFError:
+                self.process.join(10)
+                raise RuntimeError(f"the plain FAISS server exited before listening "
+                                   f"(exit code {self.process.exitcode})") from None
+            asyncio.run(_wait_until_up(self.url, self.start_timeout_s))
+        except BaseException:
+            self.__exit__()
+            raise
         return self
 
     def __exit__(self, *_exc: object) -> None:

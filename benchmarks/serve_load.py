@@ -401,7 +401,7 @@ def in_process_rows(bench: Bench, args) -> list[dict[str, Any]]:
         row["recall_at_10"] = recall
     searched = searched_form(routes, bench.queries)
     plain_recall = recall_at_k(plain_search([route.index.index for route in routes], searched, K), bench.truth)
-    with PlainFaissServer(routes, bench.storage / "plain-faiss", args.port + 1, K) as plain:
+    with PlainFaissServer(routes, bench.storage / "plain-faiss", K) as plain:
         bodies = [json.dumps({"queries": [q.tolist()]}).encode() for q in searched]
         asyncio.run(closed_loop(plain.url, bodies, min(5.0, args.seconds), args.concurrency))  # warm-up
         load = asyncio.run(closed_loop(plain.url, bodies, args.seconds, args.concurrency))

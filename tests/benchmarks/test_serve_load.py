@@ -96,3 +96,29 @@ def test_the_readme_section_is_rewritten_between_its_markers_only():
     rewritten = replace_section(text, section, serve_load.BEGIN, serve_load.END)
     assert rewritten.startswith("before\n") and rewritten.endswith("\nafter\n") and "old table" not in rewritten
     assert serve_load.table(rows) in rewritten and "Measured on two cores." in rewritten
+
+
+def test_the_plain_faiss_server_listens_where_the_system_says_and_answers_as_plain_search(tmp_path):
+    import json
+    import types
+    import urllib.request
+
+    import faiss
+
+    from benchmarks.serve_baselines import PlainFaissServer, plain_search
+
+    rng = np.random.default_rng(0)
+    routes, indexes = [], []
+    for shard, ids in enumerate((np.arange(0, 40), np.arange(40, 70))):
+        index = faiss.IndexIDMap2(faiss.IndexFlatL2(8))
+        index.add_with_ids(rng.normal(size=(len(ids), 8)).astype(np.float32), ids.astype(np.int64))
+        routes.append(types.SimpleNamespace(shard=types.SimpleNamespace(index=shard), index=types.SimpleNamespace(index=index)))
+        indexes.append(index)
+    queries = rng.normal(size=(5, 8)).astype(np.float32)
+    with PlainFaissServer(routes, tmp_path / "plain", k=4) as server:
+        request = urllib.request.Request(f"{server.url}/search", data=json.dumps({"queries": queries.tolist()}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=30) as response:
+            found = np.asarray(json.loads(response.read())["ids"])
+    assert found.tolist() == plain_search(indexes, queries, 4).tolist()
+    assert set(found.ravel()) <= set(range(70)) and len(set(found[:, 0])) > 1  # both shards' ids, not one constant
