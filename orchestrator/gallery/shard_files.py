@@ -62,7 +62,7 @@ class ShardEmbeddings:
         if self.labels.shape != (n,) or self.uncertainty.shape != (n,):
             raise ValueError(f"shard of {self.generation!r}: labels and uncertainty must be ({n},), got "
                              f"{self.labels.shape} and {self.uncertainty.shape}")
-        if np.unique(self.ids).size != n:
+        if not all_distinct(self.ids):
             raise ValueError(f"shard of {self.generation!r}: item ids must be unique")
         if (self.rows is not None and self.rows.shape != (n,)) or (self.attributes is not None and len(self.attributes) != n):
             raise ValueError(f"shard of {self.generation!r}: rows and attributes must have {n} rows")
@@ -88,6 +88,14 @@ class ShardEmbeddings:
     def without(self, item_ids: np.ndarray) -> ShardEmbeddings:
         """The shard minus the items ``item_ids`` (the rest keep their order)."""
         return self.take(np.flatnonzero(~np.isin(self.ids, item_ids)))
+
+
+def all_distinct(ids: np.ndarray) -> bool:
+    """Whether the (n,) ``ids`` are pairwise distinct: a scan when they increase (a shard's rows are
+    sorted by id), a sort otherwise."""
+    if ids.size < 2 or bool(np.all(ids[1:] > ids[:-1])):
+        return True
+    return bool(np.unique(ids).size == ids.size)
 
 
 def item_set_version(ids: np.ndarray) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from orchestrator.gallery.shard_files import ShardEmbeddings, read_shard
+from orchestrator.gallery.shard_files import ShardEmbeddings, all_distinct, read_shard
 from orchestrator.shard_update.files import ShardTarget, WrittenShard, write_shard_files
 from orchestrator.shard_update.update import ShardUpdate, UpdateKind
 
@@ -105,23 +105,31 @@ def assemble_shard(update: ShardUpdate, parts: Sequence[pa.Table], generation: s
     table = pa.concat_tables(parts, promote_options="default").combine_chunks()
     ids, rows = table.column("id").to_numpy().astype(np.int64), table.column("row").to_numpy().astype(np.int64)
     first = _first_occurrences(ids, rows)
-    table, ids, rows = table.take(pa.array(first)), ids[first], rows[first]
+    kept = np.arange(ids.size) if first is None else first
+    by_id = kept[np.argsort(ids[kept], kind="stable")]  # the shard's order: sorted by id
+    ids, rows = ids[by_id], rows[by_id]
     planned = update.rows is None or np.array_equal(np.sort(rows), np.arange(*update.rows))
-    if ids.size != update.num_items or np.unique(ids).size != ids.size or not planned:
+    if ids.size != update.num_items or not all_distinct(ids) or not planned:
         raise RuntimeError(f"{update.key}: the embedded items are not exactly the planned ones ({ids.size} rows, "
                            f"{np.unique(ids).size} distinct ids, {update.num_items} planned)")
+    table = table.take(pa.array(by_id))
     embedding = table.column("embedding").combine_chunks()
     embeddings = embedding.values.to_numpy().reshape(len(table), embedding.type.list_size)
     attributes = table.drop_columns([c for c in _PART_COLUMNS if c in table.column_names])
     return ShardEmbeddings(ids, table.column("label").to_numpy().astype(np.int64),
                            embeddings.astype(np.float32, copy=False),
                            table.column("uncertainty").to_numpy().astype(np.float32), generation, space, curv, rows,
-                           attributes).sorted_by_id()
+                           attributes)
 
 
-def _first_occurrences(ids: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Positions of the first occurrence of each distinct (id, row) pair, in arrival order: a part
-    that a retried task reported twice repeats the same items (the same ids at the same rows); an id
-    at two rows stays twice, and is refused."""
+def _first_occurrences(ids: np.ndarray, rows: np.ndarray) -> np.ndarray | None:
+    """Positions of the first occurrence of each distinct (id, row) pair, in arrival order, or None
+    when every pair occurs once: a part that a retried task reported twice repeats the same items
+    (the same ids at the same rows); an id at two rows stays twice, and is refused. Rows that are
+    all distinct (every step without a retry) make every pair distinct: one sort of the rows (already
+    in order: a scan) decides it, where the pairs' own ``np.unique(axis=0)`` costs ~0.5 µs per item."""
+    ordered = np.sort(rows)
+    if not np.any(ordered[1:] == ordered[:-1]):
+        return None
     _unique, first = np.unique(np.stack([ids, rows], axis=1), axis=0, return_index=True)
     return np.sort(first)

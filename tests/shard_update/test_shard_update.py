@@ -141,3 +141,43 @@ def test_staged_parts_are_written_whole_and_not_fsynced(tmp_path, monkeypatch):
     staged = read_parts(rows.column("uri").to_pylist())
     assert staged[0].equals(part.filter(pa.array([True, False, True])).drop_columns(["entry"]))
     assert staged[1].column("id").to_pylist() == [8]
+
+
+def _part(ids, rows, seed: int):
+    """An ``embedded_part`` of items ``ids`` at ``rows`` (embeddings a function of the id, as a
+    retried task reproduces them)."""
+    import pyarrow as pa
+
+    from orchestrator.shard_update.work import embedded_part
+
+    ids, rows = np.asarray(ids, dtype=np.int64), np.asarray(rows, dtype=np.int64)
+    block = pa.table({"row": rows, "id": ids, "label": ids % 10, "uri": [f"s3://b/{i}.png" for i in ids],
+                      "entry": np.zeros(len(ids), np.int64)})
+    embedding = np.stack([np.random.default_rng(int(i) + seed).normal(size=4) for i in ids]).astype(np.float32)
+    return embedded_part(block, embedding, np.full(len(ids), 0.5, np.float32))
+
+
+@pytest.mark.parametrize("repeat", [False, True])
+def test_a_shard_is_its_items_sorted_by_id_whether_or_not_a_retried_part_repeats_some(repeat):
+    from orchestrator.shard_update.work import assemble_shard
+
+    rng = np.random.default_rng(3)
+    ids = rng.choice(10**9, size=60, replace=False)
+    parts = [_part(ids[:25], np.arange(25), 0), _part(ids[25:], np.arange(25, 60), 0)]
+    if repeat:  # a retried task's part reported a second time, with the same items at the same rows
+        parts.insert(1, _part(ids[10:25], np.arange(10, 25), 0))
+    update = started(UpdateKind.EMBED, 0, 60, rows=(0, 60))
+    shard = assemble_shard(update, parts, "g0", "lorentz", 1.0)
+    order = np.argsort(ids)  # independent of the parts' order and of the repeat
+    assert shard.ids.tolist() == ids[order].tolist() and shard.rows.tolist() == order.tolist()
+    expected = np.stack([np.random.default_rng(int(i)).normal(size=4) for i in ids[order]]).astype(np.float32)
+    assert np.array_equal(shard.embeddings, expected)
+    assert shard.attributes.column("uri").to_pylist() == [f"s3://b/{i}.png" for i in ids[order]]
+
+
+def test_an_id_at_two_rows_is_refused_even_with_every_row_distinct():
+    from orchestrator.shard_update.work import assemble_shard
+
+    parts = [_part([5, 6, 7], [0, 1, 2], 0), _part([5], [3], 0)]  # id 5 at rows 0 and 3
+    with pytest.raises(RuntimeError, match=r"not exactly the planned ones \(4 rows, 3 distinct ids, 4 planned\)"):
+        assemble_shard(started(UpdateKind.EMBED, 0, 4, rows=(0, 4)), parts, "g0", "lorentz", 1.0)
