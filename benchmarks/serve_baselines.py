@@ -128,6 +128,8 @@ class PlainFaissServer:
         except BaseException:
             self.__exit__()
             raise
+        finally:
+            receiver.close()
         return self
 
     def __exit__(self, *_exc: object) -> None:
