@@ -36,6 +36,7 @@ import pytest
 from PIL import Image
 
 from orchestrator.data import load_digits
+from serving_client import free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -118,9 +119,7 @@ def served(copy_g0_run, tmp_path):
     """``orchestrator serve`` on a copy of the g0-old run, in its own session (so its process group
     is its own, as a shell's job); yields (process, port, storage)."""
     pipeline = copy_g0_run(tmp_path)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     log = (tmp_path / "serve.log").open("w")
     command = [sys.executable, "-m", "orchestrator", "serve", str(pipeline), "--port", str(port),
                "--token-env", "HOSTILE_TEST_TOKEN", "--replica-cpus", "0.5", "--body-timeout", str(BODY_TIMEOUT_S),
