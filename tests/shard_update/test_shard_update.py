@@ -143,7 +143,7 @@ def test_staged_parts_are_written_whole_and_not_fsynced(tmp_path, monkeypatch):
     assert staged[1].column("id").to_pylist() == [8]
 
 
-def _part(ids, rows, seed: int):
+def _part(ids, rows):
     """An ``embedded_part`` of items ``ids`` at ``rows`` (embeddings a function of the id, as a
     retried task reproduces them)."""
     import pyarrow as pa
@@ -153,7 +153,7 @@ def _part(ids, rows, seed: int):
     ids, rows = np.asarray(ids, dtype=np.int64), np.asarray(rows, dtype=np.int64)
     block = pa.table({"row": rows, "id": ids, "label": ids % 10, "uri": [f"s3://b/{i}.png" for i in ids],
                       "entry": np.zeros(len(ids), np.int64)})
-    embedding = np.stack([np.random.default_rng(int(i) + seed).normal(size=4) for i in ids]).astype(np.float32)
+    embedding = np.stack([np.random.default_rng(int(i)).normal(size=4) for i in ids]).astype(np.float32)
     return embedded_part(block, embedding, np.full(len(ids), 0.5, np.float32))
 
 
@@ -163,9 +163,9 @@ def test_a_shard_is_its_items_sorted_by_id_whether_or_not_a_retried_part_repeats
 
     rng = np.random.default_rng(3)
     ids = rng.choice(10**9, size=60, replace=False)
-    parts = [_part(ids[:25], np.arange(25), 0), _part(ids[25:], np.arange(25, 60), 0)]
+    parts = [_part(ids[:25], np.arange(25)), _part(ids[25:], np.arange(25, 60))]
     if repeat:  # a retried task's part reported a second time, with the same items at the same rows
-        parts.insert(1, _part(ids[10:25], np.arange(10, 25), 0))
+        parts.insert(1, _part(ids[10:25], np.arange(10, 25)))
     update = started(UpdateKind.EMBED, 0, 60, rows=(0, 60))
     shard = assemble_shard(update, parts, "g0", "lorentz", 1.0)
     order = np.argsort(ids)  # independent of the parts' order and of the repeat
@@ -178,6 +178,6 @@ def test_a_shard_is_its_items_sorted_by_id_whether_or_not_a_retried_part_repeats
 def test_an_id_at_two_rows_is_refused_even_with_every_row_distinct():
     from orchestrator.shard_update.work import assemble_shard
 
-    parts = [_part([5, 6, 7], [0, 1, 2], 0), _part([5], [3], 0)]  # id 5 at rows 0 and 3
+    parts = [_part([5, 6, 7], [0, 1, 2]), _part([5], [3])]  # id 5 at rows 0 and 3
     with pytest.raises(RuntimeError, match=r"not exactly the planned ones \(4 rows, 3 distinct ids, 4 planned\)"):
         assemble_shard(started(UpdateKind.EMBED, 0, 4, rows=(0, 4)), parts, "g0", "lorentz", 1.0)
