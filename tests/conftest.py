@@ -36,6 +36,7 @@ os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
 SHARED_FIXTURE_GROUPS = {
     "update": "digits-experiment",     # tests/evaluation: every learned method trained once
     "digits_experiment": "digits-experiment",
+    "hbct_update": "digits-experiment",
     "ray_address": "tuning",           # tests/tuning: one Ray, one pipeline whose steps the sweeps share
 }
 

@@ -10,10 +10,15 @@ is the noisier of the two: across training seeds, BCT's and HBCT's CMC@1 cross-t
 either side of the old self-test on this tiny model (mAP margins stayed positive), so the test
 fixes the seed and asserts CMC@1 only for the incompatible update.
 
-The models train for 12 epochs, the library's default (``experiment.DEFAULT_TRAINING``). At 12
-and at 20 epochs (seed 0) the margins are alike: mAP cross − old self 0.094 / 0.089 (BCT) and
-0.060 / 0.067 (HBCT); independent mAP cross-test 0.11 / 0.10 against old self 0.63 / 0.64; every new
-self CMC@1 ≥ 0.98; P_up ≥ −0.032.
+The models train for 12 epochs, the library's default (``experiment.DEFAULT_TRAINING``), but
+HBCT's criterion is checked at the shipped pipeline's 20 epochs (``hbct_update``). At 12 epochs
+HBCT's mAP margin (cross − old self) is bimodal across seeds, and another CPU's floating-point
+path moves a run the way another seed does: on an Intel Xeon with AVX-512, seeds 0-4 gave −0.005,
++0.054, −0.011, +0.060, +0.015 (two fail), where seed 0 gave +0.060 on the machine this test was
+written on; at 20 epochs +0.029, +0.068, +0.021, +0.064, +0.046 on the Xeon, every seed passing
+(P_up ≥ −0.047), as the default pipeline's g1 passes on mAP on all five README seeds. BCT at 12
+epochs, Xeon, seeds 0-4: +0.072, +0.097, +0.136, +0.108, +0.113. Independent mAP cross-test 0.11
+against old self 0.63; every new self CMC@1 ≥ 0.98.
 
 The models come from the session's shared experiment (``conftest.update``, trained in two
 processes). The second-tier baselines (LCE, UniBCT, AdvBCT, at their defaults) share BCT's old and
@@ -39,9 +44,16 @@ def test_independent_new_model_is_not_compatible(update, metric):
     assert not summary["compatible"]
 
 
-@pytest.mark.parametrize("method", ["bct", "hbct", *SECOND_TIER])
+@pytest.mark.parametrize("method", ["bct", *SECOND_TIER])
 def test_compatible_methods_beat_the_old_self_test(update, method):
-    summary = update.summaries[method]["map"]
+    assert_compatible(update.summaries[method]["map"])
+
+
+def test_hbct_beats_the_old_self_test_at_the_pipelines_budget(hbct_update):
+    assert_compatible(hbct_update.summaries["hbct"]["map"])
+
+
+def assert_compatible(summary: dict) -> None:
     assert summary["compatible"], summary
     assert summary["cross"] > summary["old_self"]
     assert summary["p_com"] > 0

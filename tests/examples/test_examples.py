@@ -45,9 +45,11 @@ def test_custom_method_example_trains_the_plug_in_through_ray_train(tmp_path):
         assert re.search(rf"^{re.escape(metric)}\s+old\s+anchored\s+phi-star$", out, re.MULTILINE), out[-3000:]
     assert re.search(rf"^anchored(\s+{NUMBER}){{3}}$", out, re.MULTILINE), out[-3000:]
     # the update summary of the cosine_anchor generation, with P_com / P_up against phi-star
-    # self, cross, old self, then backfill saved, P_com and P_up (each a value or n/a)
-    update = re.findall(r"^old → anchored\s+(cmc@1|map)\s+(?:-?\d+\.\d{3,4}\s+){3}(?:(?:-?\d+\.\d{3}|n/a)\s+){3}"
-                        r"(yes|no)$", out, re.MULTILINE)
+    # self, cross, old self (4 decimals), then backfill saved (2), P_com and P_up (3), each a value or
+    # n/a (saved is one where the full backfill gains over the old self-test: a value on some machines'
+    # one-epoch models, n/a on others)
+    update = re.findall(r"^old → anchored\s+(cmc@1|map)\s+(?:-?\d+\.\d{4}\s+){3}(?:-?\d+\.\d{2}\s+|n/a\s+)"
+                        r"(?:(?:-?\d+\.\d{3}|n/a)\s+){2}(yes|no)$", out, re.MULTILINE)
     assert [metric for metric, _ in update] == ["cmc@1", "map"], out[-3000:]
     assert "train:anchored: cosine_anchor on" in out
 
