@@ -31,6 +31,7 @@ from orchestrator.cli_options import (
     pipeline_overrides,
 )
 from orchestrator.errors import ExitCode, OrchestratorError
+from orchestrator.gc_startup import startup_phase
 from orchestrator.search.cli import add_search_command
 from orchestrator.serving.cli import add_serve_command
 
@@ -95,7 +96,8 @@ def _run_command(args: argparse.Namespace) -> int:
 
     config = load_pipeline(args.file, pipeline_overrides(args))  # checked before Ray and torch are imported
     preflight(config, storage_must_exist=False, ray=True)  # before the lineage and the lock are created
-    from orchestrator.pipeline.runner import run_pipeline
+    with startup_phase():  # torch, timm, Ray, Ray Data (gc_startup)
+        from orchestrator.pipeline.runner import run_pipeline
 
     result = run_pipeline(config)
     print()
@@ -110,8 +112,9 @@ def _tune_command(args: argparse.Namespace) -> int:
     from orchestrator.outside import preflight
 
     preflight(tune_file.pipeline, storage_must_exist=False, ray=True)
-    from orchestrator.tuning.results import plot_axes
-    from orchestrator.tuning.sweep import run_sweep
+    with startup_phase():
+        from orchestrator.tuning.results import plot_axes
+        from orchestrator.tuning.sweep import run_sweep
 
     result = run_sweep(tune_file)
     objective = tune_file.spec.objective

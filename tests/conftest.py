@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from orchestrator.gc_startup import startup_phase
+
 torch.set_num_threads(1)
 
 # Each local Ray a test starts (in-process or in an `orchestrator run` subprocess, which inherits
@@ -88,6 +90,15 @@ def _uses_module_fixture(item) -> bool:
 
 def pytest_configure(config):
     _ensure_ray_token()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """Collection imports the project, torch, Ray and the tests: a start-up phase
+    (``orchestrator.gc_startup``), so the garbage collector's passes during the tests do not walk
+    all of that again (the fast lane: 193 → 182 s of CPU, one run each)."""
+    with startup_phase():
+        return (yield)
 
 
 def _ensure_ray_token() -> None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from orchestrator.distributed.generation_model import GenerationModel
+from orchestrator.gc_startup import startup_phase
 from orchestrator.shard_update.files import ShardTarget
 from orchestrator.shard_update.parts import read_parts
 from orchestrator.shard_update.update import ShardUpdate
@@ -44,7 +45,8 @@ class Finisher:
         # the index builder, which the shard store imports on first use (FAISS, and torch through
         # the geometry), loaded as the actor starts, beside the embedding actors loading their
         # model, and not inside the step's first finish (measured: 1.5-2.5 s of a core there)
-        importlib.import_module("orchestrator.index.factory")
+        with startup_phase():
+            importlib.import_module("orchestrator.index.factory")
 
     def run(self, update: ShardUpdate, part_uris: list[str], model: GenerationModel,
             target: ShardTarget) -> ShardUpdateResult:

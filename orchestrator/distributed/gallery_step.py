@@ -47,6 +47,7 @@ from orchestrator.data.gallery_sources import GallerySource, ImageFormat, decode
 from orchestrator.distributed.finish import Finishes
 from orchestrator.distributed.gallery_read import gallery_dataset
 from orchestrator.distributed.generation_model import GenerationModel
+from orchestrator.gc_startup import startup_phase
 from orchestrator.shard_update import ShardTarget, ShardUpdate, ShardUpdateResult, embedded_part
 from orchestrator.shard_update.parts import staging_folder, write_parts
 
@@ -62,10 +63,11 @@ class EmbedStage:
     (``decode_stage`` ran before)."""
 
     def __init__(self, model: GenerationModel, threads: int, decoded: bool, batch_size: int):
-        import torch
+        with startup_phase():  # torch, timm and the checkpoint's load (gc_startup)
+            import torch
 
-        torch.set_num_threads(max(1, threads))
-        self.embedder = model.embedder("cuda" if torch.cuda.is_available() else "cpu")
+            torch.set_num_threads(max(1, threads))
+            self.embedder = model.embedder("cuda" if torch.cuda.is_available() else "cpu")
         self.size, self.batch_size = model.image_size, batch_size
         self.image_format = ImageFormat("raw", (self.size, self.size, 3)) if decoded else model.image_format
 

@@ -37,6 +37,7 @@ from orchestrator import limits
 from orchestrator.data import ImageTensorDataset, LabeledImages, channel_statistics, load_digits
 from orchestrator.data.scenarios import extended_class
 from orchestrator.evaluation import CompatibilityReport, evaluate_generations
+from orchestrator.gc_startup import start_worker_process
 from orchestrator.methods import CompatibilityMethod, create_method, references
 from orchestrator.metrics import KEY_METRICS, METRICS, UPDATE_SCORES, format_value
 from orchestrator.models.bundle import CompatibleModel
@@ -269,7 +270,7 @@ def _trainer_pool(workers: int) -> Executor:
         return _InProcess()
     # spawn: a fork of a process that has used torch's thread pools can deadlock
     return ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=torch.set_num_threads, initargs=(1,))
+                               initializer=start_worker_process, initargs=((__name__,), 1))
 
 
 def _submit(pool: Executor, experiment: UpdateExperiment, method: CompatibilityMethod, **kwargs) -> Future:
