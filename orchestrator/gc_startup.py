@@ -17,8 +17,11 @@ actors' model load and the finishers' index layer (driver 9.3-9.5 → 7.3 s, emb
 that no reference cycle made during start-up outlives it.
 
 What it costs: an object alive when the phase ends that later becomes part of an unreachable
-cycle is never freed. At a process's start that is the modules, the model and the process's own
-settings; a long-lived process (a test session) that enters the phase several times keeps more.
+cycle is never freed, nor finalized at exit. At a process's start that is the modules, the model
+and the process's own settings; so the phase is for a process's start only, never the middle of
+its work (Ray Train's local mode runs a training in the driver: a phase there froze the run's
+open lineage connection, and SQLite's write-ahead log outlived the run). A long-lived process (a
+test session) that enters it several times keeps more.
 """
 from __future__ import annotations
 

@@ -26,7 +26,6 @@ from typing import Any, Callable
 import torch
 
 from orchestrator.config.runtime import RaySettings
-from orchestrator.gc_startup import startup_phase
 from orchestrator.progress import Meter
 from orchestrator.training.config import TrainConfig
 from orchestrator.training.generation import GenerationJob, GenerationTraining
@@ -113,15 +112,14 @@ def _ray_storage(storage_path: str, storage_options: dict[str, Any] | None):
 def _train_worker(config: dict[str, Any]) -> None:
     """The per-worker loop (runs inside a Ray Train worker): ``GenerationTraining`` epochs, each
     reported with a checkpoint (rank 0), resuming from the last checkpoint after a failure."""
-    with startup_phase():  # Ray Train's torch utilities, the model, the data (gc_startup)
-        import ray.train
-        import ray.train.torch
+    import ray.train
+    import ray.train.torch
 
-        job = GenerationJob(**config["job"])
-        context = ray.train.get_context()
-        rank, world_size = context.get_world_rank(), context.get_world_size()
-        session = GenerationTraining(job, device=ray.train.torch.get_device())
-        start_epoch, restored = _restore(ray.train.get_checkpoint(), session.model, session.optimizer)
+    job = GenerationJob(**config["job"])
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    session = GenerationTraining(job, device=ray.train.torch.get_device())
+    start_epoch, restored = _restore(ray.train.get_checkpoint(), session.model, session.optimizer)
     if restored.get(STOP):  # the attempt this resumes was stopped by the health check: stop again
         ray.train.report({**restored, "start_epoch": start_epoch})
         return

@@ -484,8 +484,13 @@ def run_pipeline(config: PipelineConfig, progress: Progress | None = None) -> Pi
     not even Ray) and run it; see ``PipelineRunner``. Ray starts (or is joined) as the file says
     when the first step needs it (``PipelineRunner.ensure_ray``)."""
     runner = PipelineRunner(config, progress)  # a missing MLflow fails fast
-    with runner.locked("orchestrator run"):
-        return runner.run()
+    try:
+        with runner.locked("orchestrator run"):
+            return runner.run()
+    finally:
+        # the lineage's connections closed here, not by the interpreter's exit: SQLite checkpoints
+        # its write-ahead log into lineage.db and removes it when the last connection closes
+        runner.store.close()
 
 
 def _json_number(value: Any) -> Any:

@@ -59,6 +59,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 
+from orchestrator.gc_startup import startup_phase
 from orchestrator.serving.bodies import declared_length, read_body
 from orchestrator.serving.endpoint import SEARCH, GalleryEndpoint
 from orchestrator.serving.requests import BadRequest, one_line
@@ -98,9 +99,10 @@ class QueryEncoder:
     """An encoder replica: ``serving.encoders.QueryEncoders`` behind a deployment handle."""
 
     def __init__(self, settings: ServeSettings):
-        from orchestrator.serving.encoders import QueryEncoders
+        with startup_phase():  # the encoders' imports and models (gc_startup)
+            from orchestrator.serving.encoders import QueryEncoders
 
-        self.encoders = QueryEncoders(settings)
+            self.encoders = QueryEncoders(settings)
 
     def plan(self, state: LineageState, generation: str) -> EncoderPlan:
         return self.encoders.plan(state, generation)
@@ -114,12 +116,13 @@ class ShardSearcher:
     """A shard-search replica: share ``share`` of ``shares`` (``serving.shares.ShardShare``)."""
 
     def __init__(self, settings: ServeSettings, share: int, shares: int):
-        from orchestrator.lineage import LineageStore
-        from orchestrator.serving.shares import ShardShare
+        with startup_phase():  # the index layer and the lineage's reader (gc_startup)
+            from orchestrator.lineage import LineageStore
+            from orchestrator.serving.shares import ShardShare
 
-        config = settings.config
-        store = LineageStore(config.lineage, storage=config.storage, readonly=True, follows_writers=True)
-        self.share = ShardShare(store, share, shares)
+            config = settings.config
+            store = LineageStore(config.lineage, storage=config.storage, readonly=True, follows_writers=True)
+            self.share = ShardShare(store, share, shares)
 
     def prepare(self, key: str, admitted: Sequence[tuple[ShardRecord, ComparisonPath]]) -> list[tuple[int, str]]:
         return self.share.prepare(key, admitted)
@@ -182,8 +185,9 @@ class GalleryServer:
             from orchestrator.serving.pooled import PooledServices
 
             build = PooledServices(HandleCalls(encoder, list(shares or [])), settings.config.gallery.name).build
-        # the first snapshot is built through the handles' blocking result(): not on the event loop
-        with concurrent.futures.ThreadPoolExecutor(1) as starting:
+        # the first snapshot is built through the handles' blocking result(): not on the event loop;
+        # a start-up phase (gc_startup): the models, indexes and lineage it loads are frozen with it
+        with startup_phase(), concurrent.futures.ThreadPoolExecutor(1) as starting:
             self.endpoint = starting.submit(GalleryEndpoint, settings, f"{settings.lease_prefix}-{replica}",
                                             build).result()
         self.limits = settings.limits

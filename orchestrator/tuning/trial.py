@@ -37,6 +37,7 @@ import torch
 
 from orchestrator.data import ImageTensorDataset, load_source
 from orchestrator.evaluation import compare_generations, embed_split, sample_split
+from orchestrator.gc_startup import startup_phase
 from orchestrator.methods.loading import load_generation
 from orchestrator.metrics import METRICS, NORMALISED_SCORES
 from orchestrator.models.bundle import CompatibleModel
@@ -112,16 +113,17 @@ def trial_job(setup: TrialSetup, params: dict[str, Any]) -> GenerationJob:
 def run_trial(config: dict[str, Any], setup: dict[str, Any]) -> None:
     """The Tune function trainable: ``config`` holds the searched method parameters, ``setup`` a
     ``TrialSetup`` as a dict. Reports once per epoch (module docstring)."""
-    from ray import tune
+    with startup_phase():  # Ray Tune, the parent, the data, the model (gc_startup)
+        from ray import tune
 
-    shared = TrialSetup(**setup)
-    objective = Objective.model_validate(shared.objective)
-    torch.set_num_threads(shared.threads)
-    job = trial_job(shared, config)
-    evaluate = TrialEvaluator(shared, job)  # first: loading the parent draws from torch's RNG, and
-    session = GenerationTraining(job)       # the session seeds it, as a Ray Train worker does
-    session.watch_health()
-    session.start()
+        shared = TrialSetup(**setup)
+        objective = Objective.model_validate(shared.objective)
+        torch.set_num_threads(shared.threads)
+        job = trial_job(shared, config)
+        evaluate = TrialEvaluator(shared, job)  # first: loading the parent draws from torch's RNG, and
+        session = GenerationTraining(job)       # the session seeds it, as a Ray Train worker does
+        session.watch_health()
+        session.start()
     epochs = session.epochs  # 0 for a post-hoc method: its map is fitted once, and reported once
     for epoch in range(max(epochs, 1)):
         stats = session.train_epoch(epoch) if epochs else {"lr": 0.0}
