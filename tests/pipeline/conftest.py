@@ -49,6 +49,8 @@ def _build_g0_run(root: Path) -> Path:
     run = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(pipeline)], cwd=root,
                          capture_output=True, text=True, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+    # the run closed its lineage: SQLite folded its write-ahead log into lineage.db (copies hold all of it)
+    assert sorted(p.name for p in (root / "run").glob("lineage.db*")) == ["lineage.db", "lineage.db.run-lifelong.lock"]
     return root / "run"
 
 
