@@ -10,10 +10,10 @@ permanent generation, never walked again; reference counting still frees each ob
 last reference goes).
 
 Measured (2026-12-05, an idle 2-core Intel Xeon, CPython 3.11, the CPU of every process of one
-`orchestrator run` of the tests' one-generation pipeline, two runs each): 22.3-22.5 core-s
-before, 19.0 with ``startup_phase`` around the driver's imports of the runner, the embedding
-actors' model load and the finishers' index layer (driver 9.3-9.5 → 7.3 s, embedding actor
-5.2-5.3 → 4.0 s, finisher 2.2 → 2.0 s); 18.1-18.4 without the final collection, which is kept so
+`orchestrator run` of the tests' one-generation pipeline, two or three runs each): 22.3-22.5
+core-s before, 19.0-19.2 with ``startup_phase`` around the driver's imports of the runner, the
+embedding actors' model load and the finishers' index layer (driver 9.3-9.5 → 7.3-7.8 s,
+embedding actor 5.2-5.3 → 4.0 s, finisher 2.2 → 1.9-2.0 s); 18.1-18.4 without the final collection, which is kept so
 that no reference cycle made during start-up outlives it.
 
 What it costs: an object alive when the phase ends that later becomes part of an unreachable
