@@ -19,14 +19,14 @@ class Node:
 
 
 @pytest.fixture
-def unfrozen():
-    """Whatever a test freezes goes back to the collector's oldest generation afterwards."""
+def collector_on():
+    """The collector enabled after the test whatever it did. What a test froze stays frozen, as
+    the suite's own collection phase froze what was alive then (``gc.unfreeze`` would undo that too)."""
     yield
-    gc.unfreeze()
     gc.enable()
 
 
-def test_inside_paused_after_collected_and_frozen(unfrozen):
+def test_inside_paused_after_collected_and_frozen(collector_on):
     frozen_before = gc.get_freeze_count()
     with startup_phase():
         assert not gc.isenabled()
@@ -41,7 +41,7 @@ def test_inside_paused_after_collected_and_frozen(unfrozen):
     assert kept.other is kept
 
 
-def test_a_caller_that_turned_the_collector_off_keeps_it_off_and_nothing_is_frozen(unfrozen):
+def test_a_caller_that_turned_the_collector_off_keeps_it_off_and_nothing_is_frozen(collector_on):
     gc.disable()
     frozen_before = gc.get_freeze_count()
     with startup_phase():
