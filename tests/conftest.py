@@ -96,7 +96,7 @@ def pytest_configure(config):
 def pytest_collection(session):
     """Collection imports the project, torch, Ray and the tests: a start-up phase
     (``orchestrator.gc_startup``), so the garbage collector's passes during the tests do not walk
-    all of that again (the fast lane: 193 → 182 s of CPU, one run each)."""
+    all of that again (the fast lane: 193 → 180 s of CPU, one run each)."""
     with startup_phase():
         return (yield)
 

@@ -169,6 +169,12 @@ class PipelineRunner:
         return join_uri(self.storage, "generations", name)
 
     # --- steps -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the lineage's connections when the command ends, not at the interpreter's exit:
+        SQLite folds its write-ahead log into the lineage file and removes it when the last
+        connection closes (a run that left it relied on the collector finalizing the store)."""
+        self.store.close()
+
     def locked(self, purpose: str):
         """``with runner.locked("orchestrator run"):`` — the pipeline's run lock (reentrant; another
         process holding it: ``LineageBusy`` naming the holder, before anything is recorded)."""
@@ -488,9 +494,7 @@ def run_pipeline(config: PipelineConfig, progress: Progress | None = None) -> Pi
         with runner.locked("orchestrator run"):
             return runner.run()
     finally:
-        # the lineage's connections closed here, not by the interpreter's exit: SQLite checkpoints
-        # its write-ahead log into lineage.db and removes it when the last connection closes
-        runner.store.close()
+        runner.close()
 
 
 def _json_number(value: Any) -> Any:

@@ -140,8 +140,11 @@ def run_sweep(tune_file: TuneFile, progress: Progress | None = None) -> SweepRes
     say = progress or (lambda line: print(line, flush=True))
     started = time.perf_counter()
     runner = PipelineRunner(tune_file.pipeline, say)
-    with runner.locked("orchestrator tune"):  # no run of the pipeline trains or deploys meanwhile
-        return _sweep(tune_file, runner, say, started)
+    try:
+        with runner.locked("orchestrator tune"):  # no run of the pipeline trains or deploys meanwhile
+            return _sweep(tune_file, runner, say, started)
+    finally:
+        runner.close()
 
 
 def _sweep(tune_file: TuneFile, runner: PipelineRunner, say: Progress, started: float) -> SweepResult:
