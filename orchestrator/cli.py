@@ -19,7 +19,9 @@ import argparse
 import logging
 import sys
 import time
-from typing import Sequence
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, Sequence
 
 from orchestrator import __version__
 from orchestrator.cli_options import (
@@ -140,14 +142,16 @@ def _lineage_command(args: argparse.Namespace) -> int:
         config = load_pipeline(args.file, pipeline_overrides(args))
         preflight(config, storage_must_exist=False)
         url, storage = config.lineage, config.storage
-    store = LineageStore(url, storage=storage, readonly=True)
-    print(json.dumps(lineage_json(store), indent=2) if args.json else lineage_tree_text(store))
+    with LineageStore(url, storage=storage, readonly=True) as store:
+        print(json.dumps(lineage_json(store), indent=2) if args.json else lineage_tree_text(store))
     return 0
 
 
-def _served_store(args: argparse.Namespace, readonly: bool = False):
-    """(config, its lineage store, its absolute storage root) for the operations commands: the
-    storage must exist and the lineage too (``readonly``: opened for reading, nothing created)."""
+@contextmanager
+def _served_store(args: argparse.Namespace, readonly: bool = False) -> Iterator[tuple[Any, Any, str]]:
+    """(config, its lineage store, its absolute storage root) for the operations commands, the
+    store closed when the block ends: the storage must exist and the lineage too (``readonly``:
+    opened for reading, nothing created)."""
     from orchestrator.config import load_pipeline
 
     config = load_pipeline(args.file, pipeline_overrides(args))  # checked before the store is opened
@@ -156,15 +160,14 @@ def _served_store(args: argparse.Namespace, readonly: bool = False):
     from orchestrator.pipeline.runner import storage_root
 
     preflight(config, storage_must_exist=True)
-    store = LineageStore(config.lineage, storage=config.storage, readonly=readonly)
-    return config, store, storage_root(config.storage)
+    with LineageStore(config.lineage, storage=config.storage, readonly=readonly) as store:
+        yield config, store, storage_root(config.storage)
 
 
 def _deploy_command(args: argparse.Namespace) -> int:
     from orchestrator.pipeline.operations import redeploy
 
-    config, store, _storage = _served_store(args)
-    with store.run_lock(config.name, "orchestrator deploy"):
+    with _served_store(args) as (config, store, _storage), store.run_lock(config.name, "orchestrator deploy"):
         redeploy(store, config.gallery.name, args.generation, args.rollback, print)
     return 0
 
@@ -172,12 +175,13 @@ def _deploy_command(args: argparse.Namespace) -> int:
 def _gc_command(args: argparse.Namespace) -> int:
     from orchestrator.pipeline.operations import collect_garbage
 
-    config, store, storage = _served_store(args, readonly=args.dry_run)
-    if args.dry_run:  # reads only: no lock either
-        collection = collect_garbage(store, storage, config.gallery.name, args.keep_deployments, dry_run=True)
-    else:
-        with store.run_lock(config.name, "orchestrator gc"):
-            collection = collect_garbage(store, storage, config.gallery.name, args.keep_deployments, dry_run=False)
+    with _served_store(args, readonly=args.dry_run) as (config, store, storage):
+        if args.dry_run:  # reads only: no lock either
+            collection = collect_garbage(store, storage, config.gallery.name, args.keep_deployments, dry_run=True)
+        else:
+            with store.run_lock(config.name, "orchestrator gc"):
+                collection = collect_garbage(store, storage, config.gallery.name, args.keep_deployments,
+                                             dry_run=False)
     for uri in collection.removed:
         print(f"{'would remove' if args.dry_run else 'removed'} {uri}")
     print(collection.describe())
@@ -186,26 +190,32 @@ def _gc_command(args: argparse.Namespace) -> int:
 
 def _verify_command(args: argparse.Namespace) -> int:
     writes = args.adopt or args.rebuild_lineage or args.migrate_stores  # verify alone reads only: it changes nothing
-    config, store, storage = _served_store(args, readonly=not writes)
-    from orchestrator.pipeline.verify import adopt_unhashed, verify_storage
+    with _served_store(args, readonly=not writes) as (config, store, storage):
+        from orchestrator.pipeline.verify import verify_storage  # after the file's checks: a bad file answers sooner
 
-    if args.rebuild_lineage:
-        from orchestrator.pipeline.recover import rebuild_lineage
-
-        for line in rebuild_lineage(store, storage, config.data.eval_split).lines():
+        for line in _repairs(args, config, store, storage):
             print(line)
-    if args.adopt:
-        for uri in adopt_unhashed(store):
-            print(f"adopted {uri}")
-    if args.migrate_stores:
-        from orchestrator.stores.migrate import migrate_stores
-
-        for line in migrate_stores(store):
-            print(line)
-    result = verify_storage(store, storage)
+        result = verify_storage(store, storage)
     for line in result.lines():
         print(line)
     return ExitCode.OK if result.ok else ExitCode.INTEGRITY
+
+
+def _repairs(args: argparse.Namespace, config: Any, store: Any, storage: str) -> Iterator[str]:
+    """What ``verify``'s repair flags do before the check, a line per change: the lineage rebuilt
+    from the stored files, unhashed files adopted, stores migrated."""
+    if args.rebuild_lineage:
+        from orchestrator.pipeline.recover import rebuild_lineage
+
+        yield from rebuild_lineage(store, storage, config.data.eval_split).lines()
+    if args.adopt:
+        from orchestrator.pipeline.verify import adopt_unhashed
+
+        yield from (f"adopted {uri}" for uri in adopt_unhashed(store))
+    if args.migrate_stores:
+        from orchestrator.stores.migrate import migrate_stores
+
+        yield from migrate_stores(store)
 
 
 def _add_verify_command(commands: argparse._SubParsersAction) -> None:
