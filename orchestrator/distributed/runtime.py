@@ -1,12 +1,16 @@
 """Connecting to Ray: a local instance with the environment training needs, or a cluster."""
 from __future__ import annotations
 
+import logging
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 from orchestrator.errors import OutsideSystemError, one_line
+
+log = logging.getLogger(__name__)
 
 # Ray Train 2.60 hands a worker's ``ray.train.report`` to the controller only when the controller
 # polls its workers (every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, 2 s by default), and a worker's next
@@ -25,6 +29,13 @@ WORKER_ENV_VARS = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
 # cleaner then keeps waiting and never removes anything, as on a machine with no other Ray); with
 # one, ``pin_worker_to_its_ray`` sets RAY_ADDRESS in every worker process to its Ray's GCS.
 NO_STATE_API = "http://127.0.0.1:0"
+
+# Ray 2.60 gives a new local node 30 s (a constant of ``ray._private.node``) to register its raylet
+# with its GCS, then raises a bare Exception with this text. On a machine whose cores are all busy
+# that happened (the test suite's three lanes on 2 cores, once in four runs); a second start then
+# succeeds.
+NODE_START_TIMEOUT = "timed out during startup"
+LOCAL_START_ATTEMPTS = 2
 
 
 def connect(address: str | None = None, dashboard: bool = False) -> str | None:
@@ -66,7 +77,11 @@ def start_local_ray(num_cpus: int | None = None, dashboard: bool = False,
     environment: with one, Ray starts every worker process through a setup process of its own
     (measured, Ray 2.60 on an idle core: 0.80 s of CPU per worker instead of 0.46 s, and a
     pipeline run starts about ten). Its other fields (``py_modules``, …) stay the job's runtime
-    environment, and so does the setup hook a dashboard needs."""
+    environment, and so does the setup hook a dashboard needs.
+
+    A node that Ray reports as not started in time (``NODE_START_TIMEOUT``) is started once more
+    (``LOCAL_START_ATTEMPTS``), after the processes the failed start left (this process's new
+    children) are stopped; any other error of ``ray.init`` is raised as it is."""
     import ray
 
     runtime_env = dict(runtime_env or {})
@@ -78,8 +93,55 @@ def start_local_ray(num_cpus: int | None = None, dashboard: bool = False,
     else:
         env_vars["RAY_API_SERVER_ADDRESS"] = NO_STATE_API
     with _environment(env_vars):
-        return ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, log_to_driver=False,
-                        runtime_env=runtime_env or None)
+        attempt = 1
+        while True:
+            before = own_child_processes()
+            try:
+                return ray.init(address="local", num_cpus=num_cpus, include_dashboard=dashboard, log_to_driver=False,
+                                runtime_env=runtime_env or None)
+            except Exception as error:  # noqa: BLE001  (Ray raises a bare Exception for this one)
+                if NODE_START_TIMEOUT not in str(error) or attempt == LOCAL_START_ATTEMPTS:
+                    raise
+                stopped = stop_processes(own_child_processes() - before)
+                log.warning("the local Ray did not start in time (%s); its %d processes stopped, starting it "
+                            "again", one_line(error), stopped)
+            attempt += 1
+
+
+def own_child_processes() -> set[int]:
+    """The pids of this process's children (Linux's /proc; elsewhere an empty set). A local Ray's
+    daemons (GCS, raylet, log monitor, API server, reaper) are the driver's children; the raylet's
+    own children (workers, agents) end with it."""
+    me = str(os.getpid())
+    children = set()
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return children
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parent = stat.read().rsplit(")", 1)[1].split()[1]
+        except (OSError, IndexError):
+            continue  # ended meanwhile
+        if parent == me:
+            children.add(int(entry))
+    return children
+
+
+def stop_processes(pids: set[int]) -> int:
+    """SIGKILL each of ``pids`` (children of this process) and reap it; returns how many were stopped."""
+    stopped = 0
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            stopped += 1
+        except (ProcessLookupError, ChildProcessError):
+            continue
+    return stopped
 
 
 @contextmanager
