@@ -169,12 +169,6 @@ class PipelineRunner:
         return join_uri(self.storage, "generations", name)
 
     # --- steps -------------------------------------------------------------------------------
-    def close(self) -> None:
-        """Close the lineage's connections when the command ends, not at the interpreter's exit:
-        SQLite folds its write-ahead log into the lineage file and removes it when the last
-        connection closes (a run that left it relied on the collector finalizing the store)."""
-        self.store.close()
-
     def locked(self, purpose: str):
         """``with runner.locked("orchestrator run"):`` — the pipeline's run lock (reentrant; another
         process holding it: ``LineageBusy`` naming the holder, before anything is recorded)."""
@@ -490,11 +484,10 @@ def run_pipeline(config: PipelineConfig, progress: Progress | None = None) -> Pi
     not even Ray) and run it; see ``PipelineRunner``. Ray starts (or is joined) as the file says
     when the first step needs it (``PipelineRunner.ensure_ray``)."""
     runner = PipelineRunner(config, progress)  # a missing MLflow fails fast
-    try:
-        with runner.locked("orchestrator run"):
-            return runner.run()
-    finally:
-        runner.close()
+    # the store closed when the run ends, not at the interpreter's exit: SQLite folds its
+    # write-ahead log into the lineage file and removes it when the last connection closes
+    with runner.store, runner.locked("orchestrator run"):
+        return runner.run()
 
 
 def _json_number(value: Any) -> Any:

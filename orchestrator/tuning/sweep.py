@@ -140,11 +140,9 @@ def run_sweep(tune_file: TuneFile, progress: Progress | None = None) -> SweepRes
     say = progress or (lambda line: print(line, flush=True))
     started = time.perf_counter()
     runner = PipelineRunner(tune_file.pipeline, say)
-    try:
-        with runner.locked("orchestrator tune"):  # no run of the pipeline trains or deploys meanwhile
-            return _sweep(tune_file, runner, say, started)
-    finally:
-        runner.close()
+    # the store closed when the sweep ends (as ``run_pipeline``); no run of the pipeline trains or deploys meanwhile
+    with runner.store, runner.locked("orchestrator tune"):
+        return _sweep(tune_file, runner, say, started)
 
 
 def _sweep(tune_file: TuneFile, runner: PipelineRunner, say: Progress, started: float) -> SweepResult:
