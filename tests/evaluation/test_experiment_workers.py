@@ -36,6 +36,11 @@ def test_two_processes_train_the_same_models_as_one():
         for key in expected:
             assert torch.equal(expected[key], got[key]), f"{name}: {key} differs"
     assert serial.summaries == parallel.summaries
+    # each geometry has its own old and reference models; a hyperbolic and a cosine generation
+    # share no distance, so their cross pair is noted, not evaluated
+    (old_bct, ref_bct), (old_hbct, ref_hbct) = serial.generations["bct"], serial.generations["hbct"]
+    assert old_bct != old_hbct and ref_bct != ref_hbct
+    assert ("hbct", old_bct) in serial.report.notes
 
 
 def test_workers_must_be_positive():
