@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -48,11 +49,17 @@ def startup_phase() -> Iterator[None]:
         gc.enable()
 
 
-def start_worker_process(modules: tuple[str, ...], torch_threads: int) -> None:
-    """Initializer of a spawned worker process (``ProcessPoolExecutor(initializer=…)``), kept in
+def start_worker_process(modules: tuple[str, ...], torch_threads: int,
+                         environment: dict[str, str] | None = None) -> None:
+    """Initializer of a pool's worker process (``ProcessPoolExecutor(initializer=…)``), kept in
     this light module because a spawned process unpickles its initializer before anything else:
     torch limited to ``torch_threads`` threads, and ``modules`` (those whose functions its tasks
-    call) imported inside the start-up phase rather than while its first task is unpickled."""
+    call) imported inside the start-up phase rather than while its first task is unpickled.
+    ``environment``: the parent's environment when the pool started, for a worker forked from a
+    fork server that started earlier (its own environment is the parent's at that time)."""
+    if environment is not None:
+        os.environ.clear()
+        os.environ.update(environment)
     with startup_phase():
         import torch
 

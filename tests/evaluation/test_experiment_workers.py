@@ -1,14 +1,22 @@
-"""``run_update_experiment(workers=N)`` trains in N spawned processes and gets the weights and the
-report of one process: every training is seeded from its own inputs, whichever process runs it.
-An entry's ``old_params`` reach its old model and nothing else."""
+"""``run_update_experiment(workers=N)`` trains in N processes (forks of a fork server) and gets the
+weights and the report of one process: every training is seeded from its own inputs, whichever
+process runs it. The processes see this process's environment as it is when they start. An entry's
+``old_params`` reach its old model and nothing else."""
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import pytest
 import torch
 
 from orchestrator.data import load_digits
-from orchestrator.evaluation.update_experiment import ExperimentSettings, UpdateExperiment, run_update_experiment
+from orchestrator.evaluation.update_experiment import (
+    ExperimentSettings,
+    UpdateExperiment,
+    _trainer_pool,
+    run_update_experiment,
+)
 from orchestrator.training.config import TrainConfig
 
 
@@ -41,6 +49,17 @@ def test_two_processes_train_the_same_models_as_one():
     (old_bct, ref_bct), (old_hbct, ref_hbct) = serial.generations["bct"], serial.generations["hbct"]
     assert old_bct != old_hbct and ref_bct != ref_hbct
     assert ("hbct", old_bct) in serial.report.notes
+
+
+def test_trainers_see_the_environment_of_their_pools_start(monkeypatch):
+    """A fork server starts once per process, with the environment of that moment; the trainers it
+    forks for a later pool still see the environment as that pool starts (as spawned ones would,
+    e.g. ``ORCHESTRATOR_PLUGINS`` set after an earlier experiment)."""
+    with _trainer_pool(2) as first:
+        assert first.submit(os.getenv, "ORCHESTRATOR_TEST_MARK").result() is None
+    monkeypatch.setenv("ORCHESTRATOR_TEST_MARK", "set after the first pool")
+    with _trainer_pool(2) as second:
+        assert second.submit(os.getenv, "ORCHESTRATOR_TEST_MARK").result() == "set after the first pool"
 
 
 def test_workers_must_be_positive():
