@@ -12,13 +12,12 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Callable
 
 import pytest
 
+from cli_runs import cli
 from g0_run import g0_config, write_pipeline
 
 
@@ -46,8 +45,7 @@ def g0_run(tmp_path_factory) -> Path:
 
 def _build_g0_run(root: Path) -> Path:
     pipeline = write_pipeline(root / "g0.yaml", g0_config(), root / "run")
-    run = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(pipeline)], cwd=root,
-                         capture_output=True, text=True, timeout=900)
+    run = cli("run", str(pipeline), cwd=root, timeout=900)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     # the run closed its lineage: SQLite folded its write-ahead log into lineage.db (copies hold all of it)
     assert sorted(p.name for p in (root / "run").glob("lineage.db*")) == ["lineage.db", "lineage.db.run-lifelong.lock"]

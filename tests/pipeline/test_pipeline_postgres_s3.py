@@ -17,8 +17,6 @@ import io
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +26,7 @@ import s3fs
 import yaml
 from PIL import Image
 
+from cli_runs import Running, orchestrator_process
 from orchestrator.gallery import read_shard
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.step_keys import train_key
@@ -52,12 +51,11 @@ def remote_pipeline(tmp_path: Path, bucket: str, endpoint: str) -> tuple[Path, d
     return path, expected
 
 
-def orchestrator(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def orchestrator(*args: str, cwd: Path, env: dict[str, str]) -> Running:
+    return orchestrator_process(*args, cwd=cwd, env=env)
 
 
-def finish(process: subprocess.Popen, timeout: float = 900) -> tuple[int, str, str]:
+def finish(process: Running, timeout: float = 900) -> tuple[int, str, str]:
     out, err = process.communicate(timeout=timeout)
     return process.returncode, out, err
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -27,6 +25,7 @@ import numpy as np
 import pytest
 import yaml
 
+from cli_runs import Running, orchestrator_process
 from orchestrator.data import load_digits
 from orchestrator.gallery import read_shard
 from orchestrator.index import ShardIndex
@@ -68,16 +67,14 @@ def step_status(db: Path, key: str) -> str | None:
     return row[0] if row else None
 
 
-def run_cli(pipeline: Path, cwd: Path, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(pipeline)], cwd=cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True, **kwargs)
+def run_cli(pipeline: Path, cwd: Path):
+    return orchestrator_process("run", str(pipeline), cwd=cwd, merge_stderr=True, new_session=True)
 
 
 class Lines(threading.Thread):
     """A run's output lines as they come (``lines``), so a test can act on one."""
 
-    def __init__(self, process: subprocess.Popen):
+    def __init__(self, process: Running):
         super().__init__(daemon=True)
         self.process, self.lines = process, []
         self.start()
@@ -93,7 +90,7 @@ class Lines(threading.Thread):
         return "".join(self.lines)
 
 
-def wait_until(predicate, process: subprocess.Popen, what: str, timeout: float = 400, output=None) -> None:
+def wait_until(predicate, process: Running, what: str, timeout: float = 400, output=None) -> None:
     deadline = time.time() + timeout
     while time.time() < deadline and not predicate():
         if process.poll() is not None:
@@ -102,7 +99,7 @@ def wait_until(predicate, process: subprocess.Popen, what: str, timeout: float =
     assert predicate(), f"timed out waiting for {what}"
 
 
-def kill(process: subprocess.Popen, reader: Lines | None = None) -> None:
+def kill(process: Running, reader: Lines | None = None) -> None:
     os.killpg(process.pid, signal.SIGKILL)  # the driver and the local Ray it started
     process.wait(timeout=30)
     if reader is not None:

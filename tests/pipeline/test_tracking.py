@@ -24,6 +24,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from cli_runs import cli
 from g0_run import g0_config, write_pipeline
 from orchestrator.config import RUNTIME_SECTIONS, PipelineConfigError, config_sha256, load_pipeline
 from orchestrator.distributed.runtime import dashboard_address
@@ -230,8 +231,7 @@ def test_a_pipeline_run_with_tracking_and_the_dashboard(tmp_path, copy_g0_run):
     config["tracking"] = {"enabled": True}
     pipeline = write_pipeline(tmp_path / "tracked.yaml", config, tmp_path / "run")
 
-    done = subprocess.run([sys.executable, "-m", "orchestrator", "run", str(pipeline)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=1200)
+    done = cli("run", str(pipeline), cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Ray dashboard: http://127.0.0.1:" in done.stdout
     assert "tracking: MLflow run" in done.stdout and "could not" not in done.stdout

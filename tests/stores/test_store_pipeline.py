@@ -20,8 +20,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,7 +28,7 @@ import numpy as np
 import pytest
 import yaml
 
-from cli_runs import cli_in_process
+from cli_runs import Running, cli_in_process, orchestrator_process
 from orchestrator.data import load_digits
 from orchestrator.gallery import read_shard
 from orchestrator.index import build_index
@@ -80,13 +78,12 @@ def pipeline(tmp_path: Path, store: dict) -> Path:
     return path
 
 
-def start_run(path: Path, cwd: Path) -> subprocess.Popen:
+def start_run(path: Path, cwd: Path) -> Running:
     env = {**os.environ, "PGPASSWORD": "never-printed-pw"}
-    return subprocess.Popen([sys.executable, "-m", "orchestrator", "run", str(path)], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    return orchestrator_process("run", str(path), cwd=cwd, env=env, merge_stderr=True, new_session=True)
 
 
-def wait_for(process: subprocess.Popen, text, lines: list[str], timeout: float = 900) -> None:
+def wait_for(process: Running, text, lines: list[str], timeout: float = 900) -> None:
     """Read the run's output until a line holds ``text`` (or ``text(line)`` is true)."""
     deadline = time.time() + timeout
     for line in process.stdout:
