@@ -10,7 +10,7 @@ status (``os.waitstatus_to_exitcode``) when it ends. The child leaves through th
 normal exit, so the handlers a command registers (Ray's shutdown) run as in a fresh process.
 
 Nothing runs in this process but imports: no thread pool of torch's has run and Ray is not
-initialised, so a fork of it is a clean start. It ends when its stdin closes (the lane ended).
+initialised, so a fork of it is a clean start.
 """
 from __future__ import annotations
 
@@ -24,17 +24,20 @@ import sys
 
 def serve(path: str) -> tuple[dict, list[int]]:
     """Fork one child per request; return (request, [stdout fd, stderr fd]) in the child, never in
-    this process (which exits when its stdin closes)."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    this process, which exits once its stdin has closed (the lane ended, or keeps fewer servers)
+    and every child it forked has ended and been reported."""
+    listener: socket.socket | None = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(16)
     print("ready", flush=True)
     waiting: dict[int, socket.socket] = {}  # child pid → the connection that asked for it
-    while True:
-        readable, _, _ = select.select([listener, sys.stdin], [], [], 0.1)
+    while listener is not None or waiting:
+        inputs = [sys.stdin, listener] if listener is not None else []
+        readable, _, _ = select.select(inputs, [], [], 0.1)
         if sys.stdin in readable and not sys.stdin.readline():
-            sys.exit(0)
-        if listener in readable:
+            listener.close()
+            listener = None
+        elif listener is not None and listener in readable:
             connection, _ = listener.accept()
             message, fds, _flags, _address = socket.recv_fds(connection, 1 << 20, 2)
             pid = os.fork()
@@ -57,6 +60,7 @@ def serve(path: str) -> tuple[dict, list[int]]:
                 except OSError:
                     pass  # the asking side is gone
                 connection.close()
+    sys.exit(0)
 
 
 def become_the_command(request: dict, fds: list[int]) -> int:

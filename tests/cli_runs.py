@@ -2,13 +2,17 @@
 
 - ``cli`` / ``orchestrator_process``: a process of its own, as a user runs it (the process
   boundary, its own Ray, the exit code). Every ``run`` and ``tune`` goes this way: they start a Ray
-  of their own, which must not be this process's. The process is a fork of this lane's fork server
-  (``cli_fork_server.py``), which has imported what ``orchestrator run`` imports once: the 4 s of a
-  core that a new interpreter spends importing torch, timm and Ray are not spent again for each of
-  the suite's ~40 runs. Where the asked environment differs from the server's in a variable that
-  a module may read as it is imported (anything but ``SAFE_TO_DIFFER``), it is a new interpreter
-  (``python -m orchestrator``), as it is for the tests that check what a command imports
-  (tests/cli/test_quick_answers.py) and for the scripts users run.
+  of their own, which must not be this process's. The process is a fork of one of this lane's fork
+  servers (``cli_fork_server.py``), each of which has imported what ``orchestrator run`` imports
+  once: the ~4 s of a core that a new interpreter spends importing torch, timm and Ray are not
+  spent again for each of the suite's ~40 runs. A server is started with the environment the
+  command asks for, but for the variables read when used rather than when a module is imported
+  (``SAFE_TO_DIFFER``, set in the child), so a forked command imports under the environment a new
+  interpreter would see: a lane keeps one server per such environment (an in-process Ray adds
+  variables to the lane's own, a test may pass its own), the latest ``KEPT_SERVERS``. New
+  interpreters (``python -m orchestrator``) remain where the import itself is tested
+  (tests/cli/test_quick_answers.py) and in the scripts users run (the examples, the walkthrough's
+  ``ray job submit``, the multi-node cluster's run).
 - ``cli_in_process``: ``orchestrator.cli.main`` called here, with its stdout/stderr captured and
   the working directory set. Same parser, handlers and exit codes, without the five seconds a new
   interpreter spends importing torch and timm; for the commands that start no Ray (``search``,
@@ -39,6 +43,7 @@ STARTS_RAY = {"run", "tune"}
 FORK_SERVER = Path(__file__).resolve().parent / "cli_fork_server.py"
 #: Variables read when used, not when a module is imported: a forked command may be given other values.
 SAFE_TO_DIFFER = re.compile(r"AWS_\w+|PGPASSWORD|RAY_ADDRESS|ORCHESTRATOR_PLUGINS|PYTEST_CURRENT_TEST")
+KEPT_SERVERS = 2
 
 
 def cli(*args: str, cwd: Path, timeout: float = 1200) -> subprocess.CompletedProcess:
@@ -53,42 +58,37 @@ def cli(*args: str, cwd: Path, timeout: float = 1200) -> subprocess.CompletedPro
 
 
 def orchestrator_process(*args: str, cwd: Path, env: dict[str, str] | None = None, merge_stderr: bool = False,
-                         new_session: bool = False) -> ForkedProcess | subprocess.Popen:
+                         new_session: bool = False) -> ForkedProcess:
     """``orchestrator ARGS`` started in ``cwd`` with ``env`` (default: this process's), its stdout
     and stderr pipes of text (one pipe when ``merge_stderr``), in a session of its own when
-    ``new_session``: a ``ForkedProcess`` (the lane's fork server), or a ``subprocess.Popen`` where
-    the environment asks for a new interpreter. Both answer ``pid``, ``stdout``, ``stderr``,
-    ``poll``, ``wait``, ``communicate``, ``kill`` and ``returncode`` the same way."""
+    ``new_session``, forked by the lane's fork server for that environment."""
     env = dict(os.environ if env is None else env)
-    server = _fork_server()
-    if any(not SAFE_TO_DIFFER.fullmatch(name) for name in _differing(server.environment, env)):
-        return subprocess.Popen([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-                                start_new_session=new_session)
-    return ForkedProcess(server.socket_path, list(args), Path(cwd), env, merge_stderr, new_session)
-
-
-def _differing(a: dict[str, str], b: dict[str, str]) -> set[str]:
-    return {name for name in a.keys() | b.keys() if a.get(name) != b.get(name)}
+    return ForkedProcess(_fork_server(env).socket_path, list(args), Path(cwd), env, merge_stderr, new_session)
 
 
 class _ForkServer:
-    """This lane's ``cli_fork_server.py``, started on first use, ended with the lane."""
+    """One ``cli_fork_server.py`` of this lane, started with ``environment``, ended with the lane
+    (or when a lane keeps more than ``KEPT_SERVERS``)."""
 
-    def __init__(self):
+    def __init__(self, environment: dict[str, str]):
         self.folder = tempfile.mkdtemp(prefix="orc-fork-")
         self.socket_path = os.path.join(self.folder, "s")
-        self.environment = dict(os.environ)
         self.process = subprocess.Popen([sys.executable, str(FORK_SERVER), self.socket_path], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, env=self.environment)
+                                        stdout=subprocess.PIPE, text=True, env=environment)
         ready = self.process.stdout.readline()
         assert ready == "ready\n", f"the fork server did not start: {ready!r}"
-        atexit.register(self.close)
+        atexit.register(self.end)
 
     def close(self) -> None:
-        self.process.stdin.close()  # the server ends when its stdin closes
+        """Close its stdin: it takes no new command and ends when its running ones have."""
+        if not self.process.stdin.closed:
+            self.process.stdin.close()
+
+    def end(self) -> None:
+        """At the lane's end: closed, waited for, its socket's folder removed."""
+        self.close()
         try:
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.process.kill()
         with contextlib.suppress(OSError):
@@ -96,13 +96,18 @@ class _ForkServer:
             os.rmdir(self.folder)
 
 
-_SERVER: list[_ForkServer] = []
+_SERVERS: dict[tuple[tuple[str, str], ...], _ForkServer] = {}  # by the environment imports may read, oldest first
 
 
-def _fork_server() -> _ForkServer:
-    if not _SERVER or _SERVER[0].process.poll() is not None:
-        _SERVER[:] = [_ForkServer()]
-    return _SERVER[0]
+def _fork_server(env: dict[str, str]) -> _ForkServer:
+    key = tuple(sorted((name, value) for name, value in env.items() if not SAFE_TO_DIFFER.fullmatch(name)))
+    server = _SERVERS.pop(key, None)
+    if server is None or server.process.poll() is not None:
+        server = _ForkServer(env)
+    _SERVERS[key] = server
+    while len(_SERVERS) > KEPT_SERVERS:
+        _SERVERS.pop(next(iter(_SERVERS))).close()
+    return server
 
 
 class ForkedProcess:
@@ -198,4 +203,4 @@ def cli_in_process(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 
 
 #: What ``orchestrator_process`` returns.
-Running = ForkedProcess | subprocess.Popen
+Running = ForkedProcess
