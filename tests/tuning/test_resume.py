@@ -8,14 +8,13 @@ import csv
 import os
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 import yaml
 
+from cli_runs import orchestrator_process
 from orchestrator.lineage import LineageStore
 from orchestrator.tuning.saved_state import damaged_state_files
 
@@ -34,8 +33,7 @@ class Driver:
         # TUNE_GLOBAL_CHECKPOINT_S: Tune saves the experiment state every second (default: at most
         # every 10 s), so the kill can follow the finished trials closely
         env = {**os.environ, "RAY_ADDRESS": ray_address, "TUNE_GLOBAL_CHECKPOINT_S": "1"}
-        self.process = subprocess.Popen([sys.executable, "-m", "orchestrator", "tune", str(path)], cwd=cwd, env=env,
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.process = orchestrator_process("tune", str(path), cwd=cwd, env=env, merge_stderr=True)
         self.lines: list[tuple[float, str]] = []
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
