@@ -135,9 +135,11 @@ class ForkedProcess:
     def _line(self, timeout: float | None) -> str:
         """The next line from the server; "" when none came within ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        readable = select.poll()  # not select.select: a lane holds descriptors numbered above 1024
+        readable.register(self.connection, select.POLLIN)
         while b"\n" not in self._received:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not select.select([self.connection], [], [], left)[0]:
+            if not readable.poll(None if left is None else left * 1000):
                 return ""
             chunk = self.connection.recv(256)
             if not chunk:

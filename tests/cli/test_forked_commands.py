@@ -58,3 +58,14 @@ def test_a_variable_read_on_import_gets_its_own_server(tmp_path):
     orchestrator_process("--version", cwd=tmp_path, env={**cli_env, "AWS_PROFILE": "x"}).communicate(timeout=60)
     assert set(map(id, cli_runs._SERVERS.values())) - before == started
     assert len(cli_runs._SERVERS) <= cli_runs.KEPT_SERVERS
+
+
+def test_a_lane_that_holds_more_than_1024_descriptors_still_runs_commands(tmp_path):
+    """A lane's own descriptors (Ray's, the servers', sockets) went past 1024 in the suite, where
+    ``select.select`` refuses a descriptor; the command's connection is then numbered above it."""
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        assert cli("--version", cwd=tmp_path).returncode == 0
+    finally:
+        for fd in held:
+            os.close(fd)
