@@ -277,8 +277,9 @@ def _trainer_context() -> multiprocessing.context.BaseContext:
     """Where the trainer processes come from: forks of this process's fork server, a process that
     has imported this module (torch, timm, the methods) once and never run torch's thread pools. A
     fork of a process that has run them can deadlock, so never this one. Every experiment of this
-    process forks from the same server (measured on the 2-core Xeon, three small two-process
-    experiments in a row: 24.0 s of CPU spawned, 8.7 s forked); spawn where there is no fork. The
+    process forks from the same server (``benchmarks/trainer_processes.py``, three small two-process
+    experiments in a new process, its own imports included: 27.0 s of CPU spawned, 13.0 s forked,
+    the 2-core Xeon); spawn where there is no fork. The
     workers take this process's environment as the pool starts (``start_worker_process``), as
     spawned ones would (``ORCHESTRATOR_PLUGINS`` included)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
