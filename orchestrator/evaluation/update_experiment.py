@@ -281,8 +281,9 @@ def _trainer_context() -> multiprocessing.context.BaseContext:
     experiments in a new process, its own imports included: 27.0 s of CPU spawned, 13.0 s forked,
     the 2-core Xeon); spawn where there is no fork. The workers take this process's environment as
     the pool starts (``start_worker_process``), as spawned ones would (``ORCHESTRATOR_PLUGINS``
-    included). Python keeps one fork server per process: the preload list set here is its (a server
-    already started by other code keeps its own list, and the trainers import this module then)."""
+    included). Python keeps one fork server per process, and the preload list set here is that
+    server's (one already started by other code keeps its own; the trainers then import this module
+    themselves)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
