@@ -231,6 +231,7 @@ def run_update_experiment(
                                   init_from_parent=init_from_parent, name=label)
                    for label, method, old, init_from_parent in new_jobs}
         _collect(pending, models, train_seconds)
+    models = {name: _in_private_memory(model) for name, model in models.items()}
 
     report = experiment.evaluate(models, parents)
     summaries = {
@@ -244,6 +245,24 @@ def _collect(pending: dict[str, Future], models: dict[str, CompatibleModel], sec
     """Wait for every training of ``pending`` (name → future of ``_train``) and file its model and time."""
     for name, future in pending.items():
         models[name], seconds[name] = future.result()
+
+
+def _in_private_memory(model: CompatibleModel) -> CompatibleModel:
+    """``model`` with every parameter and buffer in this process's own memory. A tensor that comes
+    back from a pool process, and one this process sent to it (an old model, the parent of a new
+    one: torch moves the sender's storage into shared memory), lives in shared memory that holds an
+    open file descriptor per storage (torch's ``file_descriptor`` sharing): a kept result of a small
+    one-method experiment held 285 of them, and a test session keeping a few results went past the
+    usual limit of 1,024. A model that never crossed a process is returned as it is."""
+    with torch.no_grad():
+        for module in model.modules():
+            for parameter in module.parameters(recurse=False):
+                if parameter.is_shared():
+                    parameter.data = parameter.data.clone()
+            for name, buffer in module.named_buffers(recurse=False):
+                if buffer is not None and buffer.is_shared():
+                    module._buffers[name] = buffer.clone()
+    return model
 
 
 def _old_method(method: CompatibilityMethod, old_params: dict[str, Any]) -> CompatibilityMethod:
