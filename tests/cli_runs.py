@@ -135,7 +135,7 @@ class ForkedProcess:
     def _line(self, timeout: float | None) -> str:
         """The next line from the server; "" when none came within ``timeout`` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        readable = select.poll()  # not select.select: a lane holds descriptors numbered above 1024
+        readable = select.poll()  # not select.select, which refuses descriptors numbered above 1024
         readable.register(self.connection, select.POLLIN)
         while b"\n" not in self._received:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
@@ -149,12 +149,10 @@ class ForkedProcess:
         return line.decode()
 
     def poll(self) -> int | None:
-        if self.returncode is None:
-            line = self._line(timeout=0)
-            if line:
-                self.returncode = int(line.removeprefix("exit "))
-                self.connection.close()
-        return self.returncode
+        try:
+            return self.wait(timeout=0)
+        except subprocess.TimeoutExpired:
+            return None
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
