@@ -19,10 +19,10 @@ sha256-checked and feed it ``to_model_input``.
 
   streamed  the pipeline's own gallery step (``GalleryPlanner.plan`` + ``GalleryExecutor.execute``): one Ray Data
             pipeline on the local Ray (or the cluster at ``--address``): read tasks per shard
-            update over the Parquet files, ``--concurrency`` embedding actors (1 CPU each),
-            part files staged by CPU tasks, and per update a task that writes the shard file and
-            its flat FAISS index and hands back metadata; the driver commits each shard to a
-            SQLite lineage;
+            update over the Parquet files, fused into ``--concurrency`` embedding actors (1 CPU
+            each) that read, embed and stage their rows as part files; per update a finisher
+            actor writes the shard file and its flat FAISS index and hands back metadata; the
+            driver commits each shard to a SQLite lineage;
   plain     a single-process loop written here: pyarrow reads file by file, batch by batch →
             the encoder (one torch thread) → every ``--items-per-shard`` items a shard file
             (``write_shard``) and its flat FAISS index (``build_index``);
@@ -31,17 +31,18 @@ sha256-checked and feed it ``to_model_input``.
             2-worker streamed path (``vs x2``: the streamed steady rate ÷ theirs).
 
 Each path runs in a process of its own (so the peak RSS of one path is not inherited by the next);
-a thread samples that process's RSS (psutil, every 50 ms) and reports the peak: for the streamed
-path this process is the Ray driver. For the streamed path the driver's own CPU time (user +
-system, psutil) around plan and execution is ``driver_cpu_s``, and ``driver_cpu_us_per_item`` its
-growth per added item from the next smaller size; ``driver_result_bytes`` is the pickled size of
-what the finisher actors handed back. ``first_batch_s`` is when the first staged part (embedded rows)
-reached the driver, ``first_shard_s`` when the first shard's files were written; the steady rate is
-counted after the first part; ``write_s`` is the finisher actors' read-parts+assemble+write+index time
-(summed), ``shards_by_node`` which node wrote how many shards. Object-store spill is read from Ray's store stats
-(``memory_summary(stats_only=True)``) after the step. Wall time is the step alone (``ray.init``
-is timed apart); items/s = items / wall; per core = items/s / cores the path used (plain 1, the
-streamed path the workers' CPUs). Both paths' shard files are compared item for item.
+its peak RSS is the kernel's high-water mark (``PeakRss``): for the streamed path this process is
+the Ray driver. For the streamed path the driver's own CPU time (user + system, psutil) around plan
+and execution is ``driver_cpu_s``, ``driver_cpu_us_per_item`` its growth per added item from the
+next smaller size, and ``commit_ms_per_update`` its CPU in each shard update's commit
+(``CommitClock``); ``driver_result_bytes`` is the pickled size of what the finisher actors handed
+back. ``first_batch_s`` is when the first staged part (embedded rows) reached the driver,
+``first_shard_s`` when the first shard's files were written; the steady rate is counted after the
+first part; ``write_s`` is the finisher actors' read-parts+assemble+write+index time (summed),
+``shards_by_node`` which node wrote how many shards. Object-store spill is read from Ray's store
+stats (``memory_summary(stats_only=True)``) after the step. Wall time is the step alone
+(``ray.init`` is timed apart); items/s = items / wall; per core = items/s / cores the path used
+(plain 1, the streamed path the workers' CPUs). Both paths' shard files are compared item for item.
 
 Targets (issues 11 and 24): driver peak RSS flat in N (largest / smallest size ≤ 1.5, and < 2 GB);
 streamed items/s per core ≥ 0.9× the plain loop's (whole step and steady); time linear in N (wall
@@ -370,6 +371,7 @@ def run_streamed(job: Job) -> dict[str, Any]:
         clock = ProgressClock()
         cpu = psutil.Process().cpu_times()
         updater = GalleryUpdater(config, store, config.storage, (MEAN, STD), lambda: None, clock.progress_line)
+        commits = CommitClock(updater.executor)
         key = plan_key(updater.ctx.name, GENERATION)
         store.start_step(key)
         updater.planner.plan(config.generations[0], key)
@@ -386,8 +388,31 @@ def run_streamed(job: Job) -> dict[str, Any]:
             **worker_summary(results, updater.executor.first_staged, clock.started_unix, items),
             "driver_cpu_s": (after.user - cpu.user) + (after.system - cpu.system),
             "driver_result_bytes": sum(len(pickle.dumps(r)) for r in results),
+            "commit_ms_per_update": commits.ms_per_commit(),
             "start_rss_mb": rss.start_mb, "peak_rss_mb": rss.peak_mb, **spill,
             "shard_uris": [s.embeddings_uri for s in sorted(shards, key=lambda s: s.index)]}
+
+
+class CommitClock:
+    """The driver's CPU (its main thread's) in each shard-update commit of ``executor``: its
+    ``_commit`` (index records, the lineage transaction, the staged parts removed) wrapped in this
+    benchmark's process, so the figure is the step's own commit, not a model of it."""
+
+    def __init__(self, executor) -> None:
+        self.spent: list[float] = []
+        commit = executor._commit
+
+        def timed(*args: Any, **kwargs: Any) -> None:
+            started = time.thread_time()
+            try:
+                commit(*args, **kwargs)
+            finally:
+                self.spent.append(time.thread_time() - started)
+
+        executor._commit = timed
+
+    def ms_per_commit(self) -> float | None:
+        return sum(self.spent) / len(self.spent) * 1e3 if self.spent else None
 
 
 def worker_summary(results, first_staged: tuple[float, int] | None, started_unix: float,
@@ -530,7 +555,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a text table, then the targets of every place measured."""
     header = (f"{'where':<16}{'path':<10}{'items':>11}{'cores':>6}{'wall s':>9}{'items/s':>10}{'/core':>9}"
               f"{'ratio':>7}{'steady':>8}{'vs x2':>7}{'x/10x':>7}{'RSS start MB':>13}{'peak MB':>8}{'spill MB':>9}"
-              f"{'drv CPU s':>10}{'us/item':>8}{'B/update':>9}{'1st s':>7}{'shard1 s':>9}{'load':>6}")
+              f"{'drv CPU s':>10}{'us/item':>8}{'commit ms':>10}{'B/update':>9}{'1st s':>7}{'shard1 s':>9}{'load':>6}")
     lines = [header, "-" * len(header)]
     show = lambda value, fmt: "-" if value is None else format(value, fmt)  # noqa: E731
     for r in rows:
@@ -540,6 +565,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                      f"{show(r['growth_per_10x'], '.2f'):>7}{r['start_rss_mb']:>13.0f}{r['peak_rss_mb']:>8.0f}"
                      f"{show(r['spilled_mb'], '.0f'):>9}"
                      f"{show(r.get('driver_cpu_s'), '.2f'):>10}{show(r.get('driver_cpu_us_per_item'), '.3f'):>8}"
+                     f"{show(r.get('commit_ms_per_update'), '.1f'):>10}"
                      f"{show(r['driver_result_bytes'] / r['shards'] if r.get('driver_result_bytes') else None, '.0f'):>9}"
                      f"{show(r.get('first_batch_s'), '.1f'):>7}{show(r.get('first_shard_s'), '.1f'):>9}"
                      f"{r['load'][0]:>6.2f}")

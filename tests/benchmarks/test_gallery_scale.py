@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import mmap
+import time
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -95,8 +96,34 @@ def test_the_streamed_step_embeds_the_same_ids_to_the_same_vectors(job, gallery,
     assert sum(streamed["shards_by_node"].values()) == 4  # one local node wrote every shard
     assert 0 < streamed["driver_result_bytes"] < 4 * 2000  # metadata per shard update, never items
     assert streamed["driver_cpu_s"] > 0 and 0 < streamed["first_batch_s"] <= streamed["first_shard_s"]
-    assert streamed["write_s"] > 0
+    assert streamed["write_s"] > 0 and streamed["commit_ms_per_update"] > 0
     json.dumps(streamed)
+
+
+def test_the_commit_clock_counts_the_thread_cpu_of_each_commit_and_passes_errors_on():
+    class Executor:
+        def __init__(self):
+            self.calls = []
+
+        def _commit(self, entry, result, generation):
+            self.calls.append((entry, result, generation))
+            deadline = time.thread_time() + 0.02  # 20 ms of this thread's CPU
+            while time.thread_time() < deadline:
+                pass
+            if entry == "bad":
+                raise RuntimeError("lineage refused")
+
+    executor = Executor()
+    clock = bench.CommitClock(executor)
+    assert clock.ms_per_commit() is None
+    started = time.thread_time()
+    executor._commit("a", "r", "g1")
+    with pytest.raises(RuntimeError, match="lineage refused"):
+        executor._commit("bad", "r", "g1")
+    spent_ms = (time.thread_time() - started) * 1e3
+    assert executor.calls == [("a", "r", "g1"), ("bad", "r", "g1")]
+    assert len(clock.spent) == 2
+    assert 20 <= clock.ms_per_commit() <= spent_ms / 2
 
 
 def test_outputs_compare_across_shard_boundaries_and_refuse_other_ids(tmp_path, plain, job):

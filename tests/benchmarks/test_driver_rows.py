@@ -1,0 +1,38 @@
+"""The driver-rows benchmark on a few rows: every staged row reaches the driver once, in both task
+shapes, and its summary is the arithmetic of its runs. No timing assertions (benchmarks/README.md
+has the figures)."""
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from benchmarks import driver_rows as bench
+
+
+def test_a_block_becomes_one_part_row_naming_its_entry():
+    row = bench.PartRows(0.0)(pa.table({"entry": [3], "row": [77], "payload": [b"x"]}))
+    assert row.to_pylist() == [{"entry": 3, "uri": "parts/3/000000000077.arrow", "n_items": 2048}]
+
+
+@pytest.mark.e2e
+def test_every_row_reaches_the_driver_and_the_summary_is_the_runs_arithmetic(tmp_path):
+    out = tmp_path / "rows.json"
+    assert bench.main(["--rows", "20,60", "--blocks-per-task", "1,4", "--block-sleep", "0.05", "--idle-seconds", "0.5",
+                       "--json", str(out)]) == 0
+    document = json.loads(out.read_text())
+    runs = document["runs"]
+    # drive() raises unless the driver received every row: with one block a task, and with four
+    # blocks a task kept apart (each block above the 1 KiB target block size the run sets)
+    assert [(r["rows"], r["blocks_per_task"], r["block_sleep_s"]) for r in runs] == \
+        [(20, 1, 0.0), (60, 1, 0.0), (20, 4, 0.0), (60, 4, 0.0), (20, 1, 0.05)]  # idle: 0.5 s ÷ 0.05 s × 2 actors
+    assert all(run["driver_cpu_s"] > 0 for run in runs)
+    summary = document["summary"]
+    for shape, (small, large) in (("1", runs[0:2]), ("4", runs[2:4])):
+        assert summary["by_blocks_per_task"][shape]["driver_ms_per_row"] == \
+            pytest.approx((large["driver_cpu_s"] - small["driver_cpu_s"]) / 40 * 1e3)
+        assert summary["by_blocks_per_task"][shape]["rows_per_s"] == pytest.approx(60 / large["wall_s"])
+    idle = runs[-1]
+    assert summary["idle_driver_ms_per_s"] == pytest.approx(idle["driver_cpu_s"] / idle["wall_s"] * 1e3)
+    assert idle["wall_s"] >= 20 * 0.05 / 2  # two actors sleeping 0.05 s a call: no faster than 40 rows a second
