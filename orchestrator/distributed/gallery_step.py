@@ -4,11 +4,17 @@ write every file, the driver receives metadata rows and commits.
 The stages (each on Ray workers, streamed with Ray Data's backpressure):
 
 1. **read**: ``gallery_read.gallery_dataset``, read tasks partitioned by shard update (every block
-   holds rows of one update, tagged with its ``entry``), a bounded block at a time;
+   holds rows of one update, tagged with its ``entry``), each reading its files a bounded block at a
+   time; Ray Data merges the blocks of one task into one while they stay under its target block
+   size (``DataContext.target_max_block_size``, 128 MiB), so a task of small images is one block;
 2. **embed and stage**: ``map_batches(EmbedAndStage)`` on an actor pool holding the generation
-   (``embedding.concurrency``, growing to ``max_concurrency``): each actor embeds its batch and
-   writes its rows as one part file per update (``shard_update.parts``), passing on one row per
-   part (entry, URI, count): these small rows are all that reaches the driver from the dataset.
+   (``embedding.concurrency``, growing to ``max_concurrency``), one call per block: each actor
+   embeds the block on slices of ``batch_size`` and writes its rows as one part file per update
+   (``shard_update.parts``), passing on one row per part (entry, URI, count): these small rows are
+   all that reaches the driver from the dataset. So a part is a read task's rows (at most
+   ``TASK_BLOCKS`` × ``PART_BATCHES`` batches, fewer where the target block size splits them):
+   about 2 parts per shard update of 50,000 items, not one per batch, and the driver's work grows
+   with the tasks (benchmarks/README.md, ``driver_rows.py``: a few ms of its CPU per task).
    With ``embedding.num_gpus`` the images are decoded first by CPU tasks (``decode_stage``) and
    the actors, on GPUs, only run the model and write the part;
 3. **finish**: once the parts of an update hold all its items, the driver hands it to one of the
@@ -51,8 +57,8 @@ from orchestrator.gc_startup import startup_phase
 from orchestrator.shard_update import ShardTarget, ShardUpdate, ShardUpdateResult, embedded_part
 from orchestrator.shard_update.parts import staging_folder, write_parts
 
-PART_BATCHES = 8  # embedding batches per staged part: fewer, larger files and metadata rows
-TASK_BLOCKS = 16  # blocks per read task
+PART_BATCHES = 8  # embedding batches per block a read task reads (and per call of a GPU actor)
+TASK_BLOCKS = 16  # blocks per read task: a task, one call and one part per update, of 32,768 rows by default
 
 
 class EmbedStage:
@@ -139,9 +145,10 @@ def embed_gallery(source: GallerySource, updates: Sequence[ShardUpdate], model: 
     the part rows), for
     consumers of the embeddings themselves (the re-embedding benchmarks). Ray must be initialised.
 
-    block_rows:    rows per block a read task yields (default ``PART_BATCHES`` batches);
+    block_rows:    rows per block a read task reads and yields (default ``PART_BATCHES`` batches);
+                   Ray Data merges a task's blocks below its target block size (module docstring);
     rows_per_task: rows per read task (default ``TASK_BLOCKS`` blocks: few tasks, little work for the
-                   driver's scheduler; a task streams its blocks as it reads them);
+                   driver's scheduler, which spends a few ms of CPU per task);
     max_actors:    no larger an actor pool than this (the step: its number of updates).
     """
     resources = resources if resources is not None else EmbeddingSpec()
