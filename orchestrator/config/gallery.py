@@ -14,8 +14,8 @@ from orchestrator.names import Name
 
 class EmbeddingSpec(StrictModel):
     """How the gallery is (re-)embedded: the gallery step is one Ray Data pipeline (read tasks per
-    shard update, the generation's actor pool, part writes; each update's files written by a Ray
-    task, committed by the driver as it completes).
+    shard update, the generation's actor pool, part writes; each update's files written by a
+    finisher actor, committed by the driver as it completes).
 
     batch_size:  images per model call.
     concurrency: the embedding actor pool's size (its least size with ``max_concurrency``).
@@ -23,7 +23,14 @@ class EmbeddingSpec(StrictModel):
                  back (``ActorPoolStrategy(min_size=concurrency, max_size=max_concurrency)``).
     num_cpus / num_gpus: resources per embedding actor. With ``num_gpus`` the images are decoded
                  by CPU tasks before the model stage, so the GPU actors only run the model; the
-                 index of each update is built by a CPU task, never on an actor holding a GPU.
+                 index of each update is built by a finisher actor, never on one holding a GPU.
+    rows_per_task: gallery rows one read task reads (default: 128 model batches, 32,768 rows at
+                 batch 256; never more than a shard update holds). A task is one actor call and one
+                 staged part while its rows stay under Ray Data's 128 MiB target block size, and
+                 costs the driver about 6 ms of CPU (benchmarks/README.md, ``driver_rows.py``): a
+                 large cluster embedding a large gallery wants larger tasks (and shards), so that
+                 the driver does not bound the step; smaller tasks balance the actors better at the
+                 step's end.
     """
 
     batch_size: int = Field(256, ge=1, le=limits.MAX_BATCH_SIZE)
@@ -31,6 +38,7 @@ class EmbeddingSpec(StrictModel):
     max_concurrency: int | None = Field(None, ge=1, le=limits.MAX_WORKERS)
     num_cpus: float = Field(1.0, gt=0, le=limits.MAX_CPUS)
     num_gpus: float = Field(0.0, ge=0, le=limits.MAX_GPUS)
+    rows_per_task: int | None = Field(None, ge=1, le=limits.MAX_ITEMS)
 
     @model_validator(mode="before")
     @classmethod

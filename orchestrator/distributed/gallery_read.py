@@ -89,11 +89,17 @@ def gallery_dataset(source: GallerySource, updates: Sequence[ShardUpdate], block
     import ray
     import ray.data
 
-    pieces = [piece for read in update_reads(updates) for piece in _split(read, rows_per_task)]
+    pieces = read_pieces(updates, rows_per_task)
     datasource = _GalleryDatasource(source, ray.put(source) if needs_source_ref(source, pieces) else None,
                                     tuple(pieces), block_rows)
     # one task per piece, its blocks already bounded by block_rows: no further splitting
     return ray.data.read_datasource(datasource, override_num_blocks=max(len(pieces), 1))
+
+
+def read_pieces(updates: Sequence[ShardUpdate], rows_per_task: int) -> list[EntryRead]:
+    """One read task's share of ``updates`` each: a row range split into ranges of at most
+    ``rows_per_task`` rows (a task never spans two updates); a stored shard read again whole."""
+    return [piece for read in update_reads(updates) for piece in _split(read, rows_per_task)]
 
 
 def _split(read: EntryRead, rows_per_task: int) -> list[EntryRead]:

@@ -147,16 +147,21 @@ def embed_gallery(source: GallerySource, updates: Sequence[ShardUpdate], model: 
 
     block_rows:    rows per block a read task reads and yields (default ``PART_BATCHES`` batches);
                    Ray Data merges a task's blocks below its target block size (module docstring);
-    rows_per_task: rows per read task (default ``TASK_BLOCKS`` blocks: few tasks, little work for the
-                   driver's scheduler, which spends a few ms of CPU per task);
+    rows_per_task: rows per read task (default ``read_task_rows(resources, block_rows)``);
     max_actors:    no larger an actor pool than this (the step: its number of updates).
     """
     resources = resources if resources is not None else EmbeddingSpec()
     block_rows = block_rows or PART_BATCHES * resources.batch_size
     high = min(resources.pool_size[1], max_actors or resources.pool_size[1])
     dataset = gallery_dataset(source, updates, block_rows=block_rows,
-                              rows_per_task=rows_per_task or TASK_BLOCKS * block_rows)
+                              rows_per_task=rows_per_task or read_task_rows(resources, block_rows))
     return embedded_dataset(dataset, source.image_format, model, resources, max_actors=high, staging=staging)
+
+
+def read_task_rows(resources: EmbeddingSpec, block_rows: int) -> int:
+    """Rows per read task: ``embedding.rows_per_task``, else ``TASK_BLOCKS`` blocks of
+    ``block_rows`` (few tasks: the driver spends about 6 ms of CPU on each)."""
+    return resources.rows_per_task or TASK_BLOCKS * block_rows
 
 
 def step_dataset(source: GallerySource, updates: Sequence[ShardUpdate], model: GenerationModel,

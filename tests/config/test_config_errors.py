@@ -322,3 +322,11 @@ def test_an_autoscaling_pool_has_a_least_size_below_its_largest(tmp_path):
                                "pool.yaml")).gallery.embedding.pool_size == (2, 6)
     message = errors_of(write(tmp_path, VALID + "gallery: {embedding: {concurrency: 4, max_concurrency: 2}}\n"))
     assert "gallery.embedding.max_concurrency: at least concurrency (4) (got 2)" in message
+
+
+def test_the_read_task_size_is_a_positive_row_count(tmp_path):
+    assert load_pipeline(write(tmp_path, VALID + "gallery: {embedding: {rows_per_task: 262144}}\n", "tasks.yaml")
+                         ).gallery.embedding.rows_per_task == 262144
+    message = errors_of(write(tmp_path, VALID + "gallery: {embedding: {rows_per_task: 0}}\n"))
+    assert len(message.splitlines()) == 1
+    assert "gallery.embedding.rows_per_task: " in message and "(got 0)" in message

@@ -35,9 +35,11 @@ def test_actor_pool_embeddings_equal_the_local_ones(local_ray, tmp_path):
     model = method.build_model(EncoderConfig(arch="test_resnet", embed_dim=16), 10, range(10)).eval()
     card = save_generation(model, method, None, str(tmp_path / "g0"), name="g0")
 
-    rows = embed_images(gallery, str(tmp_path / "g0"), card.sha256, mean, std,
-                        EmbeddingSpec(batch_size=128, concurrency=2)).to_pandas()
-    rows = rows.sort_values("id")
+    embedded = embed_images(gallery, str(tmp_path / "g0"), card.sha256, mean, std,
+                            EmbeddingSpec(batch_size=128, concurrency=2, rows_per_task=100)).materialize()
+    # one actor call, and one output block, per read task of at most rows_per_task rows
+    assert embedded.num_blocks() == -(-len(gallery.ids) // 100) > 1
+    rows = embedded.to_pandas().sort_values("id")
     assert rows["id"].tolist() == sorted(gallery.ids.tolist())  # every item once
     expected, labels = embed_dataset(model, ImageTensorDataset(gallery, 32, mean, std))
     order = np.argsort(gallery.ids)
