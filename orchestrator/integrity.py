@@ -7,7 +7,7 @@ shard's Parquet file (``shards.sha256``). This module adds, without new tables o
   curvature, adapters…), in the outputs of its ``train:<gen>`` step (``CARD_SHA256``);
 * per index file: the sha256 of the whole file (header included), the sha256 of the sorted id set
   it was built from and its item count, as a committed lineage step ``integrity:<index uri>``
-  (``record_index``), written right after the file and before the shard row points at it.
+  (``index_steps``), committed in the transaction that points the shard row at it.
 
 ``load_checked_generation`` and ``load_checked_index`` refuse (``IntegrityError``, one line naming
 the file, the expected and the actual hash) anything that is not what the lineage recorded, or
@@ -16,7 +16,7 @@ that the lineage holds no hash for.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
@@ -61,11 +61,12 @@ def index_record(data: bytes, ids: Any) -> dict[str, Any]:
     return {"kind": "index", "sha256": sha256_bytes(data), "ids_sha256": ids_sha256(ids), "n_items": int(len(ids))}
 
 
-def record_index(store, uri: str, record: Mapping[str, Any]) -> None:
-    """Put the ``index_record`` of the index file just written at ``uri`` into the lineage (the
-    record is computed where the file was written, from its bytes: the lineage's side reads
-    nothing)."""
-    store.commit_step(integrity_key(uri), dict(record))
+def index_steps(indexes: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The lineage steps recording index files just written, ``(uri, index_record)`` each →
+    ``integrity_key(uri)`` → the record, for ``assign_shard(s)(..., with_steps=...)`` to commit in
+    the transaction that points shards at them (the record is computed where the file was written,
+    from its bytes: the lineage's side reads nothing)."""
+    return {integrity_key(uri): dict(record) for uri, record in indexes}
 
 
 def recorded_index(store, uri: str) -> dict[str, Any] | None:

@@ -115,18 +115,21 @@ class GalleriesMixin(StoreLocations):
         *,
         step: Optional[str] = None,
         step_outputs: Optional[Mapping[str, Any]] = None,
+        with_steps: Optional[Mapping[str, Mapping[str, Any]]] = None,
     ) -> ShardRecord:
         """Point shard ``index`` of ``gallery`` at ``generation``'s embeddings and index (files
         already written). In the same transaction: if the shard changes generation, a
         ``committed`` backfill row from → to (completing one opened by ``start_backfill``);
-        with ``step``, the step's commit. Re-assigning the generation a shard already holds
+        with ``step``, the step's commit; with ``with_steps`` (key → outputs), those steps'
+        commits too (the integrity records of the index files the shard points at:
+        ``integrity.index_steps``). Re-assigning the generation a shard already holds
         only updates its URIs/sha256/size — no backfill row, so a re-run adds nothing."""
         assignment = ShardAssignment(index, generation, embeddings_uri, index_uri, sha256, n_items)
         outputs = step_outputs if step_outputs is not None else {
             "gallery": gallery, "shard": index, "generation": generation,
             "embeddings_uri": embeddings_uri, "index_uri": index_uri, "sha256": sha256,
         }
-        return self.assign_shards(gallery, [assignment], step=step, step_outputs=outputs)[0]
+        return self.assign_shards(gallery, [assignment], step=step, step_outputs=outputs, with_steps=with_steps)[0]
 
     def assign_shards(
         self,
@@ -136,16 +139,18 @@ class GalleriesMixin(StoreLocations):
         grow: bool = False,
         step: Optional[str] = None,
         step_outputs: Optional[Mapping[str, Any]] = None,
+        with_steps: Optional[Mapping[str, Mapping[str, Any]]] = None,
     ) -> list[ShardRecord]:
         """Apply several shard assignments of ``gallery`` in ONE transaction (see ``assign_shard``
         for one): e.g. moving backfilled items out of a shard into a new one, so no reader ever
         sees the items in both shards or in neither. With ``grow``, a shard index at or beyond the
-        gallery's shard count adds that shard (the gallery grows); without, it is an error. With ``step``, the step commits in the
-        same transaction."""
+        gallery's shard count adds that shard (the gallery grows); without, it is an error. With
+        ``step`` (and ``with_steps``, key → outputs), those steps commit in the same transaction."""
         assignments = [self._stored_assignment(a) for a in assignments]
         keys = None if step is None else self._key_forms(step)
         outputs = self._stored(step_outputs if step_outputs is not None else {
             "gallery": gallery, "shards": [a.index for a in assignments]})
+        others = [(self._key_forms(key), self._stored(dict(other))) for key, other in (with_steps or {}).items()]
         if not assignments:
             raise ValueError(f"gallery {gallery!r}: no shard assignments given")
         if len({a.index for a in assignments}) != len(assignments):
@@ -157,6 +162,8 @@ class GalleriesMixin(StoreLocations):
             if grow and highest >= gallery_row.n_shards:
                 gallery_row.n_shards = highest + 1
             records = [assign_in(session, gallery_row, a) for a in assignments]
+            for other_keys, other_outputs in others:
+                commit_step_in(session, other_keys, other_outputs)
             if keys is not None:
                 commit_step_in(session, keys, outputs)
             session.flush()

@@ -141,7 +141,7 @@ def test_a_prefix_copied_to_another_bucket_serves_from_the_copy(s3_bucket, monke
     import s3fs
 
     from orchestrator.gallery import ShardEmbeddings
-    from orchestrator.integrity import record_index, trained_outputs
+    from orchestrator.integrity import index_steps, trained_outputs
     from orchestrator.methods import create_method
     from orchestrator.models.checkpoint import save_generation
     from orchestrator.models.encoder import EncoderConfig
@@ -169,8 +169,8 @@ def test_a_prefix_copied_to_another_bucket_serves_from_the_copy(s3_bucket, monke
     for index, ids in enumerate((np.arange(6), np.arange(6, 10))):
         shard = ShardEmbeddings(ids, ids % 3, vectors[ids], np.zeros(len(ids), np.float32), "g0", "cosine", 1.0)
         written = write_shard_files(index, shard, ShardTarget(join_uri(source, "galleries", "tiny")), "test", True)
-        record_index(store, written.index_uri, written.index_record)
-        store.assign_shard("tiny", index, "g0", written.embeddings_uri, written.index_uri, written.sha256, len(shard))
+        store.assign_shard("tiny", index, "g0", written.embeddings_uri, written.index_uri, written.sha256, len(shard),
+                           with_steps=index_steps([(written.index_uri, written.index_record)]))
     queries = rng.normal(size=(3, 4)).astype(np.float32)
     before = open_router(store, "tiny", "g0").search(queries, 4)
     store.close()

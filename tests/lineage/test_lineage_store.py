@@ -298,3 +298,22 @@ def test_assign_shards_moves_items_into_a_new_shard_in_one_transaction(store):
     assert store.step_status("split:gal/0:g1") == "committed"
     with pytest.raises(ValueError, match="twice"):
         store.assign_shards("gal", [split[0], split[0]])
+
+
+def test_the_index_records_commit_in_the_shards_transaction_or_not_at_all(store):
+    from orchestrator.integrity import index_record, index_steps, recorded_index
+    from orchestrator.lineage.records import ShardAssignment
+
+    store.upsert_generation("g0", status="trained")
+    store.upsert_gallery("gal", None, 20, 2)
+    records = [index_record(b"index bytes %d" % i, list(range(10 * i, 10 * i + 10))) for i in range(3)]
+    steps = index_steps((f"e/g0/{i}.index", records[i]) for i in range(3))
+    assert set(steps) == {f"integrity:e/g0/{i}.index" for i in range(3)}
+    with pytest.raises(ValueError, match="shards 0..1, not 2"):  # a refused assignment records no index either
+        store.assign_shards("gal", [ShardAssignment(2, "g0", "e/g0/2", "e/g0/2.index", "0" * 64, 10)],
+                            step="embed:gal/2:g0", with_steps={k: v for k, v in steps.items() if "/2." in k})
+    assert recorded_index(store, "e/g0/2.index") is None and store.step_status("embed:gal/2:g0") is None
+    store.assign_shard("gal", 0, "g0", "e/g0/0", "e/g0/0.index", "0" * 64, 10, step="embed:gal/0:g0",
+                       with_steps={k: v for k, v in steps.items() if "/0." in k})
+    assert recorded_index(store, "e/g0/0.index") == records[0] and store.step_status("embed:gal/0:g0") == "committed"
+    assert recorded_index(store, "e/g0/1.index") is None  # only the steps given

@@ -18,7 +18,7 @@ from orchestrator.config import load_pipeline
 from orchestrator.gallery import ShardEmbeddings
 from orchestrator.geometry.spaces import Space
 from orchestrator.index import load_index
-from orchestrator.integrity import IntegrityError, ids_sha256, load_checked_index, record_index, trained_outputs
+from orchestrator.integrity import IntegrityError, ids_sha256, index_steps, load_checked_index, trained_outputs
 from orchestrator.lineage import LineageStore
 from orchestrator.lineage.step_keys import integrity_key, plan_key
 from orchestrator.methods import create_method
@@ -54,8 +54,8 @@ def gallery(tmp_path: Path):
     for index, ids in enumerate((np.arange(6), np.arange(6, 10))):
         shard = _shard(ids, index)
         written = write_shard_files(index, shard, ShardTarget(str(storage / "galleries" / GALLERY)), "test", True)
-        record_index(store, written.index_uri, written.index_record)
-        store.assign_shard(GALLERY, index, "g0", written.embeddings_uri, written.index_uri, written.sha256, len(shard))
+        store.assign_shard(GALLERY, index, "g0", written.embeddings_uri, written.index_uri, written.sha256, len(shard),
+                           with_steps=index_steps([(written.index_uri, written.index_record)]))
     yield storage, store, store.shards(GALLERY)
     store.close()
 

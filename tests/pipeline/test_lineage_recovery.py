@@ -19,7 +19,7 @@ import pytest
 from cli_runs import cli_in_process
 from orchestrator.cli import ExitCode
 from orchestrator.gallery import read_shard
-from orchestrator.integrity import index_record, record_index
+from orchestrator.integrity import index_record, index_steps
 from orchestrator.lineage import LineageStore
 from orchestrator.storage import sha256_hex
 
@@ -93,10 +93,9 @@ def test_verify_catches_changed_evaluation_embeddings_and_rollback_shards(served
     new = old.with_name("g0-old.000000000000.parquet")
     shutil.copyfile(old, new)
     shutil.copyfile(shard.index_uri, new.with_suffix(".index"))
-    record_index(store, str(new.with_suffix(".index")),
-                 index_record(new.with_suffix(".index").read_bytes(), read_shard(str(new)).ids))
-    store.assign_shard("digits-test", 0, "g0-old", str(new), str(new.with_suffix(".index")),
-                       sha256_hex(new.read_bytes()), shard.n_items)
+    index = new.with_suffix(".index")
+    store.assign_shard("digits-test", 0, "g0-old", str(new), str(index), sha256_hex(new.read_bytes()), shard.n_items,
+                       with_steps=index_steps([(str(index), index_record(index.read_bytes(), read_shard(str(new)).ids))]))
     store.close()
     assert cli_in_process("verify", str(pipeline), cwd=root).returncode == 0
     flip_last_byte(old)

@@ -17,7 +17,7 @@ from cli_runs import cli_in_process
 from orchestrator.config import load_pipeline
 from orchestrator.data import load_digits
 from orchestrator.gallery import read_shard
-from orchestrator.integrity import record_index
+from orchestrator.integrity import index_steps
 from orchestrator.lineage import LineageStore
 from orchestrator.serving.encoders import QueryEncoders
 from orchestrator.serving.endpoint import GalleryEndpoint
@@ -39,9 +39,8 @@ def commit_shard_without(store: LineageStore, storage: str, gallery: str, index:
     record = store.shards(gallery)[index]
     shard = read_shard(record.embeddings_uri, expected_sha256=record.sha256).without(dropped)
     written = write_shard_files(index, shard, ShardTarget(join_uri(storage, "galleries", gallery), kind), "test", True)
-    record_index(store, written.index_uri, written.index_record)
     store.assign_shard(gallery, index, shard.generation, written.embeddings_uri, written.index_uri, written.sha256,
-                       len(shard))
+                       len(shard), with_steps=index_steps([(written.index_uri, written.index_record)]))
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ import time
 from orchestrator.distributed.gallery_step import quiet_ray_data, run_shard_updates
 from orchestrator.distributed.generation_model import GenerationModel
 from orchestrator.geometry.geometry import Geometry
-from orchestrator.integrity import record_index
+from orchestrator.integrity import index_steps
 from orchestrator.lineage.records import ShardAssignment
 from orchestrator.pipeline.gallery.context import GalleryContext
 from orchestrator.pipeline.gallery.plan import GalleryPlan
@@ -133,17 +133,15 @@ class GalleryExecutor:
         return ShardTarget(self.ctx.root, spec.index, dict(spec.index_options), store=store)
 
     def _commit(self, entry: ShardUpdate, result: ShardUpdateResult, generation: str) -> None:
-        """The worker's files become the shards' content: index records first, then the shard rows
-        and the step in one lineage transaction."""
-        ctx, store, key = self.ctx, self.ctx.store, result.key
-        for written in result.written:
-            record_index(store, written.index_uri, written.index_record)
+        """The worker's files become the shards' content: their index records, the shard rows and
+        the step in one lineage transaction (``_record``); then the update's staged parts go."""
         self._record(entry, result, generation)
-        remove(step_staging(ctx.root, key), recursive=True, missing_ok=True)
+        remove(step_staging(self.ctx.root, result.key), recursive=True, missing_ok=True)
 
     def _record(self, entry: ShardUpdate, result: ShardUpdateResult, generation: str) -> None:
-        """The shard rows of ``result`` and its step, in one lineage transaction."""
+        """The index records, the shard rows of ``result`` and its step, in one lineage transaction."""
         ctx, store, key = self.ctx, self.ctx.store, result.key
+        indexes = index_steps((written.index_uri, written.index_record) for written in result.written)
         if entry.kind is UpdateKind.EMBED:
             new, = result.written
             ctx.say(f"{key}: shard {entry.shard} holds {new.n_items} items of {generation}")
@@ -152,7 +150,7 @@ class GalleryExecutor:
                                step_outputs={"shard": entry.shard, "items": new.n_items,
                                              "embeddings_uri": new.embeddings_uri, "index_uri": new.index_uri,
                                              "sha256": new.sha256, "node": result.timing.get("node"),
-                                             "seconds": _seconds(result)})
+                                             "seconds": _seconds(result)}, with_steps=indexes)
             return
         kept, new = result.written
         ctx.say(f"{key}: {new.n_items} items of shard {entry.shard} re-embedded into new shard {entry.target}, "
@@ -163,7 +161,7 @@ class GalleryExecutor:
                              n_items=kept.n_items),
              ShardAssignment(entry.target, generation, new.embeddings_uri, new.index_uri, new.sha256,
                              n_items=new.n_items, backfilled_from=kept.generation)],
-            grow=True, step=key,
+            grow=True, step=key, with_steps=indexes,
             step_outputs={"source": entry.shard, "target": entry.target, "items": new.n_items, "kept": kept.n_items,
                           "embeddings_uri": new.embeddings_uri, "sha256": new.sha256,
                           "node": result.timing.get("node"), "seconds": _seconds(result)})
