@@ -11,10 +11,11 @@ The stages (each on Ray workers, streamed with Ray Data's backpressure):
    (``embedding.concurrency``, growing to ``max_concurrency``), one call per block: each actor
    embeds the block on slices of ``batch_size`` and writes its rows as one part file per update
    (``shard_update.parts``), passing on one row per part (entry, URI, count): these small rows are
-   all that reaches the driver from the dataset. So a part is a read task's rows (at most
-   ``TASK_BLOCKS`` × ``PART_BATCHES`` batches, fewer where the target block size splits them):
-   about 2 parts per shard update of 50,000 items, not one per batch, and the driver's work grows
-   with the tasks (benchmarks/README.md, ``driver_rows.py``: a few ms of its CPU per task).
+   all that reaches the driver from the dataset. So a part is a read task's rows
+   (``read_task_rows``: ``embedding.rows_per_task``, by default ``TASK_BLOCKS`` × ``PART_BATCHES``
+   batches; fewer where the target block size splits them): about 2 parts per shard update of
+   50,000 items, not one per batch, and the driver's work grows with the tasks
+   (benchmarks/README.md, ``driver_rows.py``: a few ms of its CPU per task).
    With ``embedding.num_gpus`` the images are decoded first by CPU tasks (``decode_stage``) and
    the actors, on GPUs, only run the model and write the part;
 3. **finish**: once the parts of an update hold all its items, the driver hands it to one of the
@@ -58,7 +59,7 @@ from orchestrator.shard_update import ShardTarget, ShardUpdate, ShardUpdateResul
 from orchestrator.shard_update.parts import staging_folder, write_parts
 
 PART_BATCHES = 8  # embedding batches per block a read task reads (and per call of a GPU actor)
-TASK_BLOCKS = 16  # blocks per read task: a task, one call and one part per update, of 32,768 rows by default
+TASK_BLOCKS = 16  # blocks per read task by default (32,768 rows at batch 256; embedding.rows_per_task)
 
 
 class EmbedStage:
