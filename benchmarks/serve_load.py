@@ -130,23 +130,25 @@ def synthetic_gallery(store, storage: str, gallery: str, n: int, shards: int, ki
     points = space_part[rng.integers(0, len(space_part), n)] + rng.normal(size=(n, space_part.shape[1])) * spread
     time_part = np.sqrt(1.0 / template.curv + (points ** 2).sum(axis=1, keepdims=True))
     embeddings = np.concatenate([time_part, points], axis=1).astype(np.float32)
-    assignments = []
+    assignments, indexes = [], {}
     for index, rows in enumerate(np.array_split(np.arange(n), shards)):
-        written = _write(store, storage, gallery, index, template, rows.astype(np.int64), embeddings[rows], kind)
+        written, index_step = _write(storage, gallery, index, template, rows.astype(np.int64), embeddings[rows], kind)
         assignments.append(ShardAssignment(index, generation, *written))
+        indexes.update(index_step)
     assignments += [ShardAssignment(s.index, generation, None, None, None, 0)
                     for s in store.shards(gallery) if s.index >= shards]
-    store.assign_shards(gallery, assignments, grow=True)
+    store.assign_shards(gallery, assignments, grow=True, with_steps=indexes)
     return embeddings
 
 
-def _write(store, storage: str, gallery: str, index: int, template, ids: np.ndarray, embeddings: np.ndarray,
-           kind: str) -> tuple[str, str, str, int]:
-    """Write shard ``index`` holding items ``ids`` (n,) with ``embeddings`` (n, D): its file, index
-    and the index's hashes in the lineage, as the pipeline writes a shard; (uri, index uri, sha256, n)."""
+def _write(storage: str, gallery: str, index: int, template, ids: np.ndarray, embeddings: np.ndarray,
+           kind: str) -> tuple[tuple[str, str, str, int], dict[str, dict]]:
+    """Write shard ``index`` holding items ``ids`` (n,) with ``embeddings`` (n, D): its file and
+    index, as the pipeline writes a shard; ((uri, index uri, sha256, n), the lineage step recording
+    the index's hashes, to commit with the shard: ``integrity.index_steps``)."""
     import pyarrow as pa
 
-    from orchestrator.integrity import record_index
+    from orchestrator.integrity import index_steps
     from orchestrator.shard_update import ShardTarget, write_shard_files
     from orchestrator.storage import join_uri
 
@@ -155,8 +157,8 @@ def _write(store, storage: str, gallery: str, index: int, template, ids: np.ndar
                                 attributes=pa.table({"uri": [f"synthetic#{i}" for i in ids]}))
     written = write_shard_files(index, shard, ShardTarget(join_uri(storage, "galleries", gallery), kind), "bench",
                                 False)  # the second server mode commits the same rewrites again
-    record_index(store, written.index_uri, written.index_record)
-    return written.embeddings_uri, written.index_uri, written.sha256, len(ids)
+    return ((written.embeddings_uri, written.index_uri, written.sha256, len(ids)),
+            index_steps([(written.index_uri, written.index_record)]))
 
 
 def measure_in_process(service, queries: np.ndarray, seconds: float, batch: int
@@ -572,8 +574,8 @@ def _rewrite_without(number: int, item: int, kind: str) -> None:
     shard = next(s for s in store.shards(gallery) if s.index == number)
     stored = read_recorded_shard(shard)
     kept = stored.without(np.array([item]))
-    written = _write(store, storage, gallery, shard.index, kept, kept.ids, kept.embeddings, kind)
-    store.assign_shards(gallery, [ShardAssignment(shard.index, shard.generation, *written)])
+    written, index_step = _write(storage, gallery, shard.index, kept, kept.ids, kept.embeddings, kind)
+    store.assign_shards(gallery, [ShardAssignment(shard.index, shard.generation, *written)], with_steps=index_step)
 
 
 def _deploy_with_shards(generation: str) -> None:
