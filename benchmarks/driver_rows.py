@@ -136,9 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     drive(100)  # Ray Data's own actors and the first actor pool start here, not in a measured run
     runs, shapes = [], {}
     for blocks_per_task in args.blocks_per_task:
-        shape = [drive(rows, blocks_per_task=blocks_per_task) for rows in args.rows]
-        runs += shape
-        small, large = shape[0], shape[-1]
+        measured = [drive(rows, blocks_per_task=blocks_per_task) for rows in args.rows]
+        runs += measured
+        small, large = measured[0], measured[-1]
         shapes[blocks_per_task] = {
             "driver_ms_per_row": (large["driver_cpu_s"] - small["driver_cpu_s"]) / (large["rows"] - small["rows"]) * 1e3,
             "rows_per_s": large["rows"] / large["wall_s"]}

@@ -134,7 +134,9 @@ def search_all(shards, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndar
     distances, ids, sources = [], [], []
     for position, shard in enumerate(shards):
         d, i = shard.search(queries, k)
-        distances.append(d), ids.append(i), sources.append(position)
+        distances.append(d)
+        ids.append(i)
+        sources.append(position)
     merged = merge_top_k(distances, ids, sources, k)
     return merged[0], merged[1]
 
