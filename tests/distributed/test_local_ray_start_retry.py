@@ -1,5 +1,5 @@
 """A local Ray that Ray reports as not started in time (its raylet not registered with its GCS
-within Ray's 30 s, seen once in four suite runs on 2 busy cores) is started once more by
+within Ray's 30 s, seen once in four suite runs on 2 busy cores, and twice in a row once) is started again by
 ``start_local_ray``: the failed start's processes stopped first, a warning line, then a Ray that
 runs tasks. Ray's own wait is made to run out at once: its clock jumps when the raylet is first
 looked up. Run in a process of its own (the patches and the Ray touch no other test)."""
