@@ -42,15 +42,14 @@ import pyarrow as pa
 from benchmarks.harness import checkout_commit, parse_sizes, start_ray, write_results
 from orchestrator.distributed.gallery_step import TASK_BLOCKS
 
+PAYLOAD_BYTES = 2048  # per row of the read: above TARGET_BLOCK_BYTES, so no two rows merge
+TARGET_BLOCK_BYTES = 1024
+
 
 def driver_cpu_s() -> float:
     """This process's CPU time so far (user + system), seconds."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
-
-
-PAYLOAD_BYTES = 2048  # per row of the read: above TARGET_BLOCK_BYTES, so no two rows merge
-TARGET_BLOCK_BYTES = 1024
 
 
 class PartRows:

@@ -32,11 +32,11 @@ NO_STATE_API = "http://127.0.0.1:0"
 
 # Ray 2.60 gives a new local node 30 s (a constant of ``ray._private.node``) to register its raylet
 # with its GCS, then raises a bare Exception with this text. On a machine whose cores are all busy
-# that happened (the test suite's three lanes on 2 cores, once in four runs); a second start then
-# succeeds.
+# that happened (the test suite's three lanes on 2 cores, once in four runs), also when the raylet
+# crashed because its dashboard agent, importing slowly, missed Ray's fixed 15 s wait for its port
+# file (twice in a row in one suite run, 2026-12-06); a later start succeeded.
 NODE_START_TIMEOUT = "timed out during startup"
-LOCAL_START_ATTEMPTS = 3  # a raylet also crashes when its dashboard agent, slow to import on a loaded machine,
-# misses Ray's 15 s port wait; seen twice in a row in one suite run on 2 busy cores (2026-12-06)
+LOCAL_START_ATTEMPTS = 3
 
 
 def connect(address: str | None = None, dashboard: bool = False) -> str | None:
