@@ -1,9 +1,8 @@
 """Running the ``orchestrator`` command from the end-to-end tests, two ways with one result type.
 
 - ``cli`` / ``orchestrator_process``: a process of its own, as a user runs it (the process
-  boundary, the exit code). Every ``run`` and ``tune`` goes this way: they need a Ray that is not
-  this process's, and join the lane's (``lane_ray.py``; ``joins_lane_ray`` names the runs that
-  start their own, as a user's run does without ``RAY_ADDRESS``). The process is a fork of one of this lane's fork
+  boundary, its own Ray, the exit code). Every ``run`` and ``tune`` goes this way: they start a Ray
+  of their own, which must not be this process's. The process is a fork of one of this lane's fork
   servers (``cli_fork_server.py``), each of which has imported what ``orchestrator run`` imports
   once: the ~4 s of a core that a new interpreter spends importing torch, timm and Ray are not
   spent again for each of the suite's ~40 runs. A server is started with the environment the
@@ -38,7 +37,6 @@ import threading
 import time
 from pathlib import Path
 
-import lane_ray
 from orchestrator.cli import main
 
 STARTS_RAY = {"run", "tune"}
@@ -46,12 +44,10 @@ FORK_SERVER = Path(__file__).resolve().parent / "cli_fork_server.py"
 #: Variables read when used, not when a module is imported: a forked command may be given other values.
 SAFE_TO_DIFFER = re.compile(r"AWS_\w+|PGPASSWORD|RAY_ADDRESS|ORCHESTRATOR_PLUGINS|PYTEST_CURRENT_TEST")
 KEPT_SERVERS = 2
-#: What Ray logs when a command starts a local Ray or joins one (the lane's): whether it needed Ray.
-RAY_CONNECTED = re.compile(r"Started a local Ray instance\.|Connected to Ray cluster\.")
 
 
-def cli(*args: str, cwd: Path, timeout: float = 1200, own_ray: bool = False) -> subprocess.CompletedProcess:
-    process = orchestrator_process(*args, cwd=cwd, own_ray=own_ray)
+def cli(*args: str, cwd: Path, timeout: float = 1200) -> subprocess.CompletedProcess:
+    process = orchestrator_process(*args, cwd=cwd)
     try:
         out, err = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -62,24 +58,12 @@ def cli(*args: str, cwd: Path, timeout: float = 1200, own_ray: bool = False) -> 
 
 
 def orchestrator_process(*args: str, cwd: Path, env: dict[str, str] | None = None, merge_stderr: bool = False,
-                         new_session: bool = False, own_ray: bool = False) -> ForkedProcess:
+                         new_session: bool = False) -> ForkedProcess:
     """``orchestrator ARGS`` started in ``cwd`` with ``env`` (default: this process's), its stdout
     and stderr pipes of text (one pipe when ``merge_stderr``), in a session of its own when
-    ``new_session``, forked by the lane's fork server for that environment. A ``run`` or ``tune``
-    joins the lane's Ray (``lane_ray``) unless ``joins_lane_ray`` says it keeps its own."""
+    ``new_session``, forked by the lane's fork server for that environment."""
     env = dict(os.environ if env is None else env)
-    if joins_lane_ray(args, env, new_session, own_ray):
-        env["RAY_ADDRESS"] = lane_ray.address()
     return ForkedProcess(_fork_server(env).socket_path, list(args), Path(cwd), env, merge_stderr, new_session)
-
-
-def joins_lane_ray(args: tuple[str, ...], env: dict[str, str], new_session: bool, own_ray: bool) -> bool:
-    """Whether a command joins the lane's Ray: one that starts Ray, but not when it has a Ray of its
-    own to test: asked for (``own_ray``: a dashboard, the local start itself), killed with its
-    process group (``new_session``), given its own ``RAY_ADDRESS``, or with plug-in modules that
-    only a Ray started from its environment passes to the workers."""
-    return (bool(args) and args[0] in STARTS_RAY and not (own_ray or new_session)
-            and "RAY_ADDRESS" not in env and not env.get("ORCHESTRATOR_PLUGINS"))
 
 
 class _ForkServer:

@@ -11,11 +11,9 @@ asking for ``postgres_url`` gets a new empty database on it.
 Parallel lanes (``pytest -n 3 --dist loadgroup``, the README's command): the tests that share a
 costly session fixture run in one worker, so it is built once (``SHARED_FIXTURE_GROUPS``), and so
 do the end-to-end tests of one file that share a module fixture (a module's Ray, a trained
-parent); other end-to-end tests go to whichever lane is free, before the short tests. The ``orchestrator
-run`` and ``tune`` commands of a lane join that lane's one Ray (``lane_ray.py``, started when the
-first needs it), except those whose own Ray is what they test; every other Ray a test starts is its
-own local instance (``address="local"``), and the cluster scripts stop only their own processes,
-so tests in different workers never stop or join each other's Ray.
+parent); other end-to-end tests go to whichever lane is free, before the short tests; every
+Ray a test starts is its own local instance (``address="local"``), and the cluster scripts stop
+only their own processes, so tests in different workers never stop or join each other's Ray.
 """
 import os
 import secrets
@@ -34,11 +32,6 @@ torch.set_num_threads(1)
 # environment they were never used (seen as IDLE-only processes, 0.6-1 s of CPU each, 2 of 4 per
 # instance) on a suite whose two lanes keep both cores busy.
 os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
-
-# Token authentication, said explicitly as the README tells a cluster's users: a local Ray enables it
-# by default, but a process that joins a running Ray (the lane's, ``lane_ray.py``) sends its token
-# only when the mode is set.
-os.environ.setdefault("RAY_AUTH_MODE", "token")
 
 # session fixture → the xdist group of every test that uses it (directly or through another fixture);
 # tests/pipeline's g0_run is not here: the workers of one run share it through a file lock

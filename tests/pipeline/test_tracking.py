@@ -231,7 +231,7 @@ def test_a_pipeline_run_with_tracking_and_the_dashboard(tmp_path, copy_g0_run):
     config["tracking"] = {"enabled": True}
     pipeline = write_pipeline(tmp_path / "tracked.yaml", config, tmp_path / "run")
 
-    done = cli("run", str(pipeline), cwd=tmp_path, own_ray=True)  # the dashboard of the Ray it starts
+    done = cli("run", str(pipeline), cwd=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "Ray dashboard: http://127.0.0.1:" in done.stdout
     assert "tracking: MLflow run" in done.stdout and "could not" not in done.stdout
