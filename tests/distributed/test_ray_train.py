@@ -155,10 +155,14 @@ def _a_checkpoint_is_registered(run_dir: Path) -> bool:
     return snapshot.get("latest_checkpoint_result") is not None
 
 
-def _kill_a_worker_once_a_checkpoint_is_registered(run_dir: Path, killed: list[int], deadline: float) -> None:
+def _kill_a_worker_once_a_checkpoint_is_registered(run_dir: Path, killed: list[int], deadline: float,
+                                                   seen_alongside: set[int]) -> None:
+    """Kills one Ray Train worker of this process's Ray once a checkpoint is registered; notes in
+    ``seen_alongside`` the preemption watchers running beside it then (a local Ray starts none)."""
     while time.time() < deadline and not killed:
         if _a_checkpoint_is_registered(run_dir):
             for pid in _actor_processes():
+                seen_alongside.update(_actor_processes("PreemptionWatcher"))
                 psutil.Process(pid).kill()
                 killed.append(pid)
                 return
@@ -168,13 +172,16 @@ def _kill_a_worker_once_a_checkpoint_is_registered(run_dir: Path, killed: list[i
 def test_killed_worker_resumes_from_the_last_epoch_checkpoint(local_ray, digits_stats, tmp_path):
     storage = tmp_path / "ray"
     killed: list[int] = []
+    preemption_watchers: set[int] = set()
     watcher = threading.Thread(target=_kill_a_worker_once_a_checkpoint_is_registered,
-                               args=(storage / "train-g0", killed, time.time() + 240), daemon=True)
+                               args=(storage / "train-g0", killed, time.time() + 240, preemption_watchers),
+                               daemon=True)
     watcher.start()
     metrics = train_generation_with_ray(job("g0", "independent", tmp_path, digits_stats, epochs=6),
                                         RaySettings(num_workers=1, max_failures=2), storage_path=str(storage))
     watcher.join(timeout=1)
     assert killed, "no Ray Train worker was found to kill"
+    assert not preemption_watchers  # a local Ray's node is never drained (runtime.WORKER_ENV_VARS)
     assert metrics["epoch"] == 5
     assert metrics["start_epoch"] > 0  # the second attempt continued from a saved epoch
     model, card = load_generation(str(tmp_path / "g0"))
