@@ -173,13 +173,13 @@ def test_killed_worker_resumes_from_the_last_epoch_checkpoint(local_ray, digits_
     storage = tmp_path / "ray"
     killed: list[int] = []
     preemption_watchers: set[int] = set()
-    watcher = threading.Thread(target=_kill_a_worker_once_a_checkpoint_is_registered,
-                               args=(storage / "train-g0", killed, time.time() + 240, preemption_watchers),
-                               daemon=True)
-    watcher.start()
+    killer = threading.Thread(target=_kill_a_worker_once_a_checkpoint_is_registered,
+                              args=(storage / "train-g0", killed, time.time() + 240, preemption_watchers),
+                              daemon=True)
+    killer.start()
     metrics = train_generation_with_ray(job("g0", "independent", tmp_path, digits_stats, epochs=6),
                                         RaySettings(num_workers=1, max_failures=2), storage_path=str(storage))
-    watcher.join(timeout=1)
+    killer.join(timeout=1)
     assert killed, "no Ray Train worker was found to kill"
     assert not preemption_watchers  # a local Ray's node is never drained (runtime.WORKER_ENV_VARS)
     assert metrics["epoch"] == 5
