@@ -13,14 +13,20 @@ one driver can take. Measured here on a pipeline of the step's shape whose actor
 
   rows    read tasks of one one-row block, fused into a pool of 2 one-CPU actors (the step's
           ``ActorPoolStrategy``) that return one row per call, iterated by the driver as the step
-          iterates its part rows (``iter_batches(batch_size=None)``, the row's columns to Python):
-          the rows arrive as fast as Ray Data delivers them. Two counts give the driver's marginal
-          CPU (user + system) per row (a task dispatched, its output received) and the rows per
-          second it took; on this machine the actors and Ray share the driver's two cores, so the
-          rate is a floor.
+          iterates its part rows (``gallery_step._batches``: Ray Data's executor in its
+          coordinator actor, ``streaming_split(1)``; the row's columns to Python): the rows arrive
+          as fast as Ray Data delivers them. Two counts give the driver's marginal CPU (user +
+          system) per row (a task dispatched, its output received) and the rows per second it
+          took; on this machine the actors and Ray share the driver's two cores, so the rate is a
+          floor.
   idle    the same pipeline whose actors sleep ``--block-sleep`` per call: the driver's CPU per
           second of a step whose rows come slowly (Ray Data's executor loop and its iterator's
           10 ms wait, which run whatever the rows).
+
+Each shape runs twice, side by side: ``coordinator`` (the step's way, above) and ``driver``
+(Ray Data's executor in the driver, ``Dataset.iter_batches``: how the step ran before 2026-12-06).
+For the coordinator runs the coordinator actor's own CPU is read from /proc when its iteration
+ends (``coordinator_cpu_s``): the executor's work moved, not removed.
 
 The shard-update commits are measured inside the real step by ``gallery_scale.py``
 (``commit_ms_per_update``). Results beside the step's figures in benchmarks/README.md.
@@ -39,11 +45,12 @@ if __package__ in (None, ""):  # run as `python benchmarks/driver_rows.py`: the 
 
 import pyarrow as pa
 
-from benchmarks.harness import checkout_commit, parse_sizes, start_ray, write_results
+from benchmarks.harness import COORDINATOR_TITLE, ProcessCpu, checkout_commit, parse_sizes, start_ray, write_results
 from orchestrator.distributed.gallery_step import TASK_BLOCKS
 
 PAYLOAD_BYTES = 2048  # per row of the read: above TARGET_BLOCK_BYTES, so no two rows merge
 TARGET_BLOCK_BYTES = 1024
+EXECUTORS = ("coordinator", "driver")
 
 
 def driver_cpu_s() -> float:
@@ -95,29 +102,61 @@ def rows_dataset(rows: int, sleep_s: float, blocks_per_task: int = 1):
         batch_size=None, batch_format="pyarrow", num_cpus=1)
 
 
-def drive(rows: int, sleep_s: float = 0.0, blocks_per_task: int = 1) -> dict[str, Any]:
-    """Iterate ``rows`` part rows as the step's driver does (``rows_dataset``); its CPU and wall
-    time for them."""
+def drive(rows: int, sleep_s: float = 0.0, blocks_per_task: int = 1, executor: str = "coordinator") -> dict[str, Any]:
+    """Iterate ``rows`` part rows as the step's driver does (``rows_dataset``; ``executor``
+    "coordinator": through ``gallery_step._batches``, "driver": ``Dataset.iter_batches`` here); its
+    CPU and wall time for them, and for a coordinator its actor's CPU (``ProcessCpu``, read at
+    each row and once after the iteration: all of it, and from its first row to its last)."""
     import ray.data
 
+    from orchestrator.distributed.gallery_step import _batches
+
     seen: dict[int, dict[str, int]] = {}
+    coordinator = ProcessCpu(COORDINATOR_TITLE)
     context = ray.data.DataContext.get_current()
     kept = context.target_max_block_size
     if blocks_per_task > 1:
         context.target_max_block_size = TARGET_BLOCK_BYTES
     try:
+        dataset = rows_dataset(rows, sleep_s, blocks_per_task)
+        batches = _batches(dataset) if executor == "coordinator" else \
+            dataset.iter_batches(batch_size=None, batch_format="pyarrow")
         cpu, started = driver_cpu_s(), time.perf_counter()
-        for batch in rows_dataset(rows, sleep_s, blocks_per_task).iter_batches(batch_size=None, batch_format="pyarrow"):
+        for batch in batches:
             for entry, uri, n_items in zip(*(batch.column(c).to_pylist() for c in ("entry", "uri", "n_items"))):
                 seen.setdefault(entry, {})[uri] = n_items
+            if executor == "coordinator":
+                coordinator.read()
         wall, spent = time.perf_counter() - started, driver_cpu_s() - cpu
+        if executor == "coordinator":
+            coordinator.read()
     finally:
         context.target_max_block_size = kept
     received = sum(len(parts) for parts in seen.values())
     if received != rows:
         raise RuntimeError(f"the driver received {received} part rows, {rows} were staged")
-    return {"rows": rows, "blocks_per_task": blocks_per_task, "block_sleep_s": sleep_s, "wall_s": wall,
-            "driver_cpu_s": spent}
+    return {"rows": rows, "blocks_per_task": blocks_per_task, "block_sleep_s": sleep_s, "executor": executor,
+            "wall_s": wall, "driver_cpu_s": spent,
+            "coordinator_cpu_s": coordinator.cpu_s if executor == "coordinator" else None,
+            "coordinator_window_s": coordinator.window() if executor == "coordinator" else None}
+
+
+def marginal(small: dict[str, Any], large: dict[str, Any]) -> dict[str, float | None]:
+    """Between two runs of one shape: the driver's (and the coordinator's) CPU per added row, ms,
+    and the rows a second the larger run took."""
+    added = large["rows"] - small["rows"]
+    coordinator = None if large["coordinator_cpu_s"] is None else \
+        (large["coordinator_cpu_s"] - small["coordinator_cpu_s"]) / added * 1e3
+    return {"driver_ms_per_row": (large["driver_cpu_s"] - small["driver_cpu_s"]) / added * 1e3,
+            "coordinator_ms_per_row": coordinator, "rows_per_s": large["rows"] / large["wall_s"]}
+
+
+def per_second(idle: dict[str, Any]) -> dict[str, float | None]:
+    """An idle run's driver (and coordinator) CPU per second of it, ms, and its rows a second."""
+    window = idle["coordinator_window_s"]  # from its first row to its last: its start-up left out
+    coordinator = None if window is None or not window[1] else window[0] / window[1] * 1e3
+    return {"idle_driver_ms_per_s": idle["driver_cpu_s"] / idle["wall_s"] * 1e3,
+            "idle_coordinator_ms_per_s": coordinator, "idle_rows_per_s": idle["rows"] / idle["wall_s"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,29 +171,35 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.rows) < 2:
         parser.error("--rows needs two counts or more (the marginal cost per row is their difference)")
     start_ray(2, ray_data=True)
-    drive(100)  # Ray Data's own actors and the first actor pool start here, not in a measured run
-    runs, shapes = [], {}
-    for blocks_per_task in args.blocks_per_task:
-        measured = [drive(rows, blocks_per_task=blocks_per_task) for rows in args.rows]
-        runs += measured
-        small, large = measured[0], measured[-1]
-        shapes[blocks_per_task] = {
-            "driver_ms_per_row": (large["driver_cpu_s"] - small["driver_cpu_s"]) / (large["rows"] - small["rows"]) * 1e3,
-            "rows_per_s": large["rows"] / large["wall_s"]}
-    idle = drive(max(2, round(args.idle_seconds / args.block_sleep * 2)), args.block_sleep)  # two actors sleep at once
-    summary = {"by_blocks_per_task": shapes, "idle_driver_ms_per_s": idle["driver_cpu_s"] / idle["wall_s"] * 1e3,
-               "idle_rows_per_s": idle["rows"] / idle["wall_s"]}
-    for run in [*runs, idle]:
-        print(f"{run['rows']:>6} rows, {run['blocks_per_task']:>3} a task, actors sleeping {run['block_sleep_s']:.2f} s "
-              f"a call: {run['wall_s']:6.1f} s, driver CPU {run['driver_cpu_s']:.2f} s "
-              f"({run['driver_cpu_s'] / run['rows'] * 1e3:.2f} ms a row)")
-    for blocks_per_task, shape in shapes.items():
-        print(f"tasks of {blocks_per_task} row(s): {shape['driver_ms_per_row']:.2f} ms of driver CPU per added row, "
-              f"{shape['rows_per_s']:.0f} rows/s taken")
-    print(f"idle: {summary['idle_driver_ms_per_s']:.0f} ms of driver CPU per second while rows come "
-          f"{summary['idle_rows_per_s']:.1f} a second")
+    for executor in EXECUTORS:  # Ray Data's own actors and the first actor pool start here, not in a measured run
+        drive(100, executor=executor)
+    runs, summary = [], {}
+    for executor in EXECUTORS:
+        shapes = {}
+        for blocks_per_task in args.blocks_per_task:
+            measured = [drive(rows, blocks_per_task=blocks_per_task, executor=executor) for rows in args.rows]
+            runs += measured
+            shapes[blocks_per_task] = marginal(measured[0], measured[-1])
+        idle = drive(max(2, round(args.idle_seconds / args.block_sleep * 2)), args.block_sleep, executor=executor)
+        runs.append(idle)  # two actors sleep at once
+        summary[executor] = {"by_blocks_per_task": shapes, **per_second(idle)}
+    for run in runs:
+        print(f"{run['executor']:>11}: {run['rows']:>5} rows, {run['blocks_per_task']:>3} a task, actors sleeping "
+              f"{run['block_sleep_s']:.2f} s a call: {run['wall_s']:6.1f} s, driver CPU {run['driver_cpu_s']:.2f} s "
+              f"({run['driver_cpu_s'] / run['rows'] * 1e3:.2f} ms a row)"
+              + ("" if run["coordinator_cpu_s"] is None else f", coordinator CPU {run['coordinator_cpu_s']:.2f} s"))
+    for executor, figures in summary.items():
+        for blocks_per_task, shape in figures["by_blocks_per_task"].items():
+            print(f"executor in the {executor}, tasks of {blocks_per_task} row(s): {shape['driver_ms_per_row']:.2f} ms of "
+                  f"driver CPU per added row, {shape['rows_per_s']:.0f} rows/s taken"
+                  + ("" if shape["coordinator_ms_per_row"] is None else
+                     f"; the coordinator {shape['coordinator_ms_per_row']:.2f} ms per added row"))
+        print(f"executor in the {executor}, idle: {figures['idle_driver_ms_per_s']:.0f} ms of driver CPU per second "
+              f"while rows come {figures['idle_rows_per_s']:.1f} a second"
+              + ("" if figures["idle_coordinator_ms_per_s"] is None else
+                 f"; the coordinator {figures['idle_coordinator_ms_per_s']:.0f} ms per second"))
     if args.json:
-        write_results(args.json, {"commit": checkout_commit(), "runs": [*runs, idle], "summary": summary,
+        write_results(args.json, {"commit": checkout_commit(), "runs": runs, "summary": summary,
                                   "config": {k: v for k, v in vars(args).items() if k != "json"}})
     import ray
 

@@ -34,7 +34,9 @@ Each path runs in a process of its own (so the peak RSS of one path is not inher
 its peak RSS is the kernel's high-water mark (``PeakRss``): for the streamed path this process is
 the Ray driver. For the streamed path the driver's own CPU time (user + system, psutil) around plan
 and execution is ``driver_cpu_s``, ``driver_cpu_us_per_item`` its growth per added item from the
-next smaller size, and ``commit_ms_per_update`` its CPU in each shard update's commit
+next smaller size (``coordinator_cpu_s`` and ``coordinator_cpu_us_per_item`` the same of Ray
+Data's coordinator actor, which runs the step's executor: read from /proc at each progress line and
+after the step), and ``commit_ms_per_update`` its CPU in each shard update's commit
 (``CommitClock``); ``driver_result_bytes`` is the pickled size of what the finisher actors handed
 back. ``first_batch_s`` is when the first staged part (embedded rows) reached the driver,
 ``first_shard_s`` when the first shard's files were written; the steady rate is counted after the
@@ -73,7 +75,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.harness import parse_sizes, start_ray, write_results
+from benchmarks.harness import COORDINATOR_TITLE, ProcessCpu, parse_sizes, start_ray, write_results
 
 DEFAULT_SIZES = (100_000, 1_000_000, 10_000_000)
 ENCODERS = {"cheap": 8, "realistic": 32}  # --encoder → the side of the generated square RGB images
@@ -369,8 +371,14 @@ def run_streamed(job: Job) -> dict[str, Any]:
         store.mark_generation_trained(GENERATION, job.checkpoint_uri, job.sha256, step=train_key(GENERATION),
                                       step_outputs=trained_outputs(job.checkpoint_uri, job.sha256))
         clock = ProgressClock()
+        coordinator = ProcessCpu(COORDINATOR_TITLE)
+
+        def progress_line(line: str) -> None:
+            coordinator.read()
+            clock.progress_line(line)
+
         cpu = psutil.Process().cpu_times()
-        updater = GalleryUpdater(config, store, config.storage, (MEAN, STD), lambda: None, clock.progress_line)
+        updater = GalleryUpdater(config, store, config.storage, (MEAN, STD), lambda: None, progress_line)
         commits = CommitClock(updater.executor)
         key = plan_key(updater.ctx.name, GENERATION)
         store.start_step(key)
@@ -378,6 +386,7 @@ def run_streamed(job: Job) -> dict[str, Any]:
         results = updater.executor.execute(updater.planner.committed_plan(GENERATION), GENERATION)
         wall = time.perf_counter() - clock.started
         after = psutil.Process().cpu_times()
+        coordinator.read()
         shards = store.shards(GALLERY)
         spill = object_store_spill()
         store.close()
@@ -387,6 +396,7 @@ def run_streamed(job: Job) -> dict[str, Any]:
             "ray_init_s": ray_init_s,
             **worker_summary(results, updater.executor.first_staged, clock.started_unix, items),
             "driver_cpu_s": (after.user - cpu.user) + (after.system - cpu.system),
+            "coordinator_cpu_s": coordinator.cpu_s,
             "driver_result_bytes": sum(len(pickle.dumps(r)) for r in results),
             "commit_ms_per_update": commits.ms_per_commit(),
             "start_rss_mb": rss.start_mb, "peak_rss_mb": rss.peak_mb, **spill,
@@ -508,13 +518,16 @@ def summarise(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                  growth_per_decade(previous["size"], previous["wall_s"], row["size"], row["wall_s"]))
         row["driver_cpu_us_per_item"] = (None if previous is None or row.get("driver_cpu_s") is None else
                                          marginal_us_per_item(previous, row))
+        row["coordinator_cpu_us_per_item"] = (None if previous is None or row.get("coordinator_cpu_s") is None else
+                                              marginal_us_per_item(previous, row, "coordinator_cpu_s"))
     return rows
 
 
-def marginal_us_per_item(smaller: dict[str, Any], larger: dict[str, Any]) -> float:
-    """The driver's CPU per added item between two sizes, µs: what the driver's work grows by with
-    the gallery (its fixed costs, the plan and the lineage, cancel out)."""
-    return (larger["driver_cpu_s"] - smaller["driver_cpu_s"]) / (larger["items"] - smaller["items"]) * 1e6
+def marginal_us_per_item(smaller: dict[str, Any], larger: dict[str, Any], field: str = "driver_cpu_s") -> float:
+    """The driver's (``field``: or Ray Data's coordinator's) CPU per added item between two sizes,
+    µs: what its work grows by with the gallery (its fixed costs, the plan and the lineage, its
+    start-up, cancel out)."""
+    return (larger[field] - smaller[field]) / (larger["items"] - smaller["items"]) * 1e6
 
 
 def verdicts(rows: list[dict[str, Any]], where: str = "local") -> dict[str, dict[str, Any]]:
@@ -555,7 +568,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a text table, then the targets of every place measured."""
     header = (f"{'where':<16}{'path':<10}{'items':>11}{'cores':>6}{'wall s':>9}{'items/s':>10}{'/core':>9}"
               f"{'ratio':>7}{'steady':>8}{'vs x2':>7}{'x/10x':>7}{'RSS start MB':>13}{'peak MB':>8}{'spill MB':>9}"
-              f"{'drv CPU s':>10}{'us/item':>8}{'commit ms':>10}{'B/update':>9}{'1st s':>7}{'shard1 s':>9}{'load':>6}")
+              f"{'drv CPU s':>10}{'us/item':>8}{'coord us':>9}{'commit ms':>10}{'B/update':>9}{'1st s':>7}{'shard1 s':>9}{'load':>6}")
     lines = [header, "-" * len(header)]
     show = lambda value, fmt: "-" if value is None else format(value, fmt)  # noqa: E731
     for r in rows:
@@ -565,6 +578,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
                      f"{show(r['growth_per_10x'], '.2f'):>7}{r['start_rss_mb']:>13.0f}{r['peak_rss_mb']:>8.0f}"
                      f"{show(r['spilled_mb'], '.0f'):>9}"
                      f"{show(r.get('driver_cpu_s'), '.2f'):>10}{show(r.get('driver_cpu_us_per_item'), '.3f'):>8}"
+                     f"{show(r.get('coordinator_cpu_us_per_item'), '.3f'):>9}"
                      f"{show(r.get('commit_ms_per_update'), '.1f'):>10}"
                      f"{show(r['driver_result_bytes'] / r['shards'] if r.get('driver_result_bytes') else None, '.0f'):>9}"
                      f"{show(r.get('first_batch_s'), '.1f'):>7}{show(r.get('first_shard_s'), '.1f'):>9}"

@@ -17,6 +17,9 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 #: Every Ray worker of a benchmark runs one torch / OpenMP / MKL thread, as the pipeline's workers.
 ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
+#: The process title of Ray Data's coordinator actor, which runs the gallery step's executor.
+COORDINATOR_TITLE = "ray::SplitCoordinator"
+
 
 def parse_sizes(text: str) -> list[int]:
     """Item counts from a command line, comma-separated, scientific notation accepted:
@@ -85,3 +88,44 @@ def write_results(path: Path, document: Any, lead: str = "") -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(document, indent=2) + "\n")
     print(f"{lead}results written to {path}")
+
+
+class ProcessCpu:
+    """The CPU time (user + system, seconds) of the process on this machine whose title starts with
+    ``title`` (a Ray actor's: ``ray::SplitCoordinator``) and that did not exist when this object
+    was made, as last read: ``read()`` finds it the first time it exists and re-reads its counters
+    (one /proc read, ~50 µs). ``cpu_s``: all its CPU until the last read (its start-up included);
+    ``window()``: its CPU and the wall seconds from the first read to the last (start-up left
+    out). Reads stop counting when it ends, so call ``read`` as often as it may end."""
+
+    def __init__(self, title: str) -> None:
+        self.title, self.process, self.cpu_s = title, None, 0.0
+        self.first: tuple[float, float] | None = None  # (wall clock, cpu_s) at the first read that found it
+        self.last_at = 0.0
+        self.earlier = {p.pid for p in self._titled()}
+
+    def _titled(self) -> list:
+        import psutil
+
+        return [p for p in psutil.process_iter(["cmdline"]) if (p.info["cmdline"] or [""])[0].startswith(self.title)]
+
+    def read(self) -> float:
+        import psutil
+
+        try:
+            if self.process is None:
+                self.process = next((p for p in self._titled() if p.pid not in self.earlier), None)
+            if self.process is not None:
+                times = self.process.cpu_times()
+                self.cpu_s, self.last_at = times.user + times.system, time.perf_counter()
+                if self.first is None:
+                    self.first = (self.last_at, self.cpu_s)
+        except psutil.NoSuchProcess:
+            pass
+        return self.cpu_s
+
+    def window(self) -> tuple[float, float]:
+        """(CPU seconds, wall seconds) between the first and the last read; (0, 0) before two."""
+        if self.first is None:
+            return 0.0, 0.0
+        return self.cpu_s - self.first[1], self.last_at - self.first[0]

@@ -27,10 +27,10 @@ class EmbeddingSpec(StrictModel):
     rows_per_task: gallery rows one read task reads (default: 128 model batches, 32,768 rows at
                  batch 256; never more than a shard update holds). A task is one actor call and one
                  staged part while its rows stay under Ray Data's 128 MiB target block size, and
-                 costs the driver about 6 ms of CPU (benchmarks/README.md, ``driver_rows.py``): a
-                 large cluster embedding a large gallery wants larger tasks (and shards), so that
-                 the driver does not bound the step; smaller tasks balance the actors better at the
-                 step's end.
+                 costs Ray Data's coordinator about 7 ms of CPU and the driver about 3 ms
+                 (benchmarks/README.md, ``driver_rows.py``): a large cluster embedding a large
+                 gallery wants larger tasks (and shards), so that neither bounds the step; smaller
+                 tasks balance the actors better at the step's end.
     """
 
     batch_size: int = Field(256, ge=1, le=limits.MAX_BATCH_SIZE)

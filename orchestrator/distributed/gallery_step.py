@@ -24,6 +24,15 @@ The stages (each on Ray workers, streamed with Ray Data's backpressure):
    and returns a ``ShardUpdateResult`` (URIs,
    sha256s, counts: about a kilobyte). The caller commits it as it comes.
 
+Where Ray Data's executor runs: in its coordinator actor on the driver's node
+(``Dataset.streaming_split(1)``, as Ray Train feeds its workers), not in the driver. The executor
+dispatches every read task, waits on them and polls its output every 10 ms; in the driver that was
+about 6 ms of its CPU per read task and 40-90 ms per second of the step, whatever the items. Moved,
+the driver spends about 2.7 ms per part row it fetches (one actor call) and its commits, and the
+executor has a core of its own on a many-core head node; on two cores the sum is higher (the
+coordinator spends about 7 ms per read task), measured in benchmarks/README.md (``driver_rows.py``,
+``gallery_scale.py``).
+
 Why the parts are staged by the actor that embedded them, and the read fused into that stage: a
 stage of its own would be another pool of worker processes between the model and the files, and
 move every image or embedding through the object store once more (measured once on 2 busy cores,
@@ -161,7 +170,8 @@ def embed_gallery(source: GallerySource, updates: Sequence[ShardUpdate], model: 
 
 def read_task_rows(resources: EmbeddingSpec, block_rows: int) -> int:
     """Rows per read task: ``embedding.rows_per_task``, else ``TASK_BLOCKS`` blocks of
-    ``block_rows`` (few tasks: the driver spends about 6 ms of CPU on each)."""
+    ``block_rows`` (few tasks: Ray Data's coordinator spends about 7 ms of CPU on each, the driver
+    about 3 ms)."""
     return resources.rows_per_task or TASK_BLOCKS * block_rows
 
 
@@ -233,15 +243,33 @@ def run_shard_updates(source: GallerySource, updates: Sequence[ShardUpdate], mod
 
 def _batches(dataset) -> Iterator[pa.Table]:
     """The dataset's metadata rows as they stream out; a stage's own error re-raised as the worker
-    raised it (an undecodable image: its ValueError), not wrapped in Ray's."""
+    raised it (an undecodable image: its ValueError), not wrapped in Ray's.
+
+    The dataset runs in Ray Data's coordinator actor (``streaming_split(1)``, the way Ray Train
+    feeds its workers), not in this driver: Ray Data's executor (dispatching read tasks, waiting on
+    them, its 10 ms output poll) takes a core of its own, and the driver only fetches each part row
+    and commits (benchmarks/README.md, ``driver_rows.py``: the driver's CPU per part row and per
+    second of step, with the executor here and there)."""
+    (rows,) = dataset.streaming_split(1)
+    try:
+        yield from rows.iter_batches(batch_size=None, batch_format="pyarrow")
+    except Exception as failed:
+        cause = _worker_error(failed)
+        if cause is failed:
+            raise
+        raise cause from failed
+
+
+def _worker_error(failed: BaseException) -> BaseException:
+    """The error a stage raised, out of the wrappers it comes in: Ray's ``RayTaskError`` (from the
+    coordinator and from the stage's worker) and Ray Data's ``UserCodeException``; the error itself
+    where it is not wrapped (Ray's own failures, a lost actor, are not)."""
     from ray.exceptions import RayTaskError
 
-    try:
-        yield from dataset.iter_batches(batch_size=None, batch_format="pyarrow")
-    except RayTaskError as failed:
-        raise failed.cause from failed
-    except Exception as failed:  # Ray Data wraps a user function's error in UserCodeException
-        cause = failed.__cause__
-        if cause is not None and type(failed).__name__ == "UserCodeException":
-            raise cause from failed
-        raise
+    while True:
+        if isinstance(failed, RayTaskError) and isinstance(failed.cause, BaseException):
+            failed = failed.cause
+        elif type(failed).__name__ == "UserCodeException" and failed.__cause__ is not None:
+            failed = failed.__cause__
+        else:
+            return failed

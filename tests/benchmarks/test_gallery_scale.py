@@ -97,6 +97,7 @@ def test_the_streamed_step_embeds_the_same_ids_to_the_same_vectors(job, gallery,
     assert 0 < streamed["driver_result_bytes"] < 4 * 2000  # metadata per shard update, never items
     assert streamed["driver_cpu_s"] > 0 and 0 < streamed["first_batch_s"] <= streamed["first_shard_s"]
     assert streamed["write_s"] > 0 and streamed["commit_ms_per_update"] > 0
+    assert streamed["coordinator_cpu_s"] > 0  # Ray Data's coordinator actor found and read: the executor ran there
     json.dumps(streamed)
 
 
@@ -220,11 +221,13 @@ def test_two_plain_halves_read_every_file_once_and_the_pair_is_the_two_core_base
 
 
 def test_the_drivers_marginal_cpu_per_item_is_the_growth_between_two_sizes():
-    records = [dict(record("streamed", 10**5, 40.0, 2, 900.0), driver_cpu_s=2.0),
-               dict(record("streamed", 10**6, 300.0, 2, 900.0), driver_cpu_s=2.9),
-               dict(record("streamed", 10**7, 3000.0, 2, 900.0), driver_cpu_s=12.9)]
+    records = [dict(record("streamed", 10**5, 40.0, 2, 900.0), driver_cpu_s=2.0, coordinator_cpu_s=1.5),
+               dict(record("streamed", 10**6, 300.0, 2, 900.0), driver_cpu_s=2.9, coordinator_cpu_s=4.2),
+               dict(record("streamed", 10**7, 3000.0, 2, 900.0), driver_cpu_s=12.9, coordinator_cpu_s=31.2)]
     rows = bench.summarise(records)
-    assert rows[0]["driver_cpu_us_per_item"] is None
+    assert rows[0]["driver_cpu_us_per_item"] is None and rows[0]["coordinator_cpu_us_per_item"] is None
+    assert rows[1]["coordinator_cpu_us_per_item"] == pytest.approx(2.7 / 900_000 * 1e6)  # 3.0 µs
+    assert rows[2]["coordinator_cpu_us_per_item"] == pytest.approx(27.0 / 9_000_000 * 1e6)  # 3.0 µs
     assert rows[1]["driver_cpu_us_per_item"] == pytest.approx(0.9 / 900_000 * 1e6)  # 1.0 µs
     assert rows[2]["driver_cpu_us_per_item"] == pytest.approx(10.0 / 9_000_000 * 1e6)  # 1.11 µs
     target = bench.verdicts(rows)["driver_cpu_us_per_item"]

@@ -67,9 +67,12 @@ def arrays_in(value, depth: int = 0) -> list:
 
 def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch):
     """Counted: every object the driver's ``ray.get`` returns (Ray Data's own bookkeeping
-    included: about 2.6 kB per read task here, block metadata and stats, no table) and every row
-    the step's dataset streams to it."""
+    included: block references and metadata from the coordinator actor, no table) and every row
+    the step's dataset streams to it; and at each row, the driver's threads: Ray Data's executor
+    (a ``StreamingExecutor-<dataset>`` thread where it runs) is not among them, it runs in the
+    coordinator actor."""
     ours: list[int] = []  # the step's rows and results
+    executors_here: set[str] = set()  # Ray Data executor threads seen in the driver
     schemas: set[tuple[str, ...]] = set()
     fetched: list = []  # every Arrow table or array the driver fetched
     real_get, real_batches = ray.get, gallery_step._batches
@@ -83,6 +86,7 @@ def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch)
 
     def counting_batches(dataset):
         for batch in real_batches(dataset):
+            executors_here.update(t.name for t in threading.enumerate() if t.name.startswith("StreamingExecutor"))
             schemas.add(tuple(batch.column_names))
             ours.append(len(pickle.dumps(batch.to_pylist())))  # the rows as plain values
             yield batch
@@ -99,6 +103,7 @@ def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch)
         assert np.array_equal(np.sort(served_rows(store)), np.arange(539))
         # from the dataset: one small row per staged part, no array
         assert schemas == {("entry", "uri", "n_items")}
+        assert not executors_here
         assert sum(ours) / len(results) < 1500, ours  # the step's own: a result and a part row or two
         # no block of items or embeddings was fetched: the only tables are the part rows
         assert {tuple(t.column_names) if isinstance(t, pa.Table) else type(t).__name__ for t in fetched} <= \
