@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rows needs two counts or more (the marginal cost per row is their difference)")
     start_ray(2, ray_data=True)
     for executor in EXECUTORS:  # Ray Data's own actors and the first actor pool start here, not in a measured run
-        drive(100, executor=executor)
+        drive(min(100, args.rows[0]), executor=executor)
     runs, summary = [], {}
     for executor in EXECUTORS:
         shapes = {}
