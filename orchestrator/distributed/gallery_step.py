@@ -194,14 +194,20 @@ def finisher_actors(resources: EmbeddingSpec) -> int:
     return resources.pool_size[1]
 
 
-def quiet_ray_data() -> None:
-    """Ray Data's per-dataset progress bars and INFO lines off in this driver (the pipeline
-    prints its own progress: one line per committed shard)."""
+def set_step_data_context() -> None:
+    """Ray Data's settings for the step, in this driver's current ``DataContext`` (which each
+    Dataset made after it copies, and carries to its coordinator and workers): no per-dataset
+    progress bars or INFO lines (the pipeline prints its own progress: one line per committed
+    shard), and a stage's error raised as the stage raised it, not wrapped in a
+    ``UserCodeException`` (whose cause would not survive the trip through the coordinator actor;
+    ``_worker_error`` unwraps Ray's own wrappers)."""
     import logging
 
     import ray.data
 
-    ray.data.DataContext.get_current().enable_progress_bars = False
+    context = ray.data.DataContext.get_current()
+    context.enable_progress_bars = False
+    context.raise_original_map_exception = True
     logging.getLogger("ray.data").setLevel(logging.WARNING)
 
 
@@ -261,15 +267,11 @@ def _batches(dataset) -> Iterator[pa.Table]:
 
 
 def _worker_error(failed: BaseException) -> BaseException:
-    """The error a stage raised, out of the wrappers it comes in: Ray's ``RayTaskError`` (from the
-    coordinator and from the stage's worker) and Ray Data's ``UserCodeException``; the error itself
-    where it is not wrapped (Ray's own failures, a lost actor, are not)."""
+    """The error a stage raised, out of Ray's ``RayTaskError`` wrappers (one from the coordinator
+    actor, one from the stage's task); the error itself where it is not wrapped (Ray's own
+    failures, a lost actor, are not)."""
     from ray.exceptions import RayTaskError
 
-    while True:
-        if isinstance(failed, RayTaskError) and isinstance(failed.cause, BaseException):
-            failed = failed.cause
-        elif type(failed).__name__ == "UserCodeException" and failed.__cause__ is not None:
-            failed = failed.__cause__
-        else:
-            return failed
+    while isinstance(failed, RayTaskError) and isinstance(failed.cause, BaseException):
+        failed = failed.cause
+    return failed

@@ -16,11 +16,14 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
 from ray import cloudpickle
+from ray.exceptions import RayError
 
+import streamed_gallery
 from local_ray import start_local_ray
 from orchestrator.distributed import finish, gallery_step
 from orchestrator.lineage.step_keys import StepKind, shard_update_key
@@ -110,6 +113,33 @@ def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch)
             {("entry", "uri", "n_items")}, fetched[:3]
         assert not os.listdir(tmp_path / folder / "run" / "galleries" / "photos" / "staging")  # parts removed
         store.close()
+
+
+def test_an_undecodable_image_fails_the_step_with_the_stages_own_error(ray_here, tmp_path, monkeypatch):
+    """An error raised in the embedding stage (here: one gallery row whose bytes are no image)
+    reaches the driver as the stage raised it, out of the wrappers it travels in (Ray's errors of
+    the actor pool's task and of Ray Data's coordinator actor), and nothing is committed. Seen
+    failing before Ray Data was told to raise a stage's own error (its ``UserCodeException`` lost
+    its cause on the way through the coordinator)."""
+    write_gallery = streamed_gallery.write_parquet_gallery
+
+    def with_one_broken_image(folder, labelled=False):
+        expected = write_gallery(folder, labelled)
+        file = folder / "part-002.parquet"
+        table = pq.read_table(file)
+        images = table.column("image").to_pylist()
+        images[7] = b"no image here"
+        pq.write_table(table.set_column(table.schema.get_field_index("image"), "image", pa.array(images)), file,
+                       row_group_size=32)
+        return expected
+
+    monkeypatch.setattr(streamed_gallery, "write_parquet_gallery", with_one_broken_image)
+    config, store, updater = first_generation(tmp_path, 270)
+    with pytest.raises(ValueError, match="cannot decode") as raised:
+        updater.executor.execute(updater.planner.committed_plan("g0-old"), "g0-old")
+    assert not isinstance(raised.value, RayError), type(raised.value).__mro__  # not Ray's error "as instance of" it
+    assert all(shard.embeddings_uri is None for shard in store.shards("photos"))
+    store.close()
 
 
 class ActorKiller(threading.Thread):
