@@ -126,9 +126,9 @@ def _ensure_ray_token() -> None:
 @pytest.fixture(scope="module")
 def moto_endpoint():
     """A moto S3 server on loopback for the module; yields its endpoint URL."""
-    from moto.server import ThreadedMotoServer
+    from moto_s3 import S3Server
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = S3Server(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     try:

@@ -178,9 +178,10 @@ def test_a_served_shard_whose_s3_endpoint_goes_away_is_one_line_naming_it(fake_a
     """A shard opened for serving, then its S3 server stopped: the search is the storage's one line
     (S3, the location, the endpoint), not Lance's error."""
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    from moto_s3 import S3Server
+
+    server = S3Server(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
