@@ -23,8 +23,9 @@ one driver can take. Measured here on a pipeline of the step's shape whose actor
           second of a step whose rows come slowly (Ray Data's executor loop and its iterator's
           10 ms wait, which run whatever the rows).
 
-Each shape runs twice, side by side: ``coordinator`` (the step's way, above) and ``driver``
-(Ray Data's executor in the driver, ``Dataset.iter_batches``: how the step ran before 2026-12-06).
+Each shape runs twice, side by side: ``coordinator`` (the step's way from
+``embedding.COORDINATOR_FROM_ITEMS`` items, above) and ``driver`` (Ray Data's executor in the
+driver, ``Dataset.iter_batches``: the step's way below it, and for every step before 2026-12-06).
 For the coordinator runs the coordinator actor's own CPU is read from /proc when its iteration
 ends (``coordinator_cpu_s``): the executor's work moved, not removed.
 
@@ -103,8 +104,8 @@ def rows_dataset(rows: int, sleep_s: float, blocks_per_task: int = 1):
 
 
 def drive(rows: int, sleep_s: float = 0.0, blocks_per_task: int = 1, executor: str = "coordinator") -> dict[str, Any]:
-    """Iterate ``rows`` part rows as the step's driver does (``rows_dataset``; ``executor``
-    "coordinator": through ``gallery_step._batches``, "driver": ``Dataset.iter_batches`` here); its
+    """Iterate ``rows`` part rows as the step's driver does (``rows_dataset`` through
+    ``gallery_step._batches``, Ray Data's executor in its coordinator actor or in the driver); its
     CPU and wall time for them, and for a coordinator its actor's CPU (``ProcessCpu``, read at
     each row and once after the iteration: all of it, and from its first row to its last)."""
     import ray.data
@@ -119,8 +120,7 @@ def drive(rows: int, sleep_s: float = 0.0, blocks_per_task: int = 1, executor: s
         context.target_max_block_size = TARGET_BLOCK_BYTES
     try:
         dataset = rows_dataset(rows, sleep_s, blocks_per_task)
-        batches = _batches(dataset) if executor == "coordinator" else \
-            dataset.iter_batches(batch_size=None, batch_format="pyarrow")
+        batches = _batches(dataset, executor)
         cpu, started = driver_cpu_s(), time.perf_counter()
         for batch in batches:
             for entry, uri, n_items in zip(*(batch.column(c).to_pylist() for c in ("entry", "uri", "n_items"))):

@@ -191,6 +191,7 @@ class Job:
     num_cpus: int = 2
     address: str | None = None
     lineage: str = ""
+    executor: str = "auto"  # embedding.executor: where Ray Data's executor runs
     part: tuple[int, int] = (0, 1)  # the plain loop reads the files whose number % part[1] == part[0]
 
 
@@ -343,7 +344,8 @@ def pipeline_config(job: Job, lineage: str):
                       "options": {"path": job.gallery, "id_column": "id", "uri_column": "key",
                                   "image_shape": [job.image_side, job.image_side, 3]},
                       "items_per_shard": job.items_per_shard, "index": "flat",
-                      "embedding": {"batch_size": job.batch_size, "concurrency": job.concurrency, "num_cpus": 1}}
+                      "embedding": {"batch_size": job.batch_size, "concurrency": job.concurrency, "num_cpus": 1,
+                                    "executor": job.executor}}
     return PipelineConfig.model_validate(raw)
 
 
@@ -663,7 +665,7 @@ def run_all(args: argparse.Namespace) -> list[dict[str, Any]]:
     for encoder in args.encoders:
         side = ENCODERS[encoder]
         base = Job("", "", uri, sha256, args.items_per_shard, side, args.batch_size, args.concurrency, args.num_cpus,
-                   args.address)
+                   args.address, executor=args.executor)
         where = f"{'cluster' if args.address else 'local'}/{encoder}"
         for size in args.sizes:
             started = time.perf_counter()
@@ -700,6 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=2, help="embedding actors (1 CPU each)")
     parser.add_argument("--num-cpus", type=int, default=2, help="CPUs of the local Ray")
     parser.add_argument("--address", default=None, help="join this Ray cluster instead of starting a local Ray")
+    parser.add_argument("--executor", choices=("auto", "driver", "coordinator"), default="auto",
+                        help="where the step runs Ray Data's executor (embedding.executor; auto: the coordinator "
+                             "actor from 100,000 items)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
     print(f"{os.cpu_count()} CPUs, load average {os.getloadavg()}", flush=True)

@@ -1,7 +1,7 @@
 """The ``gallery`` section: the served gallery's items, shards, index and embedding resources."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -10,6 +10,11 @@ from orchestrator.config.problems import StrictModel, problem, raise_problems
 from orchestrator.config.sources import source_name
 from orchestrator.index.kinds import ALL_KINDS, BINARY_KINDS, HAMMING_KINDS, OPTIONS
 from orchestrator.names import Name
+
+#: The least items of a step whose Ray Data executor ``auto`` runs in a coordinator actor: below,
+#: the executor costs the driver less (about 90 ms of CPU per second of a step that short) than
+#: the coordinator's process alone (``EmbeddingSpec.executor``).
+COORDINATOR_FROM_ITEMS = 100_000
 
 
 class EmbeddingSpec(StrictModel):
@@ -31,6 +36,18 @@ class EmbeddingSpec(StrictModel):
                  (benchmarks/README.md, ``driver_rows.py``): a large cluster embedding a large
                  gallery wants larger tasks (and shards), so that neither bounds the step; smaller
                  tasks balance the actors better at the step's end.
+    executor:    where Ray Data's executor runs (it dispatches the read tasks, waits on them and
+                 polls their output): ``coordinator``, its coordinator actor on the driver's node,
+                 so the driver only fetches part rows and commits; ``driver``, in the driver, with
+                 no process of its own; ``auto`` (the default), the driver for a step of fewer than
+                 100,000 items (``COORDINATOR_FROM_ITEMS``) and the coordinator from there. Measured
+                 (benchmarks/README.md, ``driver_rows.py``): in the driver the executor costs it
+                 about 6 ms of CPU per read task and 40-90 ms per second of the step, which at 10⁶
+                 items is above 1 µs per item; in the coordinator the driver spends about 2.7 ms
+                 per part row and 30 ms per second, but the coordinator is a process that starts
+                 with the step (about 1.5-2.3 s of CPU, 0.6-1.2 s more to the first shard) and
+                 spends more than the executor did in the driver, so a small step pays for it
+                 without gaining.
     """
 
     batch_size: int = Field(256, ge=1, le=limits.MAX_BATCH_SIZE)
@@ -39,6 +56,7 @@ class EmbeddingSpec(StrictModel):
     num_cpus: float = Field(1.0, gt=0, le=limits.MAX_CPUS)
     num_gpus: float = Field(0.0, ge=0, le=limits.MAX_GPUS)
     rows_per_task: int | None = Field(None, ge=1, le=limits.MAX_ITEMS)
+    executor: Literal["auto", "driver", "coordinator"] = "auto"
 
     @model_validator(mode="before")
     @classmethod
@@ -61,6 +79,12 @@ class EmbeddingSpec(StrictModel):
     def pool_size(self) -> tuple[int, int]:
         """(min, max) embedding actors."""
         return self.concurrency, self.max_concurrency or self.concurrency
+
+    def executor_for(self, items: int) -> Literal["driver", "coordinator"]:
+        """Where Ray Data's executor runs for a step of ``items`` items (``executor``)."""
+        if self.executor != "auto":
+            return self.executor
+        return "coordinator" if items >= COORDINATOR_FROM_ITEMS else "driver"
 
 
 STORE_KINDS = ("files", "pgvector", "lance")

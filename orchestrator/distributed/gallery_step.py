@@ -24,14 +24,16 @@ The stages (each on Ray workers, streamed with Ray Data's backpressure):
    and returns a ``ShardUpdateResult`` (URIs,
    sha256s, counts: about a kilobyte). The caller commits it as it comes.
 
-Where Ray Data's executor runs: in its coordinator actor on the driver's node
-(``Dataset.streaming_split(1)``, as Ray Train feeds its workers), not in the driver. The executor
-dispatches every read task, waits on them and polls its output every 10 ms; in the driver that was
-about 6 ms of its CPU per read task and 40-90 ms per second of the step, whatever the items. Moved,
-the driver spends about 2.7 ms per part row it fetches (one actor call) and its commits, and the
-executor has a core of its own on a many-core head node; on two cores the sum is higher (the
-coordinator spends about 7 ms per read task), measured in benchmarks/README.md (``driver_rows.py``,
-``gallery_scale.py``).
+Where Ray Data's executor runs (``embedding.executor``, ``EmbeddingSpec.executor_for``): for a
+large step in its coordinator actor on the driver's node (``Dataset.streaming_split(1)``, as Ray
+Train feeds its workers), for a small one in the driver (``Dataset.iter_batches``). The executor
+dispatches every read task, waits on them and polls its output every 10 ms; in the driver that is
+about 6 ms of its CPU per read task and 40-90 ms per second of the step, whatever the items. In
+the coordinator, the driver spends about 2.7 ms per part row it fetches (one actor call) and its
+commits, and the executor has a core of its own on a many-core head node; the sum is higher (the
+coordinator spends about 7 ms per read task) and the coordinator is one more process per step
+(about 1.5-2.3 s of CPU to start), which a small step pays for without gaining: measured in
+benchmarks/README.md (``driver_rows.py``, ``gallery_scale.py``).
 
 Why the parts are staged by the actor that embedded them, and the read fused into that stage: a
 stage of its own would be another pool of worker processes between the model and the files, and
@@ -228,7 +230,8 @@ def run_shard_updates(source: GallerySource, updates: Sequence[ShardUpdate], mod
     finishes = Finishes(model, target, min(finisher_actors(resources), len(updates)), on_lost)
     parts: dict[int, dict[str, int]] = {entry: {} for entry in by_entry}
     try:
-        for batch in _batches(step_dataset(source, updates, model, target, resources, uuid.uuid4().hex[:12])):
+        dataset = step_dataset(source, updates, model, target, resources, uuid.uuid4().hex[:12])
+        for batch in _batches(dataset, resources.executor_for(sum(u.num_items for u in updates))):
             for entry, uri, n_items in zip(*(batch.column(c).to_pylist() for c in ("entry", "uri", "n_items"))):
                 if uri not in parts[entry]:
                     parts[entry][uri] = n_items
@@ -247,16 +250,17 @@ def run_shard_updates(source: GallerySource, updates: Sequence[ShardUpdate], mod
         finishes.close()
 
 
-def _batches(dataset) -> Iterator[pa.Table]:
+def _batches(dataset, executor: str) -> Iterator[pa.Table]:
     """The dataset's metadata rows as they stream out; a stage's own error re-raised as the worker
     raised it (an undecodable image: its ValueError), not wrapped in Ray's.
 
-    The dataset runs in Ray Data's coordinator actor (``streaming_split(1)``, the way Ray Train
-    feeds its workers), not in this driver: Ray Data's executor (dispatching read tasks, waiting on
-    them, its 10 ms output poll) takes a core of its own, and the driver only fetches each part row
-    and commits (benchmarks/README.md, ``driver_rows.py``: the driver's CPU per part row and per
-    second of step, with the executor here and there)."""
-    (rows,) = dataset.streaming_split(1)
+    ``executor`` "coordinator": the dataset runs in Ray Data's coordinator actor
+    (``streaming_split(1)``, the way Ray Train feeds its workers): Ray Data's executor (dispatching
+    read tasks, waiting on them, its 10 ms output poll) takes a core of its own, and the driver only
+    fetches each part row and commits; "driver": it runs here (``iter_batches``), with no process
+    of its own (benchmarks/README.md, ``driver_rows.py``: the driver's CPU per part row and per
+    second of step, either way)."""
+    rows = dataset.streaming_split(1)[0] if executor == "coordinator" else dataset
     try:
         yield from rows.iter_batches(batch_size=None, batch_format="pyarrow")
     except Exception as failed:
@@ -267,8 +271,8 @@ def _batches(dataset) -> Iterator[pa.Table]:
 
 
 def _worker_error(failed: BaseException) -> BaseException:
-    """The error a stage raised, out of Ray's ``RayTaskError`` wrappers (one from the coordinator
-    actor, one from the stage's task); the error itself where it is not wrapped (Ray's own
+    """The error a stage raised, out of Ray's ``RayTaskError`` wrappers (one from the stage's task,
+    one more from the coordinator actor); the error itself where it is not wrapped (Ray's own
     failures, a lost actor, are not)."""
     from ray.exceptions import RayTaskError
 

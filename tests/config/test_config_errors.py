@@ -330,3 +330,19 @@ def test_the_read_task_size_is_a_positive_row_count(tmp_path):
     message = errors_of(write(tmp_path, VALID + "gallery: {embedding: {rows_per_task: 0}}\n"))
     assert len(message.splitlines()) == 1
     assert "gallery.embedding.rows_per_task: " in message and "(got 0)" in message
+
+
+def test_where_ray_datas_executor_runs_is_auto_by_the_steps_items_or_as_set(tmp_path):
+    from orchestrator.config.gallery import COORDINATOR_FROM_ITEMS
+
+    auto = load_pipeline(write(tmp_path, VALID, "auto.yaml")).gallery.embedding
+    assert auto.executor == "auto"
+    assert [auto.executor_for(n) for n in (1, COORDINATOR_FROM_ITEMS - 1, COORDINATOR_FROM_ITEMS, 10**9)] == \
+        ["driver", "driver", "coordinator", "coordinator"]
+    for where in ("driver", "coordinator"):
+        spec = load_pipeline(write(tmp_path, VALID + f"gallery: {{embedding: {{executor: {where}}}}}\n",
+                                   f"{where}.yaml")).gallery.embedding
+        assert {spec.executor_for(n) for n in (1, 10**9)} == {where}
+    message = errors_of(write(tmp_path, VALID + "gallery: {embedding: {executor: head}}\n"))
+    assert len(message.splitlines()) == 1
+    assert "gallery.embedding.executor: " in message and '(got "head")' in message, message

@@ -25,6 +25,7 @@ from ray.exceptions import RayError
 
 import streamed_gallery
 from local_ray import start_local_ray
+from orchestrator.config.gallery import EmbeddingSpec
 from orchestrator.distributed import finish, gallery_step
 from orchestrator.lineage.step_keys import StepKind, shard_update_key
 from orchestrator.pipeline.verify import verify_storage
@@ -68,12 +69,16 @@ def arrays_in(value, depth: int = 0) -> list:
     return []
 
 
-def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch):
+@pytest.mark.parametrize("executor", ["coordinator", "driver"])
+def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch, executor):
     """Counted: every object the driver's ``ray.get`` returns (Ray Data's own bookkeeping
     included: block references and metadata from the coordinator actor, no table) and every row
     the step's dataset streams to it; and at each row, the driver's threads: Ray Data's executor
-    (a ``StreamingExecutor-<dataset>`` thread where it runs) is not among them, it runs in the
-    coordinator actor."""
+    (a ``StreamingExecutor-<dataset>`` thread where it runs) is not among them where the step
+    runs it in the coordinator actor (``embedding.executor``), and is where it runs in the driver
+    (seen while a step of 18 read tasks still dispatches them; a step of two may be done first).
+    The 539 items are below ``COORDINATOR_FROM_ITEMS``: what ``auto`` runs in the driver."""
+    assert EmbeddingSpec().executor_for(539) == "driver"
     ours: list[int] = []  # the step's rows and results
     executors_here: set[str] = set()  # Ray Data executor threads seen in the driver
     schemas: set[tuple[str, ...]] = set()
@@ -87,8 +92,8 @@ def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch)
             ours.append(len(pickle.dumps(value)))
         return value
 
-    def counting_batches(dataset):
-        for batch in real_batches(dataset):
+    def counting_batches(dataset, executor_here):
+        for batch in real_batches(dataset, executor_here):
             executors_here.update(t.name for t in threading.enumerate() if t.name.startswith("StreamingExecutor"))
             schemas.add(tuple(batch.column_names))
             ours.append(len(pickle.dumps(batch.to_pylist())))  # the rows as plain values
@@ -97,16 +102,20 @@ def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch)
     monkeypatch.setattr(ray, "get", counting_get)
     monkeypatch.setattr(gallery_step, "_batches", counting_batches)
     for items_per_shard, folder in ((30, "small"), (270, "large")):
-        config, store, updater = first_generation(tmp_path / folder, items_per_shard)
+        config, store, updater = first_generation(tmp_path / folder, items_per_shard, executor=executor)
         ours.clear()
         fetched.clear()
+        executors_here.clear()
         results = updater.executor.execute(updater.planner.committed_plan("g0-old"), "g0-old")
         assert len(results) == len(store.shards("photos")) == -(-539 // items_per_shard)
         assert all(no_items(result) for result in results)
         assert np.array_equal(np.sort(served_rows(store)), np.arange(539))
         # from the dataset: one small row per staged part, no array
         assert schemas == {("entry", "uri", "n_items")}
-        assert not executors_here
+        if executor == "coordinator":
+            assert not executors_here, executors_here
+        elif items_per_shard == 30:  # 18 read tasks: the executor still dispatches when the first rows come
+            assert executors_here
         assert sum(ours) / len(results) < 1500, ours  # the step's own: a result and a part row or two
         # no block of items or embeddings was fetched: the only tables are the part rows
         assert {tuple(t.column_names) if isinstance(t, pa.Table) else type(t).__name__ for t in fetched} <= \
@@ -115,12 +124,13 @@ def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch)
         store.close()
 
 
-def test_an_undecodable_image_fails_the_step_with_the_stages_own_error(ray_here, tmp_path, monkeypatch):
+@pytest.mark.parametrize("executor", ["coordinator", "driver"])
+def test_an_undecodable_image_fails_the_step_with_the_stages_own_error(ray_here, tmp_path, monkeypatch, executor):
     """An error raised in the embedding stage (here: one gallery row whose bytes are no image)
     reaches the driver as the stage raised it, out of the wrappers it travels in (Ray's errors of
-    the actor pool's task and of Ray Data's coordinator actor), and nothing is committed. Seen
-    failing before Ray Data was told to raise a stage's own error (its ``UserCodeException`` lost
-    its cause on the way through the coordinator)."""
+    the actor pool's task and, with the executor there, of Ray Data's coordinator actor), and
+    nothing is committed. Seen failing before Ray Data was told to raise a stage's own error (its
+    ``UserCodeException`` lost its cause on the way through the coordinator)."""
     write_gallery = streamed_gallery.write_parquet_gallery
 
     def with_one_broken_image(folder, labelled=False):
@@ -134,7 +144,7 @@ def test_an_undecodable_image_fails_the_step_with_the_stages_own_error(ray_here,
         return expected
 
     monkeypatch.setattr(streamed_gallery, "write_parquet_gallery", with_one_broken_image)
-    config, store, updater = first_generation(tmp_path, 270)
+    config, store, updater = first_generation(tmp_path, 270, executor=executor)
     with pytest.raises(ValueError, match="cannot decode") as raised:
         updater.executor.execute(updater.planner.committed_plan("g0-old"), "g0-old")
     assert not isinstance(raised.value, RayError), type(raised.value).__mro__  # not Ray's error "as instance of" it
