@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from orchestrator.distributed.generation_model import GenerationModel
+from orchestrator.distributed.task_errors import raised_error
 from orchestrator.gc_startup import startup_phase
 from orchestrator.shard_update.files import ShardTarget
 from orchestrator.shard_update.parts import read_parts
@@ -169,6 +170,9 @@ def _result(ref) -> ShardUpdateResult:
     try:
         return ray.get(ref)
     except RayTaskError as failed:
-        raise failed.cause from failed
+        cause = raised_error(failed)
+        if cause is failed:
+            raise
+        raise cause from failed
     except RayError as lost:
         raise _Lost(lost) from lost

@@ -65,6 +65,7 @@ from orchestrator.data.gallery_sources import GallerySource, ImageFormat, decode
 from orchestrator.distributed.finish import Finishes
 from orchestrator.distributed.gallery_read import gallery_dataset
 from orchestrator.distributed.generation_model import GenerationModel
+from orchestrator.distributed.task_errors import raised_error
 from orchestrator.gc_startup import startup_phase
 from orchestrator.shard_update import ShardTarget, ShardUpdate, ShardUpdateResult, embedded_part
 from orchestrator.shard_update.parts import staging_folder, write_parts
@@ -202,7 +203,7 @@ def set_step_data_context() -> None:
     progress bars or INFO lines (the pipeline prints its own progress: one line per committed
     shard), and a stage's error raised as the stage raised it, not wrapped in a
     ``UserCodeException`` (whose cause would not survive the trip through the coordinator actor;
-    ``_worker_error`` unwraps Ray's own wrappers)."""
+    ``task_errors.raised_error`` unwraps Ray's own wrappers)."""
     import logging
 
     import ray.data
@@ -264,18 +265,7 @@ def _batches(dataset, executor: str) -> Iterator[pa.Table]:
     try:
         yield from rows.iter_batches(batch_size=None, batch_format="pyarrow")
     except Exception as failed:
-        cause = _worker_error(failed)
+        cause = raised_error(failed)
         if cause is failed:
             raise
         raise cause from failed
-
-
-def _worker_error(failed: BaseException) -> BaseException:
-    """The error a stage raised, out of Ray's ``RayTaskError`` wrappers (one from the stage's task,
-    one more from the coordinator actor); the error itself where it is not wrapped (Ray's own
-    failures, a lost actor, are not)."""
-    from ray.exceptions import RayTaskError
-
-    while isinstance(failed, RayTaskError) and isinstance(failed.cause, BaseException):
-        failed = failed.cause
-    return failed

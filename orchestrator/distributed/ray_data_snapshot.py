@@ -39,6 +39,7 @@ from orchestrator.data.ray_data_read import (
     SnapshotError,
     read_manifest,
 )
+from orchestrator.distributed.task_errors import raised_error
 from orchestrator.storage.filesystem import join_uri, open_filesystem, remove, write_json_atomic
 
 _SNAPSHOT_LINE = re.compile(r"SnapshotError: (.+)")
@@ -60,9 +61,9 @@ def write_snapshot(read: RayDataRead, folder: str, storage_options: Mapping[str,
         reports = dataset.map_batches(partial(write_block, folder=folder, key=read.sort_key, what=_key_name(read),
                                               storage_options=dict(storage_options or {})),
                                       batch_format="pyarrow", batch_size=None).take_all()
-    except SnapshotError:
-        raise
     except Exception as error:  # a worker's SnapshotError arrives wrapped by Ray: its one line
+        if isinstance(error, SnapshotError) and raised_error(error) is error:
+            raise  # raised here, in the driver
         line = _snapshot_line(error)
         if line is None:
             raise
@@ -100,7 +101,10 @@ def _plain_key(key: Any) -> Any:
 
 
 def _snapshot_line(error: BaseException) -> str | None:
-    seen, todo = [], [error]
+    """The one line of the ``SnapshotError`` a worker raised under ``error``: out of Ray's wrappers
+    (``raised_error``: each is an instance of SnapshotError too, its text a traceback), then along
+    the causes (Ray Data's ``UserCodeException`` holds it as its cause), else the line in the text."""
+    seen, todo = [], [raised_error(error)]
     while todo:
         current = todo.pop()
         if current is None or any(current is s for s in seen):

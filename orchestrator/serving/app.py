@@ -59,6 +59,7 @@ from ray.serve.handle import DeploymentHandle
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import PlainTextResponse, Response
 
+from orchestrator.distributed.task_errors import raised_error
 from orchestrator.gc_startup import startup_phase
 from orchestrator.serving.bodies import declared_length, read_body
 from orchestrator.serving.endpoint import SEARCH, GalleryEndpoint
@@ -144,9 +145,10 @@ class Reply(Generic[T]):
         try:
             return self.response.result()
         except RayTaskError as failed:
-            if isinstance(failed.cause, Exception):
-                raise failed.cause from None
-            raise
+            cause = raised_error(failed)
+            if cause is failed or not isinstance(cause, Exception):
+                raise
+            raise cause from None
 
 
 class HandleCalls:
