@@ -24,7 +24,7 @@ one driver can take. Measured here on a pipeline of the step's shape whose actor
           10 ms wait, which run whatever the rows).
 
 Each shape runs twice, side by side: ``coordinator`` (the step's way from
-``embedding.COORDINATOR_FROM_ITEMS`` items, above) and ``driver`` (Ray Data's executor in the
+``config.gallery.COORDINATOR_FROM_ITEMS`` items, above) and ``driver`` (Ray Data's executor in the
 driver, ``Dataset.iter_batches``: the step's way below it, and for every step before 2026-12-06).
 For the coordinator runs the coordinator actor's own CPU is read from /proc when its iteration
 ends (``coordinator_cpu_s``): the executor's work moved, not removed.

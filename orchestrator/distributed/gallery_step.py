@@ -24,16 +24,12 @@ The stages (each on Ray workers, streamed with Ray Data's backpressure):
    and returns a ``ShardUpdateResult`` (URIs,
    sha256s, counts: about a kilobyte). The caller commits it as it comes.
 
-Where Ray Data's executor runs (``embedding.executor``, ``EmbeddingSpec.executor_for``): for a
-large step in its coordinator actor on the driver's node (``Dataset.streaming_split(1)``, as Ray
-Train feeds its workers), for a small one in the driver (``Dataset.iter_batches``). The executor
-dispatches every read task, waits on them and polls its output every 10 ms; in the driver that is
-about 6 ms of its CPU per read task and 40-90 ms per second of the step, whatever the items. In
-the coordinator, the driver spends about 2.7 ms per part row it fetches (one actor call) and its
-commits, and the executor has a core of its own on a many-core head node; the sum is higher (the
-coordinator spends about 7 ms per read task) and the coordinator is one more process per step
-(about 1.5-2.3 s of CPU to start), which a small step pays for without gaining: measured in
-benchmarks/README.md (``driver_rows.py``, ``gallery_scale.py``).
+Where Ray Data's executor runs (it dispatches every read task, waits on them and polls its
+output): for a large step in its coordinator actor on the driver's node
+(``Dataset.streaming_split(1)``, as Ray Train feeds its workers), so that the driver only fetches
+part rows and commits; for a small one in the driver (``Dataset.iter_batches``), sparing the
+coordinator's process. The rule and what each way costs (measured in benchmarks/README.md,
+``driver_rows.py``, ``gallery_scale.py``) are ``EmbeddingSpec.executor`` and ``executor_for``.
 
 Why the parts are staged by the actor that embedded them, and the read fused into that stage: a
 stage of its own would be another pool of worker processes between the model and the files, and
