@@ -58,6 +58,7 @@ import pyarrow as pa
 
 from orchestrator.config.gallery import EmbeddingSpec
 from orchestrator.data.gallery_sources import GallerySource, ImageFormat, decode_images, raw_image_column
+from orchestrator.distributed.data_settings import data_settings
 from orchestrator.distributed.finish import Finishes
 from orchestrator.distributed.gallery_read import gallery_dataset
 from orchestrator.distributed.generation_model import GenerationModel
@@ -193,21 +194,12 @@ def finisher_actors(resources: EmbeddingSpec) -> int:
     return resources.pool_size[1]
 
 
-def set_step_data_context() -> None:
-    """Ray Data's settings for the step, in this driver's current ``DataContext`` (which each
-    Dataset made after it copies, and carries to its coordinator and workers): no per-dataset
-    progress bars or INFO lines (the pipeline prints its own progress: one line per committed
-    shard), and a stage's error raised as the stage raised it, not wrapped in a
-    ``UserCodeException`` (whose cause would not survive the trip through the coordinator actor;
-    ``task_errors.raised_error`` unwraps Ray's own wrappers)."""
-    import logging
-
-    import ray.data
-
-    context = ray.data.DataContext.get_current()
-    context.enable_progress_bars = False
-    context.raise_original_map_exception = True
-    logging.getLogger("ray.data").setLevel(logging.WARNING)
+#: Ray Data's settings while a step runs (``data_settings``, put back after it): no per-dataset
+#: progress bars or INFO lines (the pipeline prints its own progress: one line per committed
+#: shard), and a stage's error raised as the stage raised it, not wrapped in a ``UserCodeException``
+#: (whose cause would not survive the trip through the coordinator actor;
+#: ``task_errors.raised_error`` unwraps Ray's own wrappers).
+STEP_SETTINGS = {"enable_progress_bars": False, "raise_original_map_exception": True}
 
 
 def run_shard_updates(source: GallerySource, updates: Sequence[ShardUpdate], model: GenerationModel,
@@ -227,15 +219,16 @@ def run_shard_updates(source: GallerySource, updates: Sequence[ShardUpdate], mod
     finishes = Finishes(model, target, min(finisher_actors(resources), len(updates)), on_lost)
     parts: dict[int, dict[str, int]] = {entry: {} for entry in by_entry}
     try:
-        dataset = step_dataset(source, updates, model, target, resources, uuid.uuid4().hex[:12])
-        for batch in _batches(dataset, resources.executor_for(sum(u.num_items for u in updates))):
-            for entry, uri, n_items in zip(*(batch.column(c).to_pylist() for c in ("entry", "uri", "n_items"))):
-                if uri not in parts[entry]:
-                    parts[entry][uri] = n_items
-                    on_staged(n_items)
-                    if sum(parts[entry].values()) == by_entry[entry].num_items:
-                        finishes.add(by_entry[entry], sorted(parts[entry]))
-            yield from finishes.completed(timeout=0)
+        with data_settings(**STEP_SETTINGS):  # while its Dataset runs
+            dataset = step_dataset(source, updates, model, target, resources, uuid.uuid4().hex[:12])
+            for batch in _batches(dataset, resources.executor_for(sum(u.num_items for u in updates))):
+                for entry, uri, n_items in zip(*(batch.column(c).to_pylist() for c in ("entry", "uri", "n_items"))):
+                    if uri not in parts[entry]:
+                        parts[entry][uri] = n_items
+                        on_staged(n_items)
+                        if sum(parts[entry].values()) == by_entry[entry].num_items:
+                            finishes.add(by_entry[entry], sorted(parts[entry]))
+                yield from finishes.completed(timeout=0)
         for entry, update in by_entry.items():
             staged = sum(parts[entry].values())
             if staged != update.num_items:

@@ -39,6 +39,7 @@ from orchestrator.data.ray_data_read import (
     SnapshotError,
     read_manifest,
 )
+from orchestrator.distributed.data_settings import data_settings
 from orchestrator.distributed.task_errors import raised_error
 from orchestrator.storage.filesystem import join_uri, open_filesystem, remove, write_json_atomic
 
@@ -53,14 +54,14 @@ def write_snapshot(read: RayDataRead, folder: str, storage_options: Mapping[str,
     started = time.perf_counter()
     if read_manifest(folder, storage_options) is None:
         remove(folder, recursive=True, missing_ok=True, storage_options=storage_options)  # a partial snapshot
-    ray.data.DataContext.get_current().enable_progress_bars = False
     try:
-        dataset = getattr(ray.data, f"read_{read.read}")(**read.read_kwargs())
-        dataset = dataset.map_batches(partial(convention, read=read), batch_format="pyarrow", batch_size=None)
-        dataset = dataset.sort(read.sort_key)
-        reports = dataset.map_batches(partial(write_block, folder=folder, key=read.sort_key, what=_key_name(read),
-                                              storage_options=dict(storage_options or {})),
-                                      batch_format="pyarrow", batch_size=None).take_all()
+        with data_settings(enable_progress_bars=False):
+            dataset = getattr(ray.data, f"read_{read.read}")(**read.read_kwargs())
+            dataset = dataset.map_batches(partial(convention, read=read), batch_format="pyarrow", batch_size=None)
+            dataset = dataset.sort(read.sort_key)
+            reports = dataset.map_batches(partial(write_block, folder=folder, key=read.sort_key,
+                                                  what=_key_name(read), storage_options=dict(storage_options or {})),
+                                          batch_format="pyarrow", batch_size=None).take_all()
     except Exception as error:  # a worker's SnapshotError arrives wrapped by Ray: its one line
         if isinstance(error, SnapshotError) and raised_error(error) is error:
             raise  # raised here, in the driver

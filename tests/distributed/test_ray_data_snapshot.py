@@ -90,10 +90,10 @@ def test_a_lance_snapshot_is_sorted_by_id_stable_and_recorded(tmp_path, digits_l
 
 @pytest.mark.parametrize("stage_errors", ["wrapped", "original"])
 def test_a_duplicate_id_is_one_line_naming_it(tmp_path, digits_lance, monkeypatch, stage_errors):
-    """Also under the ``DataContext`` a pipeline's driver has after its first gallery step
-    (``gallery_step.set_step_data_context``: a stage's error raised as itself, which Ray wraps in
-    a ``RayTaskError`` that is a ``SnapshotError`` too, its text Ray's traceback): seen failing
-    so, in a suite whose lane ran a gallery step before."""
+    """Also under a driver's ``DataContext`` that raises a stage's error as itself (a user's program
+    may set it; a gallery step sets it while it runs, ``gallery_step.STEP_SETTINGS``), which Ray
+    wraps in a ``RayTaskError`` that is a ``SnapshotError`` too, its text Ray's traceback: seen
+    failing so, in a suite whose lane ran a gallery step before the step's settings were scoped."""
     import lance
     import ray.data
 

@@ -5,6 +5,7 @@ in the embedding stage or while writing the update's files, costs no item and no
 ends in exactly one committed shard, and no staged part is left."""
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import signal
@@ -19,6 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
+import ray.data
 import torch
 from ray import cloudpickle
 from ray.exceptions import RayError
@@ -70,15 +72,29 @@ def arrays_in(value, depth: int = 0) -> list:
 
 
 @pytest.mark.parametrize("executor", ["coordinator", "driver"])
-def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch, executor):
+def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch, request, executor):
     """Counted: every object the driver's ``ray.get`` returns (Ray Data's own bookkeeping
     included: block references and metadata from the coordinator actor, no table) and every row
     the step's dataset streams to it; and at each row, the driver's threads: Ray Data's executor
     (a ``StreamingExecutor-<dataset>`` thread where it runs) is not among them where the step
     runs it in the coordinator actor (``embedding.executor``), and is where it runs in the driver
     (seen while a step of 18 read tasks still dispatches them; a step of two may be done first).
-    The 539 items are below ``COORDINATOR_FROM_ITEMS``: what ``auto`` runs in the driver."""
+    The 539 items are below ``COORDINATOR_FROM_ITEMS``: what ``auto`` runs in the driver.
+    Also: the step's Ray Data settings (``gallery_step.STEP_SETTINGS``, the ``ray.data`` logger
+    quiet) hold while its rows stream, and the driver's own are back after it (seen failing when
+    the step set them for the whole process)."""
     assert EmbeddingSpec().executor_for(539) == "driver"
+    data_context, ray_data_logger = ray.data.DataContext.get_current(), logging.getLogger("ray.data")
+    monkeypatch.setattr(data_context, "raise_original_map_exception", False)  # the driver's own settings
+    monkeypatch.setattr(data_context, "enable_progress_bars", True)
+    level_before = ray_data_logger.level
+    ray_data_logger.setLevel(logging.INFO)
+    request.addfinalizer(lambda: ray_data_logger.setLevel(level_before))
+
+    def settings() -> tuple[bool, bool, int]:
+        return data_context.raise_original_map_exception, data_context.enable_progress_bars, ray_data_logger.level
+
+    during: set[tuple[bool, bool, int]] = set()
     ours: list[int] = []  # the step's rows and results
     executors_here: set[str] = set()  # Ray Data executor threads seen in the driver
     schemas: set[tuple[str, ...]] = set()
@@ -96,6 +112,7 @@ def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch,
         for batch in real_batches(dataset, executor_here):
             executors_here.update(t.name for t in threading.enumerate() if t.name.startswith("StreamingExecutor"))
             schemas.add(tuple(batch.column_names))
+            during.add(settings())
             ours.append(len(pickle.dumps(batch.to_pylist())))  # the rows as plain values
             yield batch
 
@@ -106,7 +123,9 @@ def test_the_driver_receives_metadata_rows_only(ray_here, tmp_path, monkeypatch,
         ours.clear()
         fetched.clear()
         executors_here.clear()
+        during.clear()
         results = updater.executor.execute(updater.planner.committed_plan("g0-old"), "g0-old")
+        assert during == {(True, False, logging.WARNING)} and settings() == (False, True, logging.INFO)
         assert len(results) == len(store.shards("photos")) == -(-539 // items_per_shard)
         assert all(no_items(result) for result in results)
         assert np.array_equal(np.sort(served_rows(store)), np.arange(539))

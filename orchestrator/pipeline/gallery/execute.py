@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from orchestrator.distributed.gallery_step import run_shard_updates, set_step_data_context
+from orchestrator.distributed.gallery_step import run_shard_updates
 from orchestrator.distributed.generation_model import GenerationModel
 from orchestrator.geometry.geometry import Geometry
 from orchestrator.integrity import index_steps
@@ -66,7 +66,6 @@ class GalleryExecutor:
             record_store(store, ctx.name, gallery_store)
         updates = [self._started(entry, generation, plan) for entry in pending]
         ctx.ensure_ray()
-        set_step_data_context()
         resources = ctx.spec.embedding
         started = {update.key: update for update in updates}
         total = sum(e.num_items for e in pending)
