@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--workdir", type=Path, default=Path("runs/bench/stage_work"),
-                        help="where the generated gallery and generation are kept (reused)")
+                        help="where the generated gallery is kept (reused) and the generation saved")
     parser.add_argument("--json", type=Path, default=None, help="also write the results as JSON here")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
